@@ -1,0 +1,9 @@
+"""pybridge: data-parallel training over torch.distributed for Go, C and Python programs."""
+
+from .collectives import (AVG, MAX, MIN, PRODUCT, SUM, Work, all_gather, all_reduce, barrier,
+                          broadcast, irecv, isend, recv, reduce_scatter, send)
+from .errors import (AlreadyInitialized, Closed, CommError, CorruptData, InvalidArgument,
+                     IOFailure, NotInitialized, PyBridgeError, Timeout)
+from .group import Group, current, finalize, init, is_initialized, local_rank, rank, size
+
+__version__ = "0.1.0"

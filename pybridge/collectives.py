@@ -1,0 +1,181 @@
+"""Collectives and point-to-point messages, in place, on anything `as_tensor` accepts.
+
+Every rank must issue collectives in the same order: torch.distributed matches them
+by sequence, not by name. Calls that may run concurrently (threads, goroutines) must
+therefore be ordered by the caller.
+"""
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from . import group as _group
+from .buffers import as_tensor
+from .errors import InvalidArgument, Timeout, classify
+
+# Codes are part of the C ABI (pb_op in capi/pybridge.h): never renumber.
+SUM, AVG, MIN, MAX, PRODUCT = range(5)
+OPS = {SUM: dist.ReduceOp.SUM, AVG: dist.ReduceOp.AVG, MIN: dist.ReduceOp.MIN,
+       MAX: dist.ReduceOp.MAX, PRODUCT: dist.ReduceOp.PRODUCT}
+OP_NAMES = {"sum": SUM, "avg": AVG, "mean": AVG, "min": MIN, "max": MAX,
+            "product": PRODUCT, "prod": PRODUCT}
+
+
+def reduce_op(op, dtype):
+    """The torch ReduceOp for an op code or name, checked against the element type."""
+    code = OP_NAMES.get(op.lower()) if isinstance(op, str) else op
+    if isinstance(code, bool) or code not in OPS:
+        raise InvalidArgument(f"unknown reduce op {op!r}; valid: sum, avg, min, max, product (codes 0..4)")
+    if code == AVG and not dtype.is_floating_point:
+        raise InvalidArgument(f"op avg needs a floating-point dtype, got {dtype}; use sum and divide")
+    return OPS[code]
+
+
+class Work:
+    """An asynchronous operation in flight. The buffers it uses stay referenced until
+    it is done; their contents are defined only after wait() or a True test()."""
+
+    def __init__(self, work, *buffers):
+        self._work = work
+        self._buffers = buffers
+        self._error = None
+        self._finished = False
+
+    def wait(self, timeout=None):
+        """Block until done; raise Timeout if `timeout` seconds pass first."""
+        if self._finished:
+            return self._result()
+        try:
+            if timeout is None:
+                self._work.wait()
+            else:
+                if timeout <= 0:
+                    raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
+                self._work.wait(datetime.timedelta(seconds=timeout))
+        except InvalidArgument:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self._error = classify(exc)
+        self._finished = True
+        self._buffers = ()
+        return self._result()
+
+    def test(self) -> bool:
+        """True once done (raising its error if it failed); never blocks."""
+        if not self._finished and not self._work.is_completed():
+            return False
+        self.wait()
+        return True
+
+    def _result(self):
+        if self._error is not None:
+            raise self._error
+        return None
+
+
+def _run(fn, async_op, *buffers):
+    try:
+        work = fn(async_op)
+    except (InvalidArgument, Timeout):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise classify(exc) from exc
+    if async_op:
+        return Work(work, *buffers)
+    return None
+
+
+def _prepare(buf, group, dtype=None):
+    g = group or _group.current()
+    g.check_open()
+    t = as_tensor(buf, dtype)
+    if g.backend == "nccl" and not t.is_cuda:
+        raise InvalidArgument("the nccl backend needs CUDA tensors; this one is on the CPU")
+    return g, t
+
+
+def _pair(inp, out, group, dtype, factor_in, factor_out, what):
+    g, t_in = _prepare(inp, group, dtype)
+    _, t_out = _prepare(out, g, dtype)
+    if t_in.dtype != t_out.dtype:
+        raise InvalidArgument(f"{what}: input is {t_in.dtype} but output is {t_out.dtype}")
+    if t_in.numel() * factor_in != t_out.numel() * factor_out:
+        n = "output" if factor_in > 1 else "input"
+        raise InvalidArgument(
+            f"{what}: {n} must hold world size ({g.size}) x the other's elements; "
+            f"got input {t_in.numel()} and output {t_out.numel()}")
+    return g, t_in, t_out
+
+
+def broadcast(buf, root, *, group=None, async_op=False, dtype=None):
+    """Copy `buf` from rank `root` into `buf` on every rank."""
+    g, t = _prepare(buf, group, dtype)
+    g.check_rank("root", root)
+    return _run(lambda a: dist.broadcast(t, root, group=g.pg, async_op=a), async_op, t)
+
+
+def all_reduce(buf, op=SUM, *, group=None, async_op=False, dtype=None):
+    """Reduce `buf` element-wise over all ranks (sum, avg, min, max, product), in place."""
+    g, t = _prepare(buf, group, dtype)
+    rop = reduce_op(op, t.dtype)
+    return _run(lambda a: dist.all_reduce(t, rop, group=g.pg, async_op=a), async_op, t)
+
+
+def all_gather(input, output, *, group=None, async_op=False, dtype=None):
+    """Concatenate every rank's `input` in rank order into `output` (world size x input)."""
+    g, t_in, t_out = _pair(input, output, group, dtype, _group_size(group), 1, "all_gather")
+    return _run(lambda a: dist.all_gather_single(t_out, t_in, group=g.pg, async_op=a),
+                async_op, t_in, t_out)
+
+
+def reduce_scatter(input, output, op=SUM, *, group=None, async_op=False, dtype=None):
+    """Reduce `input` (world size x output) over ranks; rank r keeps block r in `output`."""
+    g, t_in, t_out = _pair(input, output, group, dtype, 1, _group_size(group), "reduce_scatter")
+    rop = reduce_op(op, t_in.dtype)
+    return _run(lambda a: dist.reduce_scatter_single(t_out, t_in, rop, group=g.pg, async_op=a),
+                async_op, t_in, t_out)
+
+
+def barrier(*, group=None):
+    """Block until every rank reaches the barrier."""
+    g = group or _group.current()
+    g.check_open()
+    _run(lambda a: dist.barrier(group=g.pg), False)
+
+
+def send(buf, dst, tag=0, *, group=None, dtype=None):
+    isend(buf, dst, tag, group=group, dtype=dtype).wait()
+
+
+def recv(buf, src, tag=0, *, group=None, dtype=None):
+    irecv(buf, src, tag, group=group, dtype=dtype).wait()
+
+
+def isend(buf, dst, tag=0, *, group=None, dtype=None) -> Work:
+    """Start sending `buf` to rank `dst`; matched by a recv/irecv with the same tag."""
+    g, t = _prepare(buf, group, dtype)
+    g.check_rank("destination", dst, allow_self=False)
+    _check_tag(tag)
+    return _run(lambda a: dist.isend(t, dst, group=g.pg, tag=tag), True, t)
+
+
+def irecv(buf, src, tag=0, *, group=None, dtype=None) -> Work:
+    """Start receiving into `buf` from rank `src`."""
+    g, t = _prepare(buf, group, dtype)
+    g.check_rank("source", src, allow_self=False)
+    _check_tag(tag)
+    return _run(lambda a: dist.irecv(t, src, group=g.pg, tag=tag), True, t)
+
+
+def _check_tag(tag):
+    if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0:
+        raise InvalidArgument(f"tag must be a non-negative integer, got {tag!r}")
+
+
+def _group_size(group):
+    return (group or _group.current()).size
+
+
+__all__ = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "Work", "broadcast", "all_reduce",
+           "all_gather", "reduce_scatter", "barrier", "send", "recv", "isend", "irecv"]

@@ -1,0 +1,103 @@
+"""Run a function on N real ranks (spawned processes) with a fresh rendezvous, bounded in time.
+
+A hang or crash fails the calling test within `timeout` seconds and shows every rank's output.
+"""
+
+import multiprocessing as mp
+import os
+import socket
+import tempfile
+import traceback
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RanksFailed(AssertionError):
+    pass
+
+
+def _child(fn, rank, world, env, log_path, queue, args):
+    log = open(log_path, "w", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    os.environ.update(env)
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+    try:
+        result = fn(rank, world, *args)
+        queue.put((rank, "ok", result))
+    except BaseException:  # noqa: BLE001 - report everything to the parent
+        traceback.print_exc()
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(fn, world, *args, timeout=60.0, env=None, expect_fail=()):
+    """Run fn(rank, world, *args) on `world` spawned ranks; return the results by rank.
+
+    MASTER_ADDR/MASTER_PORT (a free port), RANK, WORLD_SIZE and LOCAL_RANK are set as a
+    launcher would. Ranks in `expect_fail` may die or raise; their result is None.
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(env or {})}
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = [os.path.join(tmp, f"rank{r}.log") for r in range(world)]
+        procs = [ctx.Process(target=_child, args=(fn, r, world, base_env, logs[r], queue, args))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        results, errors = {}, {}
+        import time
+        deadline = time.monotonic() + timeout
+        pending = set(range(world))
+        try:
+            while pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RanksFailed(f"ranks {sorted(pending)} did not finish within {timeout}s"
+                                      + _logs(logs))
+                try:
+                    rank, status, value = queue.get(timeout=min(left, 0.5))
+                except Exception:  # queue.Empty
+                    dead = [r for r in pending if not procs[r].is_alive() and procs[r].exitcode is not None]
+                    for r in dead:
+                        # Allow a moment for a result queued just before exit.
+                        if r in expect_fail:
+                            pending.discard(r)
+                            results[r] = None
+                        elif procs[r].exitcode != 0:
+                            raise RanksFailed(f"rank {r} died with exit code {procs[r].exitcode}"
+                                              + _logs(logs))
+                    continue
+                pending.discard(rank)
+                if status == "ok":
+                    results[rank] = value
+                elif rank in expect_fail:
+                    results[rank] = None
+                else:
+                    errors[rank] = value
+            if errors:
+                raise RanksFailed("".join(f"\n--- rank {r} raised:\n{e}" for r, e in sorted(errors.items()))
+                                  + _logs(logs))
+            return [results[r] for r in range(world)]
+        finally:
+            for p in procs:
+                p.join(timeout=2)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=2)
+
+
+def _logs(paths):
+    out = []
+    for r, path in enumerate(paths):
+        try:
+            with open(path) as f:
+                text = f.read()[-4000:]
+        except OSError:
+            text = "(no output)"
+        out.append(f"\n--- rank {r} output:\n{text}")
+    return "".join(out)
