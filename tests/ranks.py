@@ -34,25 +34,27 @@ def _child(fn, rank, world, env, log_path, queue, args):
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(fn, world, *args, timeout=60.0, env=None, expect_fail=()):
+def run_ranks(fn, world, *args, timeout=60.0, env=None, expect_fail=(), only=None):
     """Run fn(rank, world, *args) on `world` spawned ranks; return the results by rank.
 
     MASTER_ADDR/MASTER_PORT (a free port), RANK, WORLD_SIZE and LOCAL_RANK are set as a
     launcher would. Ranks in `expect_fail` may die or raise; their result is None.
+    `only` starts just those ranks (to simulate peers that never join); the others' result is None.
     """
+    started = sorted(only) if only is not None else list(range(world))
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(env or {})}
     with tempfile.TemporaryDirectory() as tmp:
         logs = [os.path.join(tmp, f"rank{r}.log") for r in range(world)]
-        procs = [ctx.Process(target=_child, args=(fn, r, world, base_env, logs[r], queue, args))
-                 for r in range(world)]
-        for p in procs:
+        procs = {r: ctx.Process(target=_child, args=(fn, r, world, base_env, logs[r], queue, args))
+                 for r in started}
+        for p in procs.values():
             p.start()
         results, errors = {}, {}
         import time
         deadline = time.monotonic() + timeout
-        pending = set(range(world))
+        pending = set(started)
         try:
             while pending:
                 left = deadline - time.monotonic()
@@ -82,9 +84,9 @@ def run_ranks(fn, world, *args, timeout=60.0, env=None, expect_fail=()):
             if errors:
                 raise RanksFailed("".join(f"\n--- rank {r} raised:\n{e}" for r, e in sorted(errors.items()))
                                   + _logs(logs))
-            return [results[r] for r in range(world)]
+            return [results.get(r) for r in range(world)]
         finally:
-            for p in procs:
+            for p in procs.values():
                 p.join(timeout=2)
                 if p.is_alive():
                     p.kill()
@@ -94,6 +96,8 @@ def run_ranks(fn, world, *args, timeout=60.0, env=None, expect_fail=()):
 def _logs(paths):
     out = []
     for r, path in enumerate(paths):
+        if not os.path.exists(path):
+            continue
         try:
             with open(path) as f:
                 text = f.read()[-4000:]

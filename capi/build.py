@@ -1,0 +1,252 @@
+"""Build libpybridge.so (cffi embedding mode) and pybridge.pc from capi/pybridge.h.
+
+Usage: python capi/build.py [--out DIR]
+
+Each `int pb_NAME(...)` in the header, except the pure-C ones, becomes a thin C
+wrapper over an `extern "Python"` function `_pb_py_NAME` implemented in
+pybridge/capi.py. The wrappers exist for one reason: if the embedded Python core
+cannot start, cffi would make every call return 0 (PB_OK); the wrapper turns that
+into PB_ERR_INTERNAL with the start-up error as message.
+"""
+
+import argparse
+import json
+import os
+import re
+import site
+import sys
+import sysconfig
+
+import cffi
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HEADER = os.path.join(HERE, "pybridge.h")
+PURE_C = {"pb_last_error", "pb_status_name", "pb_version"}
+PROTO = re.compile(r"^int (pb_\w+)\(([^;]*?)\);", re.M | re.S)
+
+C_SOURCE = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "pybridge.h"
+
+#define PB_ERRMSG_MAX 4096
+static __thread char pb_errmsg[PB_ERRMSG_MAX];
+static volatile int pb_core_ready = 0;
+static char pb_start_error[PB_ERRMSG_MAX] = "the pybridge Python core failed to start "
+    "(see the traceback on stderr)";
+
+/* Called from Python (pybridge/capi.py) on the calling thread. */
+static void _pb_set_error(const char *msg) {
+    snprintf(pb_errmsg, sizeof pb_errmsg, "%s", msg);
+}
+static void _pb_set_ready(void) { pb_core_ready = 1; }
+static void _pb_set_start_error(const char *msg) {
+    snprintf(pb_start_error, sizeof pb_start_error, "pybridge core failed to start: %s", msg);
+}
+
+static int pb_not_ready(void) {
+    snprintf(pb_errmsg, sizeof pb_errmsg, "%s", pb_start_error);
+    return PB_ERR_INTERNAL;
+}
+
+/* Start the interpreter ourselves, before cffi would: left to itself, an embedded
+ * Python locates its prefix by searching PATH for "python3", which can be another
+ * installation, and ignores a virtual environment. Naming the build's interpreter
+ * (or $PYBRIDGE_PYTHON) as the executable gives the same sys.prefix and
+ * site-packages as running that interpreter. No signal handlers are installed. */
+static pthread_once_t pb_python_once = PTHREAD_ONCE_INIT;
+static int pb_python_ok = 0;
+
+static void pb_start_python(void) {
+    if (Py_IsInitialized()) {  /* loaded into a running Python */
+        pb_python_ok = 1;
+        return;
+    }
+    const char *exe = getenv("PYBRIDGE_PYTHON");
+    if (exe == NULL || exe[0] == '\0')
+        exe = "@PYTHON@";
+    PyConfig config;
+    PyConfig_InitPythonConfig(&config);
+    config.install_signal_handlers = 0;
+    config.parse_argv = 0;
+    PyStatus status = PyConfig_SetBytesString(&config, &config.executable, exe);
+    if (!PyStatus_Exception(status))
+        status = PyConfig_SetBytesString(&config, &config.program_name, exe);
+    if (!PyStatus_Exception(status))
+        status = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(status)) {
+        snprintf(pb_start_error, sizeof pb_start_error,
+                 "pybridge core failed to start: Python (%s) did not initialize: %s",
+                 exe, status.err_msg ? status.err_msg : "unknown error");
+        return;
+    }
+    PyEval_SaveThread();  /* release the GIL: every call takes it through cffi */
+    pb_python_ok = 1;
+}
+
+static int pb_python_ready(void) {
+    pthread_once(&pb_python_once, pb_start_python);
+    return pb_python_ok;
+}
+
+CFFI_DLLEXPORT const char *pb_last_error(void) { return pb_errmsg; }
+
+CFFI_DLLEXPORT const char *pb_version(void) { return "@VERSION@"; }
+
+CFFI_DLLEXPORT const char *pb_status_name(int status) {
+    switch (status) {
+    case PB_OK: return "PB_OK";
+    case PB_ERR_INVALID_ARGUMENT: return "PB_ERR_INVALID_ARGUMENT";
+    case PB_ERR_NOT_INITIALIZED: return "PB_ERR_NOT_INITIALIZED";
+    case PB_ERR_ALREADY_INITIALIZED: return "PB_ERR_ALREADY_INITIALIZED";
+    case PB_ERR_TIMEOUT: return "PB_ERR_TIMEOUT";
+    case PB_ERR_COMM: return "PB_ERR_COMM";
+    case PB_ERR_IO: return "PB_ERR_IO";
+    case PB_ERR_CORRUPT: return "PB_ERR_CORRUPT";
+    case PB_ERR_INTERNAL: return "PB_ERR_INTERNAL";
+    case PB_ERR_CLOSED: return "PB_ERR_CLOSED";
+    default: return "PB_UNKNOWN";
+    }
+}
+"""
+
+INIT_CODE = r"""
+import json, os, site, sys
+
+_cfg = json.loads(@CONFIG@)
+# The embedded interpreter starts with the base installation's paths only: add the
+# build environment's (a virtual environment's site-packages, editable installs),
+# and any override from PYBRIDGE_PYTHONPATH, before importing the core.
+_extra = [p for p in os.environ.get("PYBRIDGE_PYTHONPATH", "").split(os.pathsep) if p]
+for _p in reversed(_extra):
+    sys.path.insert(0, _p)
+for _p in _cfg["sys_path"]:
+    if _p not in sys.path:
+        sys.path.append(_p)
+for _d in _cfg["site_dirs"]:
+    if os.path.isdir(_d):
+        site.addsitedir(_d)  # processes .pth files, which editable installs rely on
+# multiprocessing's spawn (used by DataLoader workers) re-runs sys.executable: point it
+# at a real interpreter, not at the host program.
+sys.executable = os.environ.get("PYBRIDGE_PYTHON") or _cfg["python"]
+if not sys.argv:
+    sys.argv = [""]
+
+from _pybridge_capi import ffi, lib
+try:
+    import pybridge.capi
+    pybridge.capi.install(ffi, lib)
+except BaseException as _exc:
+    import traceback
+    traceback.print_exc()
+    lib._pb_set_start_error(("%s: %s (sys.path=%s)" % (
+        type(_exc).__name__, _exc, sys.path)).encode()[:3000])
+    raise
+lib._pb_set_ready()
+"""
+
+
+def prototypes(header_text):
+    """(name, argument list) of every int-returning function in the header."""
+    for name, args in PROTO.findall(header_text):
+        yield name, " ".join(args.split())
+
+
+def arg_names(args):
+    return ", ".join(re.findall(r"(\w+)\s*(?:,|$)", args))
+
+
+def declarations(header_text):
+    """The header's constants and types, in the subset of C that cffi's cdef parses."""
+    lines = []
+    for line in header_text.splitlines():
+        m = re.match(r"#define (PB_\w+) (-?\d+)", line)
+        if m:
+            lines.append(f"#define {m.group(1)} {m.group(2)}")
+    code = re.sub(r"/\*.*?\*/", "", header_text, flags=re.S)
+    lines += re.findall(r"^typedef struct[^;]*?(?:\{[^}]*\}[^;]*)?;", code, re.M | re.S)
+    return lines
+
+
+def public_cdef(header_text):
+    """cdef text for loading libpybridge.so with cffi in ABI mode (ffi.dlopen)."""
+    lines = declarations(header_text)
+    lines += ["const char *pb_last_error(void);", "const char *pb_status_name(int status);",
+              "const char *pb_version(void);"]
+    lines += [f"int {name}({args});" for name, args in prototypes(header_text) if name not in PURE_C]
+    return "\n".join(lines)
+
+
+def cdef_text(header_text):
+    """The build's cdef: constants, types, and the extern "Python" implementations."""
+    lines = declarations(header_text)
+    lines.append("""
+void _pb_set_error(const char *msg);
+void _pb_set_ready(void);
+void _pb_set_start_error(const char *msg);
+""")
+    for name, args in prototypes(header_text):
+        if name not in PURE_C:
+            lines.append(f'extern "Python" int _pb_py_{name[3:]}({args});')
+    return "\n".join(lines)
+
+
+def wrappers(header_text):
+    out = []
+    for name, args in prototypes(header_text):
+        if name in PURE_C:
+            continue
+        out.append(f"static int _pb_py_{name[3:]}({args});\n"
+                   f"CFFI_DLLEXPORT int {name}({args}) {{\n"
+                   f"    if (!pb_python_ready())\n        return pb_not_ready();\n"
+                   f"    int rc = _pb_py_{name[3:]}({arg_names(args)});\n"
+                   f"    return pb_core_ready ? rc : pb_not_ready();\n}}\n")
+    return "\n".join(out)
+
+
+def build(out_dir):
+    import pybridge  # the build environment must be able to import the core
+
+    os.makedirs(out_dir, exist_ok=True)
+    with open(HEADER) as f:
+        header = f.read()
+    config = {
+        "python": sys.executable,
+        "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
+        "site_dirs": site.getsitepackages() + [site.getusersitepackages()],
+    }
+    libdir = sysconfig.get_config_var("LIBDIR")
+    ffi = cffi.FFI()
+    ffi.cdef(cdef_text(header))
+    ffi.embedding_api("")
+    ffi.set_source("_pybridge_capi",
+                   C_SOURCE.replace("@VERSION@", pybridge.__version__).replace("@PYTHON@", sys.executable) + wrappers(header),
+                   include_dirs=[HERE],
+                   extra_compile_args=["-O2"],
+                   extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,-soname,libpybridge.so"])
+    ffi.embedding_init_code(INIT_CODE.replace("@CONFIG@", repr(json.dumps(config))))
+    tmp = os.path.join(out_dir, "cffi-tmp")
+    built = ffi.compile(tmpdir=tmp, target="libpybridge.*", verbose=False)
+    final = os.path.join(out_dir, "libpybridge.so")
+    os.replace(built, final)
+    write_pc(out_dir, pybridge.__version__)
+    print(f"built {final}")
+
+
+def write_pc(out_dir, version):
+    libdir = os.path.abspath(out_dir)
+    with open(os.path.join(out_dir, "pybridge.pc"), "w") as f:
+        f.write(f"libdir={libdir}\nincludedir={HERE}\n\n"
+                "Name: pybridge\nDescription: data-parallel training over torch.distributed\n"
+                f"Version: {version}\n"
+                "Cflags: -I${includedir}\n"
+                "Libs: -L${libdir} -lpybridge -Wl,-rpath,${libdir}\n")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "build"))
+    build(parser.parse_args().out)

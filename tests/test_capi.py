@@ -1,0 +1,132 @@
+"""The C ABI: from a plain C program, and through cffi's ABI mode on real ranks
+(collectives, async work, a peer that never joins, a peer that dies)."""
+
+import os
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from capi_loader import LIB_PATH, ROOT, load
+from ranks import free_port, run_ranks
+
+pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
+
+
+def test_bad_input_from_c(tmp_path):
+    exe = tmp_path / "abi_errors"
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
+                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.dirname(LIB_PATH)})
+    subprocess.run(["gcc", "-Wall", "-Werror", "-o", str(exe), os.path.join(ROOT, "tests/c/abi_errors.c"),
+                    *flags.stdout.split()], check=True)
+    # A clean environment: the library must find torch and pybridge by itself.
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    run = subprocess.run([str(exe), str(free_port())], capture_output=True, text=True, timeout=60, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "abi_errors: 0 failed checks" in run.stdout
+    assert run.stdout.count("\nok ") >= 50
+
+
+def _tensor(ffi, lib, arr):
+    codes = {np.float32: lib.PB_FLOAT32, np.float64: lib.PB_FLOAT64, np.int32: lib.PB_INT32,
+             np.int64: lib.PB_INT64, np.int8: lib.PB_INT8, np.uint8: lib.PB_UINT8}
+    t = ffi.new("pb_tensor *")
+    t.data = ffi.cast("void *", arr.ctypes.data)
+    t.count = arr.size
+    t.dtype = codes[arr.dtype.type]
+    t.device = lib.PB_CPU
+    return t
+
+
+def _init(ffi, lib, timeout=20.0):
+    gp = ffi.new("pb_group **")
+    rc = lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, timeout, gp)
+    assert rc == 0, ffi.string(lib.pb_last_error())
+    return gp[0]
+
+
+def abi_collectives(rank, world):
+    ffi, lib = load()
+    g = _init(ffi, lib)
+    out = ffi.new("int32_t *")
+    assert lib.pb_rank(g, out) == 0 and out[0] == rank
+    assert lib.pb_size(g, out) == 0 and out[0] == world
+    x = np.arange(5, dtype=np.float32) * (rank + 1)
+    assert lib.pb_all_reduce(g, _tensor(ffi, lib, x), lib.PB_SUM) == 0
+    np.testing.assert_array_equal(x, np.arange(5) * sum(r + 1 for r in range(world)))
+    y = np.full(3, rank, dtype=np.int64)
+    assert lib.pb_broadcast(g, _tensor(ffi, lib, y), world - 1) == 0
+    assert y.tolist() == [world - 1] * 3
+    gathered = np.zeros(2 * world, dtype=np.int32)
+    assert lib.pb_all_gather(g, _tensor(ffi, lib, np.full(2, rank, np.int32)), _tensor(ffi, lib, gathered)) == 0
+    assert gathered.tolist() == [r for r in range(world) for _ in range(2)]
+    big = np.arange(2 * world, dtype=np.float64)
+    part = np.zeros(2, np.float64)
+    assert lib.pb_reduce_scatter(g, _tensor(ffi, lib, big), _tensor(ffi, lib, part), lib.PB_MAX) == 0
+    assert part.tolist() == big[2 * rank:2 * rank + 2].tolist()
+    # Async on a library-owned buffer.
+    bp = ffi.new("pb_buffer **")
+    assert lib.pb_buffer_new(lib.PB_INT32, 4, lib.PB_CPU, bp) == 0
+    desc = ffi.new("pb_tensor *")
+    assert lib.pb_buffer_tensor(bp[0], desc) == 0
+    view = np.frombuffer(ffi.buffer(desc.data, 16), dtype=np.int32)
+    view[:] = rank + 1
+    wp = ffi.new("pb_work **")
+    assert lib.pb_all_reduce_async(g, bp[0], lib.PB_PRODUCT, wp) == 0
+    assert lib.pb_work_wait(wp[0], 10.0) == 0
+    assert view.tolist() == [int(np.prod([r + 1 for r in range(world)]))] * 4
+    assert lib.pb_work_free(wp[0]) == 0 and lib.pb_buffer_free(bp[0]) == 0
+    # Point to point.
+    msg = np.full(4, rank * 10, dtype=np.uint8)
+    if rank == 0:
+        assert lib.pb_send(g, _tensor(ffi, lib, msg), 1, 7) == 0
+    elif rank == 1:
+        assert lib.pb_recv(g, _tensor(ffi, lib, msg), 0, 7) == 0
+        assert msg.tolist() == [0] * 4
+    assert lib.pb_barrier(g) == 0
+    assert lib.pb_finalize(g) == 0
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_collectives_through_the_c_abi(world):
+    assert run_ranks(abi_collectives, world, timeout=90) == ["ok"] * world
+
+
+def never_joined(rank, world, timeout):
+    ffi, lib = load()
+    gp = ffi.new("pb_group **")
+    start = time.monotonic()
+    rc = lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, timeout, gp)
+    return rc, ffi.string(lib.pb_last_error()).decode(), time.monotonic() - start
+
+
+def test_peer_that_never_joins_times_out():
+    # world size 2, but only rank 0 is started: rank 1 never joins.
+    (rc, msg, took), absent = run_ranks(never_joined, 2, 3.0, timeout=60, only=[0])
+    _, lib = load()
+    assert rc == lib.PB_ERR_TIMEOUT, msg
+    assert took < 3.0 + 10, took
+    assert "pb_init" in msg
+
+
+def dies_mid_collective(rank, world):
+    ffi, lib = load()
+    g = _init(ffi, lib, timeout=15.0)
+    x = np.ones(1 << 16, dtype=np.float32)
+    assert lib.pb_all_reduce(g, _tensor(ffi, lib, x), lib.PB_SUM) == 0
+    if rank == 1:
+        os._exit(3)  # dies without finalizing, while rank 0 enters the next collective
+    start = time.monotonic()
+    rcs = [lib.pb_all_reduce(g, _tensor(ffi, lib, x), lib.PB_SUM) for _ in range(3)]
+    return rcs, ffi.string(lib.pb_last_error()).decode(), time.monotonic() - start
+
+
+def test_peer_that_dies_mid_collective_gives_an_error():
+    results = run_ranks(dies_mid_collective, 2, timeout=90, expect_fail={1})
+    rcs, msg, took = results[0]
+    _, lib = load()
+    assert rcs[0] in (lib.PB_ERR_COMM, lib.PB_ERR_TIMEOUT), (rcs, msg)
+    assert all(rc != 0 for rc in rcs), rcs
+    assert took < 60, took
