@@ -22,14 +22,35 @@ OP_NAMES = {"sum": SUM, "avg": AVG, "mean": AVG, "min": MIN, "max": MAX,
             "product": PRODUCT, "prod": PRODUCT}
 
 
-def reduce_op(op, dtype):
-    """The torch ReduceOp for an op code or name, checked against the element type."""
+def _allreduce_options(rop):
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = rop
+    return opts
+
+
+# Hot paths call the ProcessGroup directly with prebuilt options: torch.distributed's
+# Python wrappers cost several microseconds per call, which dominates small messages.
+_ALLREDUCE_OPTS = {code: _allreduce_options(rop) for code, rop in OPS.items()}
+
+
+def _op_code(op, dtype):
     code = OP_NAMES.get(op.lower()) if isinstance(op, str) else op
     if isinstance(code, bool) or code not in OPS:
         raise InvalidArgument(f"unknown reduce op {op!r}; valid: sum, avg, min, max, product (codes 0..4)")
     if code == AVG and not dtype.is_floating_point:
         raise InvalidArgument(f"op avg needs a floating-point dtype, got {dtype}; use sum and divide")
-    return OPS[code]
+    return code
+
+
+def reduce_op(op, dtype):
+    """The torch ReduceOp for an op code or name, checked against the element type."""
+    return OPS[_op_code(op, dtype)]
+
+
+def _maybe_wait(work, async_op):
+    if not async_op:
+        work.wait()
+    return work
 
 
 class Work:
@@ -112,14 +133,16 @@ def broadcast(buf, root, *, group=None, async_op=False, dtype=None):
     """Copy `buf` from rank `root` into `buf` on every rank."""
     g, t = _prepare(buf, group, dtype)
     g.check_rank("root", root)
-    return _run(lambda a: dist.broadcast(t, root, group=g.pg, async_op=a), async_op, t)
+    opts = dist.BroadcastOptions()
+    opts.rootRank = root
+    return _run(lambda a: _maybe_wait(g.pg.broadcast([t], opts), a), async_op, t)
 
 
 def all_reduce(buf, op=SUM, *, group=None, async_op=False, dtype=None):
     """Reduce `buf` element-wise over all ranks (sum, avg, min, max, product), in place."""
     g, t = _prepare(buf, group, dtype)
-    rop = reduce_op(op, t.dtype)
-    return _run(lambda a: dist.all_reduce(t, rop, group=g.pg, async_op=a), async_op, t)
+    opts = _ALLREDUCE_OPTS[_op_code(op, t.dtype)]
+    return _run(lambda a: _maybe_wait(g.pg.allreduce([t], opts), a), async_op, t)
 
 
 def all_gather(input, output, *, group=None, async_op=False, dtype=None):

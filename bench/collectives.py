@@ -1,0 +1,132 @@
+"""Collectives benchmark: 1-element allreduce latency and allreduce/broadcast bandwidth
+from 1 KiB to 64 MiB, 2 ranks on gloo, three ways in one run:
+raw torch.distributed from Python, pybridge from Python, pybridge from Go (C ABI).
+
+    python bench/collectives.py [--quick]      (make bench runs it)
+
+Implementations are interleaved (Python ranks, Go ranks, again) and each figure is the
+median over rounds, so machine noise hits all of them alike. Prints a table of times
+and ratios and writes bench/results/collectives.json.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT, human_bytes, launch, save, table  # noqa: E402
+
+SIZES = [1 << k for k in range(10, 27, 2)]  # 1 KiB ... 64 MiB
+GO_BIN = os.path.join(ROOT, "build", "bench_collectives_go")
+
+
+def iterations(nbytes):
+    """Deterministic per size, so every rank runs the same number of collectives."""
+    return max(3, min(2000, (48 << 20) // nbytes))
+
+
+def plan(quick):
+    sizes = SIZES[::2] if quick else SIZES
+    cases = [("latency", "allreduce", 4, 300 if quick else 3000)]
+    for op in ("allreduce", "broadcast"):
+        cases += [("bandwidth", op, n, max(2, iterations(n) // (4 if quick else 1))) for n in sizes]
+    return cases
+
+
+def worker(cases, rounds, out_path):
+    """One rank: time raw torch.distributed and pybridge, interleaved per round."""
+    import torch
+    import torch.distributed as dist
+
+    import pybridge
+
+    pybridge.init(backend="gloo", timeout=120)
+    raw = {"allreduce": lambda t: dist.all_reduce(t), "broadcast": lambda t: dist.broadcast(t, 0)}
+    bridged = {"allreduce": lambda t: pybridge.all_reduce(t), "broadcast": lambda t: pybridge.broadcast(t, 0)}
+    results = {}
+    for _ in range(rounds):
+        for kind, op, nbytes, iters in cases:
+            t = torch.ones(nbytes // 4)
+            for impl, fns in (("torch", raw), ("pybridge-py", bridged)):
+                fn = fns[op]
+                for _ in range(max(1, iters // 10)):  # warm-up
+                    fn(t)
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(iters):
+                    fn(t)
+                elapsed = (time.perf_counter() - start) / iters
+                results.setdefault(f"{impl}|{op}|{nbytes}", []).append(elapsed)
+    if pybridge.rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    pybridge.finalize()
+
+
+def build_go():
+    subprocess.run(["go", "build", "-o", GO_BIN, "."], check=True,
+                   cwd=os.path.join(ROOT, "bench", "collectives_go"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and iterations (a smoke run)")
+    parser.add_argument("--runs", type=int, default=2, help="times each implementation's ranks are started")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    cases = plan(args.quick)
+    rounds = 1 if args.quick else 2
+    if args.worker:
+        return worker(cases, rounds, args.worker)
+
+    build_go()
+    spec = json.dumps([[k, o, n, i] for k, o, n, i in cases])
+    samples = {}
+    tmp = os.path.join(ROOT, "build", "bench-collectives.json")
+    for run in range(args.runs):
+        print(f"run {run + 1}/{args.runs}: Python ranks (torch.distributed and pybridge)...", flush=True)
+        launch([sys.executable, __file__, "--worker", tmp] + (["--quick"] if args.quick else []), 2, 900)
+        merge(samples, tmp)
+        print(f"run {run + 1}/{args.runs}: Go ranks (pybridge through the C ABI)...", flush=True)
+        launch([GO_BIN, tmp, spec, str(rounds)], 2, 900)
+        merge(samples, tmp)
+    report(cases, samples, args.quick)
+
+
+def merge(samples, path):
+    with open(path) as f:
+        for key, values in json.load(f).items():
+            samples.setdefault(key, []).extend(values)
+
+
+def report(cases, samples, quick):
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    rows, records = [], []
+    for kind, op, nbytes, _ in cases:
+        t = {impl: med[f"{impl}|{op}|{nbytes}"] for impl in ("torch", "pybridge-py", "pybridge-go")}
+        if kind == "latency":
+            what = f"{op} 1 element"
+            cells = [f"{t[i] * 1e6:.1f} us" for i in t]
+            ratio = lambda i: t[i] / t["torch"]  # time ratio: lower is better, 1.05 is the goal
+        else:
+            what = f"{op} {human_bytes(nbytes)}"
+            cells = [f"{nbytes / t[i] / 1e9:.3f} GB/s" for i in t]
+            ratio = lambda i: t["torch"] / t[i]  # bandwidth ratio: higher is better, 0.97 is the goal
+        rows.append([what, *cells, f"{ratio('pybridge-py'):.3f}", f"{ratio('pybridge-go'):.3f}"])
+        records.append({"kind": kind, "op": op, "bytes": nbytes, "seconds": t,
+                        "ratio_py": ratio("pybridge-py"), "ratio_go": ratio("pybridge-go")})
+    headers = ["case", "torch.distributed", "pybridge (Python)", "pybridge (Go)", "ratio Py", "ratio Go"]
+    print()
+    print("2 ranks, gloo, loopback. Latency rows: time per call, ratio = pybridge / torch (goal <= 1.05).")
+    print("Bandwidth rows: bytes / time per call, ratio = pybridge / torch (goal >= 0.97 at 16 MiB).")
+    print(table(headers, rows))
+    path = save("collectives", {"quick": quick, "results": records})
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
