@@ -223,9 +223,11 @@ def pb_work_test(work, done):
     w = _handles.get(work, collectives.Work, "work")
     if done == ffi.NULL:
         raise InvalidArgument("done is NULL")
-    done[0] = 0
-    finished = w.test()  # raises the operation's error once it is done
-    done[0] = int(finished)
+    try:
+        done[0] = int(w.test())
+    except PyBridgeError:
+        done[0] = 1  # finished, with the error returned as the status
+        raise
 
 
 def pb_work_free(work):

@@ -5,7 +5,7 @@ by sequence, not by name. Calls that may run concurrently (threads, goroutines) 
 therefore be ordered by the caller.
 """
 
-import datetime
+import threading
 
 import torch
 import torch.distributed as dist
@@ -62,32 +62,50 @@ class Work:
         self._buffers = buffers
         self._error = None
         self._finished = False
+        self._waiter = None  # thread that completes the work for test(), once started
+        self._lock = threading.Lock()
 
     def wait(self, timeout=None):
         """Block until done; raise Timeout if `timeout` seconds pass first."""
-        if self._finished:
-            return self._result()
-        try:
-            if timeout is None:
-                self._work.wait()
-            else:
-                if timeout <= 0:
-                    raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
-                self._work.wait(datetime.timedelta(seconds=timeout))
-        except InvalidArgument:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            self._error = classify(exc)
-        self._finished = True
-        self._buffers = ()
+        if timeout is not None and timeout <= 0:
+            raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
+        waiter = self._start_waiter() if timeout is not None else self._waiter
+        if waiter is not None:
+            waiter.join(timeout)
+            if waiter.is_alive():
+                raise Timeout(f"operation did not finish within {timeout} s")
+        else:
+            self._complete()
         return self._result()
 
     def test(self) -> bool:
         """True once done (raising its error if it failed); never blocks."""
-        if not self._finished and not self._work.is_completed():
-            return False
-        self.wait()
+        if not self._finished:
+            # torch's gloo isend/irecv/reduce_scatter report is_completed() only after
+            # wait() was called, so a background thread does the waiting.
+            self._start_waiter()
+            if not self._finished:
+                return False
+        self._result()
         return True
+
+    def _start_waiter(self):
+        with self._lock:
+            if self._waiter is None and not self._finished:
+                self._waiter = threading.Thread(target=self._complete, daemon=True,
+                                                name="pybridge-work-waiter")
+                self._waiter.start()
+            return self._waiter
+
+    def _complete(self):
+        if self._finished:
+            return
+        try:
+            self._work.wait()  # bounded by the process group's timeout
+        except Exception as exc:  # noqa: BLE001
+            self._error = classify(exc)
+        self._buffers = ()
+        self._finished = True
 
     def _result(self):
         if self._error is not None:

@@ -56,8 +56,11 @@ def all_collectives(rank, world):
         got = torch.zeros(N, dtype=dt)
         sent = torch.tensor(contribution(rank) + rank, dtype=dt)
         works = [pybridge.isend(sent, right, tag=3), pybridge.irecv(got, left, tag=3)]
-        for w in works:
-            w.wait(timeout=20)
+        import time
+        deadline = time.monotonic() + 20
+        while not all(w.test() for w in works):  # test() must report completion on its own
+            assert time.monotonic() < deadline, "isend/irecv never reported done through test()"
+            time.sleep(0.001)
         check(f"isend/irecv {name}", got, contribution(left) + left)
         if rank % 2 == 0 and right != rank:
             pybridge.send(sent, right)

@@ -1,0 +1,212 @@
+package pybridge
+
+/*
+#include "pbgo.h"
+*/
+import "C"
+
+import (
+	"reflect"
+	"strconv"
+	"unsafe"
+)
+
+// Numeric is the set of element types that collectives accept: the eight
+// dtypes of the C ABI. Types defined over the built-in ones (type T float32)
+// are accepted too; half-precision data uses Float16 and BFloat16.
+type Numeric interface {
+	~float32 | ~float64 | ~int8 | ~uint8 | ~int32 | ~int64 | Float16 | BFloat16
+}
+
+// Op is a reduction operation.
+type Op int32
+
+// Reduction operations (the PB_SUM ... PB_PRODUCT codes of pybridge.h).
+const (
+	Sum     Op = 0
+	Avg     Op = 1 // floating-point element types only
+	Min     Op = 2
+	Max     Op = 3
+	Product Op = 4
+)
+
+func (o Op) String() string {
+	switch o {
+	case Sum:
+		return "Sum"
+	case Avg:
+		return "Avg"
+	case Min:
+		return "Min"
+	case Max:
+		return "Max"
+	case Product:
+		return "Product"
+	}
+	return "Op(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Element type codes of pybridge.h.
+const (
+	dtFloat32  = 0
+	dtFloat64  = 1
+	dtFloat16  = 2
+	dtBFloat16 = 3
+	dtInt8     = 4
+	dtUint8    = 5
+	dtInt32    = 6
+	dtInt64    = 7
+)
+
+// dtypeOf maps T to its C dtype code. Float16 and BFloat16 share uint16 as
+// their underlying type, so they are told apart by name before the kind decides.
+func dtypeOf[T Numeric]() C.int32_t {
+	var zero T
+	switch any(zero).(type) {
+	case Float16:
+		return dtFloat16
+	case BFloat16:
+		return dtBFloat16
+	}
+	switch reflect.TypeOf(zero).Kind() {
+	case reflect.Float32:
+		return dtFloat32
+	case reflect.Float64:
+		return dtFloat64
+	case reflect.Int8:
+		return dtInt8
+	case reflect.Uint8:
+		return dtUint8
+	case reflect.Int32:
+		return dtInt32
+	default: // reflect.Int64: the constraint admits nothing else
+		return dtInt64
+	}
+}
+
+// dataOf returns the address of s's first element, or nil for an empty slice
+// (the C ABI accepts NULL only with a zero count). The memory is passed to C
+// for the duration of one call, which cgo allows for pointer-free element types.
+func dataOf[T Numeric](s []T) (unsafe.Pointer, C.int64_t) {
+	if len(s) == 0 {
+		return nil, 0
+	}
+	return unsafe.Pointer(unsafe.SliceData(s)), C.int64_t(len(s))
+}
+
+// AllReduce reduces data element-wise over all ranks with op, in place: on
+// return every rank holds the same result. Every rank passes the same length.
+//
+// All ranks must call collectives in the same order; when several goroutines
+// call them, the program must impose that order.
+func AllReduce[T Numeric](g *Group, data []T, op Op) error {
+	const name = "AllReduce"
+	h, err := g.handle(name)
+	if err != nil {
+		return err
+	}
+	p, n := dataOf(data)
+	var msg *C.char
+	return check(name, C.pbgo_all_reduce(h, p, n, dtypeOf[T](), C.int32_t(op), &msg), msg)
+}
+
+// Broadcast copies data from rank root into data on every rank, in place.
+// Every rank passes the same length.
+//
+// All ranks must call collectives in the same order; when several goroutines
+// call them, the program must impose that order.
+func Broadcast[T Numeric](g *Group, data []T, root int) error {
+	const name = "Broadcast"
+	h, err := g.handle(name)
+	if err != nil {
+		return err
+	}
+	r, err := toInt32(name, "root", root)
+	if err != nil {
+		return err
+	}
+	p, n := dataOf(data)
+	var msg *C.char
+	return check(name, C.pbgo_broadcast(h, p, n, dtypeOf[T](), r, &msg), msg)
+}
+
+// AllGather concatenates every rank's send slice, in rank order, into recv on
+// every rank. len(recv) must be Size() * len(send).
+//
+// All ranks must call collectives in the same order; when several goroutines
+// call them, the program must impose that order.
+func AllGather[T Numeric](g *Group, send, recv []T) error {
+	const name = "AllGather"
+	h, err := g.handle(name)
+	if err != nil {
+		return err
+	}
+	ps, ns := dataOf(send)
+	pr, nr := dataOf(recv)
+	var msg *C.char
+	return check(name, C.pbgo_all_gather(h, ps, ns, pr, nr, dtypeOf[T](), &msg), msg)
+}
+
+// ReduceScatter reduces send (Size() blocks of len(recv) elements) over all
+// ranks with op; rank r receives block r of the result in recv.
+//
+// All ranks must call collectives in the same order; when several goroutines
+// call them, the program must impose that order.
+func ReduceScatter[T Numeric](g *Group, send, recv []T, op Op) error {
+	const name = "ReduceScatter"
+	h, err := g.handle(name)
+	if err != nil {
+		return err
+	}
+	ps, ns := dataOf(send)
+	pr, nr := dataOf(recv)
+	var msg *C.char
+	return check(name, C.pbgo_reduce_scatter(h, ps, ns, pr, nr, dtypeOf[T](), C.int32_t(op), &msg), msg)
+}
+
+// Send sends data to rank dst and returns when it has been handed over. It
+// matches the Recv on dst with the same tag (>= 0), same length and type.
+//
+// Point-to-point calls between two ranks must be issued in matching order on
+// both, like collectives.
+func Send[T Numeric](g *Group, data []T, dst, tag int) error {
+	const name = "Send"
+	h, err := g.handle(name)
+	if err != nil {
+		return err
+	}
+	d, err := toInt32(name, "destination", dst)
+	if err != nil {
+		return err
+	}
+	tg, err := toInt32(name, "tag", tag)
+	if err != nil {
+		return err
+	}
+	p, n := dataOf(data)
+	var msg *C.char
+	return check(name, C.pbgo_send(h, p, n, dtypeOf[T](), d, tg, &msg), msg)
+}
+
+// Recv receives into data from rank src, matching its Send with the same tag.
+//
+// Point-to-point calls between two ranks must be issued in matching order on
+// both, like collectives.
+func Recv[T Numeric](g *Group, data []T, src, tag int) error {
+	const name = "Recv"
+	h, err := g.handle(name)
+	if err != nil {
+		return err
+	}
+	s, err := toInt32(name, "source", src)
+	if err != nil {
+		return err
+	}
+	tg, err := toInt32(name, "tag", tag)
+	if err != nil {
+		return err
+	}
+	p, n := dataOf(data)
+	var msg *C.char
+	return check(name, C.pbgo_recv(h, p, n, dtypeOf[T](), s, tg, &msg), msg)
+}

@@ -1,0 +1,117 @@
+package pybridge
+
+/*
+#cgo pkg-config: pybridge
+#include "pbgo.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// Error is a failure reported by the C library (or detected by this package
+// before calling it). Status is the C status code (a negative PB_ERR_* value),
+// Op the Go function that failed, and Msg the library's description.
+//
+// Compare with the sentinel errors using errors.Is, which matches on Status:
+//
+//	if errors.Is(err, pybridge.ErrTimeout) { ... }
+//
+// and use errors.As to reach the message and status.
+type Error struct {
+	Status int
+	Op     string
+	Msg    string
+}
+
+// Status codes of pybridge.h. Keep in step with capi/pybridge.h.
+const (
+	statusOK                 = 0
+	statusInvalidArgument    = -1
+	statusNotInitialized     = -2
+	statusAlreadyInitialized = -3
+	statusTimeout            = -4
+	statusComm               = -5
+	statusIO                 = -6
+	statusCorrupt            = -7
+	statusInternal           = -8
+	statusClosed             = -9
+)
+
+// Sentinel errors, one per C status code. Returned errors are *Error values
+// that match these with errors.Is.
+var (
+	ErrInvalidArgument    = &Error{Status: statusInvalidArgument, Msg: "invalid argument"}
+	ErrNotInitialized     = &Error{Status: statusNotInitialized, Msg: "process group not initialized"}
+	ErrAlreadyInitialized = &Error{Status: statusAlreadyInitialized, Msg: "process group already initialized"}
+	ErrTimeout            = &Error{Status: statusTimeout, Msg: "timeout"}
+	ErrComm               = &Error{Status: statusComm, Msg: "communication failure"}
+	ErrIO                 = &Error{Status: statusIO, Msg: "I/O error"}
+	ErrCorrupt            = &Error{Status: statusCorrupt, Msg: "corrupt data"}
+	ErrInternal           = &Error{Status: statusInternal, Msg: "internal error"}
+	ErrClosed             = &Error{Status: statusClosed, Msg: "closed"}
+)
+
+var statusNames = map[int]string{
+	statusOK:                 "PB_OK",
+	statusInvalidArgument:    "PB_ERR_INVALID_ARGUMENT",
+	statusNotInitialized:     "PB_ERR_NOT_INITIALIZED",
+	statusAlreadyInitialized: "PB_ERR_ALREADY_INITIALIZED",
+	statusTimeout:            "PB_ERR_TIMEOUT",
+	statusComm:               "PB_ERR_COMM",
+	statusIO:                 "PB_ERR_IO",
+	statusCorrupt:            "PB_ERR_CORRUPT",
+	statusInternal:           "PB_ERR_INTERNAL",
+	statusClosed:             "PB_ERR_CLOSED",
+}
+
+// StatusName returns the C constant name of a status code, e.g. "PB_ERR_TIMEOUT".
+func StatusName(status int) string {
+	if n, ok := statusNames[status]; ok {
+		return n
+	}
+	return "PB_UNKNOWN"
+}
+
+func (e *Error) Error() string {
+	if e.Op == "" {
+		return "pybridge: " + e.Msg
+	}
+	msg := e.Msg
+	if msg == "" {
+		msg = "failed"
+	}
+	return fmt.Sprintf("pybridge: %s: %s [%s]", e.Op, msg, StatusName(e.Status))
+}
+
+// Is reports whether target is an *Error with the same status, so that
+// errors.Is(err, ErrTimeout) holds for every timeout whatever its message.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t != nil && e != nil && t.Status == e.Status
+}
+
+// newError builds an error that this package detects itself.
+func newError(status int, op, format string, args ...any) error {
+	return &Error{Status: status, Op: op, Msg: fmt.Sprintf(format, args...)}
+}
+
+// check turns a helper's status and copied message into an error, freeing the copy.
+func check(op string, st C.int, msg *C.char) error {
+	if st == statusOK {
+		return nil
+	}
+	text := ""
+	if msg != nil {
+		text = C.GoString(msg)
+		C.free(unsafe.Pointer(msg))
+	}
+	return &Error{Status: int(st), Op: op, Msg: text}
+}
+
+// Version returns the C library's version, e.g. "0.1.0".
+func Version() string {
+	return C.GoString(C.pb_version())
+}

@@ -1,0 +1,3 @@
+module github.com/pybridge/pybridge/go
+
+go 1.22
