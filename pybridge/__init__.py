@@ -4,6 +4,8 @@ from .collectives import (AVG, MAX, MIN, PRODUCT, SUM, Work, all_gather, all_red
                           broadcast, irecv, isend, recv, reduce_scatter, send)
 from .errors import (AlreadyInitialized, Closed, CommError, CorruptData, InvalidArgument,
                      IOFailure, NotInitialized, PyBridgeError, Timeout)
+from .ddp import DistributedDataParallel
 from .group import Group, current, finalize, init, is_initialized, local_rank, rank, size
+from .reducer import Reducer, broadcast_parameters
 
 __version__ = "0.1.0"

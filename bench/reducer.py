@@ -1,0 +1,180 @@
+"""Step time (forward + backward + gradient sync) of pybridge's reducer beside torch DDP,
+a naive per-parameter allreduce and a flatten-then-one-allreduce, on 2 ranks over gloo.
+
+    python bench/reducer.py [--quick]
+
+Prints a table with ratios against torch DDP measured in the same run and writes
+bench/results/reducer.json. Methods take turns in rounds so that machine noise hits all.
+"""
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import free_port, save, table  # noqa: E402
+
+WORLD = 2
+MODELS = {
+    "a": {"desc": "MLP, 50 layers of 256x256", "width": 256, "depth": 50, "batch": 32},
+    "b": {"desc": "3 layers of 2048x2048", "width": 2048, "depth": 3, "batch": 32},
+}
+METHODS = ["pybridge", "torch_ddp", "naive", "flat"]
+LABELS = {
+    "pybridge": "pybridge reducer (DDP wrapper)",
+    "torch_ddp": "torch DDP (bucket_cap_mb=25)",
+    "naive": "naive per-parameter allreduce",
+    "flat": "flatten + one allreduce",
+}
+
+
+def build(cfg, seed=0):
+    import torch
+    from torch import nn
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(cfg["depth"]):
+        layers += [nn.Linear(cfg["width"], cfg["width"]), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+def make_step(method, model, world):
+    """A function running one training step's forward, backward and gradient sync."""
+    import torch
+    import torch.distributed as dist
+    from pybridge.ddp import DistributedDataParallel as PDDP
+    from torch.nn.parallel import DistributedDataParallel as TDDP
+
+    params = list(model.parameters())
+    if method == "pybridge":
+        wrapped = PDDP(model, bucket_cap_mb=25)
+    elif method == "torch_ddp":
+        wrapped = TDDP(model, bucket_cap_mb=25)
+    else:
+        wrapped = model
+
+    def step(x):
+        model.zero_grad()
+        wrapped(x).square().mean().backward()
+        if method == "naive":
+            for p in params:
+                dist.all_reduce(p.grad)
+                p.grad.div_(world)
+        elif method == "flat":
+            grads = [p.grad for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            flat.div_(world)
+            offset = 0
+            for g in grads:
+                n = g.numel()
+                g.copy_(flat[offset:offset + n].view_as(g))
+                offset += n
+    return step
+
+
+def rank_main(rank, world, port, threads, rounds, iters, queue):
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "RANK": str(rank), "WORLD_SIZE": str(world)})
+    import warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    import pybridge
+    torch.set_num_threads(threads)
+    pybridge.init(backend="gloo", timeout=120)
+    out = {}
+    for key, cfg in MODELS.items():
+        x = torch.randn(cfg["batch"], cfg["width"], generator=torch.Generator().manual_seed(rank))
+        models = {m: build(cfg) for m in METHODS}
+        steps = {m: make_step(m, models[m], world) for m in METHODS}
+        # Same work everywhere: after one step every method holds the same averaged gradients.
+        for m in METHODS:
+            steps[m](x)
+        ref = [p.grad for p in models["torch_ddp"].parameters()]
+        for m in METHODS:
+            for g, r in zip((p.grad for p in models[m].parameters()), ref):
+                if not torch.allclose(g, r, rtol=1e-4, atol=1e-6):
+                    raise AssertionError(f"{m} gradients differ from torch DDP's on model {key}")
+        times = {m: [] for m in METHODS}
+        for r in range(rounds):
+            for m in METHODS[r % len(METHODS):] + METHODS[:r % len(METHODS)]:
+                steps[m](x)  # warm-up after switching
+                pybridge.barrier()
+                for _ in range(iters[key]):
+                    t0 = time.perf_counter()
+                    steps[m](x)
+                    times[m].append(time.perf_counter() - t0)
+        out[key] = times
+        del models, steps
+    pybridge.barrier()
+    pybridge.finalize()
+    queue.put((rank, out))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / ranks)")
+    args = ap.parse_args()
+    cores = os.cpu_count() or 1
+    threads = args.threads or max(1, cores // WORLD)
+    rounds = 2 if args.quick else 6
+    iters = {"a": 3, "b": 2} if args.quick else {"a": 10, "b": 5}
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, WORLD, port, threads, rounds, iters, queue))
+             for r in range(WORLD)]
+    start = time.time()
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        while len(results) < WORLD:
+            try:
+                rank, out = queue.get(timeout=5)
+                results[rank] = out
+            except Exception:  # queue.Empty: make sure nobody died
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    sys.exit("a rank failed; see its traceback above")
+                if time.time() - start > 600:
+                    sys.exit("benchmark did not finish within 600 s")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+    # A step ends in a collective, so ranks agree on its duration; take the slower rank.
+    import torch
+    report = {"world": WORLD, "backend": "gloo", "device": "cpu", "torch": torch.__version__,
+              "threads_per_rank": threads, "rounds": rounds, "iterations_per_round": iters,
+              "statistic": "median step time (zero_grad + forward + backward + gradient sync)",
+              "models": {}}
+    print(f"reducer benchmark: {WORLD} ranks, gloo, CPU, {threads} torch thread(s) per rank on "
+          f"{cores} cores; median step time (zero_grad + forward + backward + sync)")
+    for key, cfg in MODELS.items():
+        med = {m: max(statistics.median(results[r][key][m]) for r in range(WORLD)) for m in METHODS}
+        ddp = med["torch_ddp"]
+        rows = {m: {"step_ms": round(med[m] * 1e3, 3), "vs_torch_ddp": round(med[m] / ddp, 3),
+                    "naive_over_this": round(med["naive"] / med[m], 3)} for m in METHODS}
+        lines = [[LABELS[m], f"{rows[m]['step_ms']:.2f}", f"{rows[m]['vs_torch_ddp']:.2f}x",
+                  f"{rows[m]['naive_over_this']:.2f}x"] for m in METHODS]
+        if key == "a":
+            rows["go_reducer"] = {"step_ms": None, "note": "not yet measured"}
+            lines.append(["Go reducer (C ABI)", "not yet measured", "", ""])
+        report["models"][key] = {"desc": cfg["desc"], "batch_per_rank": cfg["batch"], "rows": rows}
+        print(f"\n({key}) {cfg['desc']}, batch {cfg['batch']} per rank\n")
+        print(table(["method", "step ms", "vs torch DDP", "naive / this"], lines))
+    print("\nvs torch DDP: step time / DDP's (< 1 is faster); naive / this: how many times "
+          "faster than the per-parameter loop")
+    path = save("reducer", report)
+    print(f"wrote {os.path.relpath(path)} in {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""A DistributedDataParallel-like wrapper for torch.nn.Module, driven by pybridge's Reducer.
+
+After the first backward each parameter's .grad is a view into the reducer's flat buckets,
+so nothing is copied out of the buckets, and while .grad is kept (zero_grad(set_to_none=
+False), no_sync accumulation) autograd accumulates straight into them. When .grad was
+None, autograd hands over a fresh gradient; the hook copies it into the bucket with the
+averaging folded into that copy (one pass, like torch DDP) and points .grad at the view.
+A post-accumulate-grad hook marks the gradient ready; the first hook of a backward pass
+queues a callback that finalizes the reduction when backward ends, so the training loop
+is the usual `loss.backward(); opt.step()`.
+"""
+
+import contextlib
+
+import torch
+
+from . import group as _group
+from .errors import Closed
+from .reducer import (DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_CAP_MB, Reducer,
+                      broadcast_parameters)
+
+_engine = torch.autograd.Variable._execution_engine
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """Wrap `module` for data-parallel training over the current pybridge group.
+
+    Collective order: every rank must run the same sequence of forward/backward calls
+    (forward broadcasts buffers, backward reduces gradients).
+
+    Options: `broadcast_buffers` (copy rank 0's buffers to all ranks before each forward
+    that will be followed by a synchronized backward), `find_unused_parameters` (parameters
+    that get no gradient in an iteration count as zero; those unused on every rank keep
+    .grad None, as with torch DDP), `op` ('avg' or 'sum'), `compression` (None, 'fp16',
+    'bf16': float32 buckets travel compressed), `bucket_cap_mb`, `first_bucket_cap_mb`,
+    `rebuild_buckets` (reorder buckets after the first iteration by when gradients become
+    ready), `init_sync` (broadcast parameters and buffers from rank 0 at construction).
+    """
+
+    def __init__(self, module, *, group=None, bucket_cap_mb=DEFAULT_BUCKET_CAP_MB,
+                 first_bucket_cap_mb=DEFAULT_FIRST_BUCKET_CAP_MB, broadcast_buffers=True,
+                 find_unused_parameters=False, op="avg", compression=None,
+                 rebuild_buckets=True, init_sync=True):
+        super().__init__()
+        self.module = module
+        self._pb_group = group or _group.current()
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        self.broadcast_buffers = bool(broadcast_buffers)
+        self.find_unused_parameters = bool(find_unused_parameters)
+        if init_sync:
+            broadcast_parameters(list(module.parameters()) + list(module.buffers()), 0,
+                                 group=self._pb_group)
+        self.reducer = Reducer(self._params, group=self._pb_group, names=self._names,
+                               bucket_cap_mb=bucket_cap_mb, first_bucket_cap_mb=first_bucket_cap_mb,
+                               op=op, compression=compression, rebuild=rebuild_buckets,
+                               allow_unused=find_unused_parameters)
+        self._views = self.reducer.grads()
+        self._generation = self.reducer.generation
+        for p, v in zip(self._params, self._views):
+            if p.grad is not None:
+                v.copy_(p.grad)
+                p.grad = v
+        n = len(self._params)
+        self._used = bytearray(n)   # got a gradient since the last sync (find_unused only)
+        self._fresh = bytearray(n)  # unused, .grad was None: we pointed it at a zeroed view
+        self._sync = True
+        self._queued = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(k))
+                       for k, p in enumerate(self._params)]
+
+    # ---- training-loop surface --------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        if self._hooks is None:
+            raise Closed("DistributedDataParallel wrapper is closed")
+        if torch.is_grad_enabled():
+            if self._sync and self.broadcast_buffers and self._pb_group.size > 1:
+                buffers = list(self.module.buffers())
+                if buffers:
+                    broadcast_parameters(buffers, 0, group=self._pb_group)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside only accumulate gradients (in the buckets); the first
+        synchronized backward afterwards reduces the accumulated sum."""
+        old, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = old
+
+    def close(self):
+        """Remove the hooks and release the buckets; .grad tensors stay usable."""
+        if self._hooks is not None:
+            for h in self._hooks:
+                h.remove()
+            self._hooks = None
+            self.reducer.close()
+
+    # ---- hooks --------------------------------------------------------------------------------
+
+    def _make_hook(self, k):
+        def hook(p):
+            if self.find_unused_parameters:
+                self._used[k] = 1
+            if not self._sync:
+                return
+            if not self._queued:
+                self._queued = True
+                _engine.queue_callback(self._end_of_backward)
+            v = self._views[k]
+            g = p.grad
+            if g is v:
+                self.reducer.mark_ready(k)
+            else:  # a fresh gradient (.grad was None): copy it in, scaled, and adopt the view
+                self.reducer.set_grad(k, g)
+                p.grad = v
+        return hook
+
+    def _end_of_backward(self):
+        self._queued = False
+        reducer = self.reducer
+        if self.find_unused_parameters:
+            # Unused gradients contribute what .grad holds (zero when None), as in torch DDP.
+            for k in reducer.missing:
+                p, v = self._params[k], self._views[k]
+                g = p.grad
+                if g is None:
+                    v.zero_()
+                    self._fresh[k] = 1
+                elif g is not v:
+                    v.copy_(g)
+                p.grad = v
+        reducer.finalize()
+        if reducer.generation != self._generation:
+            old, self._views = self._views, reducer.grads()
+            self._generation = reducer.generation
+            for p, prev, new in zip(self._params, old, self._views):
+                if p.grad is prev:
+                    p.grad = new
+        if self.find_unused_parameters:
+            self._drop_globally_unused()
+        self._fresh = bytearray(len(self._params))
+
+    def _drop_globally_unused(self):
+        # Issued after every bucket (finalize launched them all), so the order of
+        # collectives is the same on every rank.
+        used = torch.tensor(list(self._used), dtype=torch.uint8, device=self._pb_group.device)
+        if self._pb_group.size > 1:
+            torch.distributed.all_reduce(used, torch.distributed.ReduceOp.MAX,
+                                         group=self._pb_group.pg)
+        for k, u in enumerate(used.tolist()):
+            if not u and self._fresh[k]:
+                self._params[k].grad = None
+        self._used = bytearray(len(self._params))
+
+
+__all__ = ["DistributedDataParallel"]

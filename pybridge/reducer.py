@@ -1,0 +1,551 @@
+"""Bucketed gradient allreduce: the one reducer behind the DDP wrapper and the C ABI.
+
+The reducer knows parameters only as specs (shape or element count, dtype, device), so a
+caller that computes gradients itself (C, Go) uses it exactly as the autograd hooks do:
+
+    r = Reducer([(4096, "float32"), ((256, 256), "float16"), ...])
+    g = r.grad(i)          # a view into a library-owned flat bucket; write the gradient here
+    r.mark_ready(i)        # the "hook": the bucket's allreduce starts once all its grads are in
+    r.finalize()           # waits every bucket; the views now hold the averaged gradients
+
+Every rank must mark the same set of gradients (any order) and call finalize() the same
+number of times: bucket allreduces are always issued in bucket order 0..n-1, which is what
+keeps the collectives in the same sequence on every rank whatever order gradients arrive in.
+One reducer must not be driven from several threads at once without ordering (a lock keeps
+its own state consistent, but the caller decides which iteration a mark belongs to).
+
+Views stay valid until the buckets are rebuilt: after the first finalize() the buckets are
+rebuilt once in the order gradients became ready on rank 0 (unless rebuild=False), and
+`generation` goes up by one. Callers that keep raw pointers must fetch views again when
+`generation` changes (the gradient values are carried over into the new views).
+"""
+
+import datetime
+import hashlib
+import threading
+
+import torch
+import torch.distributed as dist
+
+from . import dtypes
+from . import group as _group
+from .collectives import AVG, SUM
+from .errors import Closed, InvalidArgument, classify
+
+MiB = 1024 * 1024
+DEFAULT_BUCKET_CAP_MB = 25.0
+DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
+
+# Codes are meant for the C ABI (pb_compression): never renumber.
+COMPRESS_NONE, COMPRESS_FP16, COMPRESS_BF16 = range(3)
+_COMPRESSION = {None: COMPRESS_NONE, "none": COMPRESS_NONE, "fp16": COMPRESS_FP16,
+                "float16": COMPRESS_FP16, "half": COMPRESS_FP16, "bf16": COMPRESS_BF16,
+                "bfloat16": COMPRESS_BF16}
+_COMPRESS_DTYPE = {COMPRESS_FP16: torch.float16, COMPRESS_BF16: torch.bfloat16}
+
+
+def _resolve_compression(c):
+    if isinstance(c, torch.dtype):
+        c = {torch.float16: COMPRESS_FP16, torch.bfloat16: COMPRESS_BF16}.get(c, c)
+    if isinstance(c, str):
+        c = _COMPRESSION.get(c.lower(), c)
+    elif c is None:
+        c = COMPRESS_NONE
+    if isinstance(c, bool) or c not in (COMPRESS_NONE, COMPRESS_FP16, COMPRESS_BF16):
+        raise InvalidArgument(f"unknown compression {c!r}; use None, 'fp16' or 'bf16' (codes 0..2)")
+    return c
+
+
+def _resolve_op(op):
+    code = {"avg": AVG, "mean": AVG, "sum": SUM}.get(op.lower()) if isinstance(op, str) else op
+    if isinstance(code, bool) or code not in (AVG, SUM):
+        raise InvalidArgument(f"reducer op must be 'avg' or 'sum' (codes {AVG}, {SUM}), got {op!r}")
+    return code
+
+
+def _resolve_cap(mb, what):
+    if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not mb > 0:
+        raise InvalidArgument(f"{what} must be a positive number of MiB, got {mb!r}")
+    return max(1, int(mb * MiB))
+
+
+class ParamSpec:
+    """What the reducer needs to know about one parameter."""
+
+    __slots__ = ("shape", "numel", "dtype", "device")
+
+    def __init__(self, shape, dtype, device):
+        self.shape = shape
+        self.numel = 1
+        for d in shape:
+            self.numel *= d
+        self.dtype = dtype
+        self.device = device
+
+    @property
+    def nbytes(self):
+        return self.numel * self.dtype.itemsize
+
+    def __repr__(self):
+        return f"ParamSpec({tuple(self.shape)}, {self.dtype}, {self.device})"
+
+
+def _spec(i, item, default_device):
+    if isinstance(item, torch.Tensor):
+        return ParamSpec(tuple(item.shape), dtypes.torch_dtype(item.dtype), item.device)
+    if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+        raise InvalidArgument(f"parameter {i}: expected a tensor or (numel or shape, dtype[, device]), "
+                              f"got {item!r}")
+    size, dt = item[0], item[1]
+    device = _device(i, item[2]) if len(item) == 3 and item[2] is not None else default_device
+    if isinstance(size, torch.Size):
+        size = tuple(size)
+    shape = (size,) if isinstance(size, int) and not isinstance(size, bool) else size
+    if not isinstance(shape, (tuple, list)) or any(
+            isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
+        raise InvalidArgument(f"parameter {i}: size must be a non-negative element count or a shape, "
+                              f"got {size!r}")
+    dt = dtypes.torch_dtype(dt)
+    if not dt.is_floating_point:
+        raise InvalidArgument(f"parameter {i}: gradients must be floating point, got {dt}")
+    return ParamSpec(tuple(shape), dt, device)
+
+
+def _device(i, dev):
+    """A torch device from a torch.device, a name, or a C ABI code (-1 CPU, k >= 0 CUDA k)."""
+    if isinstance(dev, torch.device):
+        return dev
+    if isinstance(dev, int) and not isinstance(dev, bool):
+        if dev < -1:
+            raise InvalidArgument(f"parameter {i}: device code must be -1 (CPU) or a CUDA index, got {dev}")
+        return torch.device("cpu") if dev == -1 else torch.device("cuda", dev)
+    try:
+        return torch.device(dev)
+    except (RuntimeError, TypeError):
+        raise InvalidArgument(f"parameter {i}: unknown device {dev!r}") from None
+
+
+def assign_buckets(specs, order, bucket_cap, first_bucket_cap):
+    """Group parameter indices into buckets: visit them in `order`, keep one open bucket
+    per (dtype, device), close a bucket once it holds at least its cap (the first bucket of
+    each kind gets `first_bucket_cap`, so the first allreduce starts early). Closing after
+    the gradient that fills it (rather than before one that would overflow it) keeps a
+    layer's bias and weight, which become ready together, in one bucket. Buckets are
+    returned sorted by where their first member appears in `order`."""
+    open_, closed, count = {}, [], {}
+    for i in order:
+        s = specs[i]
+        key = (s.dtype, s.device)
+        b = open_.setdefault(key, [[], 0])
+        b[0].append(i)
+        b[1] += s.nbytes
+        cap = first_bucket_cap if count.get(key, 0) == 0 else bucket_cap
+        if b[1] >= cap:
+            closed.append(b[0])
+            count[key] = count.get(key, 0) + 1
+            del open_[key]
+    closed.extend(b[0] for b in open_.values())
+    pos = {i: k for k, i in enumerate(order)}
+    closed.sort(key=lambda members: pos[members[0]])
+    return closed
+
+
+class _Bucket:
+    __slots__ = ("index", "members", "flat", "comm", "dtype", "device")
+
+    def __init__(self, index, members, specs, compress_dtype):
+        self.index = index
+        self.members = members
+        first = specs[members[0]]
+        self.dtype, self.device = first.dtype, first.device
+        total = sum(specs[i].numel for i in members)
+        self.flat = torch.zeros(total, dtype=self.dtype, device=self.device)
+        # The compressed copy is allocated once; only float32 buckets are compressed.
+        self.comm = None
+        if compress_dtype is not None and self.dtype == torch.float32:
+            self.comm = torch.empty(total, dtype=compress_dtype, device=self.device)
+
+
+class Reducer:
+    """Gradient buckets with an asynchronous allreduce per bucket.
+
+    `params`: a sequence of tensors or specs `(numel or shape, dtype[, device])`; dtype is a
+    pybridge dtype code, name or torch dtype (floating point only); device defaults to the
+    group's (CPU for gloo). `op`: 'avg' (default) or 'sum'. `compression`: None, 'fp16' or
+    'bf16': float32 buckets travel in that type and are decompressed in place (other dtypes
+    are sent as they are). `rebuild`: rebuild the buckets once, after the first finalize(),
+    in the order gradients became ready on rank 0. `allow_unused`: finalize() accepts
+    gradients that were never marked and sends what their views hold (zero them first, e.g.
+    with zero_grad(), if they should count as zero). `names`: used in error messages.
+
+    Construction is a collective: every rank must create its reducers in the same order with
+    the same specs and options; a mismatch raises InvalidArgument on every rank.
+    """
+
+    def __init__(self, params, *, group=None, bucket_cap_mb=DEFAULT_BUCKET_CAP_MB,
+                 first_bucket_cap_mb=DEFAULT_FIRST_BUCKET_CAP_MB, op="avg", compression=None,
+                 rebuild=True, allow_unused=False, names=None):
+        self._group = group or _group.current()
+        self._group.check_open()
+        params = list(params)
+        default_device = self._group.device
+        self.specs = [_spec(i, p, default_device) for i, p in enumerate(params)]
+        if names is not None:
+            names = [str(n) for n in names]
+            if len(names) != len(self.specs):
+                raise InvalidArgument(f"got {len(names)} names for {len(self.specs)} parameters")
+        self.names = names
+        self.op = _resolve_op(op)
+        self.compression = _resolve_compression(compression)
+        self.bucket_cap = _resolve_cap(bucket_cap_mb, "bucket_cap_mb")
+        self.first_bucket_cap = _resolve_cap(first_bucket_cap_mb, "first_bucket_cap_mb")
+        self.allow_unused = bool(allow_unused)
+        self._rebuild_pending = bool(rebuild)
+        self._world = self._group.size
+        self._scale = 1.0 / self._world if self.op == AVG and self._world > 1 else None
+        self._pg = self._group.pg
+        self._lock = threading.Lock()
+        self._closed = False
+        self.generation = 0
+        self.iterations = 0  # completed finalize() calls
+        self._check_same_everywhere()
+        self._layout(assign_buckets(self.specs, list(range(len(self.specs)))[::-1],
+                                    self.bucket_cap, self.first_bucket_cap))
+        self._start_iteration()
+
+    # ---- layout -------------------------------------------------------------------------
+
+    def _signature(self):
+        text = repr((
+            [(s.shape, str(s.dtype), s.device.type) for s in self.specs],
+            self.op, self.compression, self.bucket_cap, self.first_bucket_cap,
+            self.allow_unused, self._rebuild_pending))
+        digest = hashlib.sha256(text.encode()).digest()
+        return [len(self.specs), sum(s.numel for s in self.specs),
+                int.from_bytes(digest[:7], "little")]
+
+    def _check_same_everywhere(self):
+        """One small allgather of (count, total elements, hash of specs and options):
+        a rank with other shapes would otherwise deadlock or mix up gradients later."""
+        if self._world == 1:
+            return
+        mine = self._signature()
+        dev = self._group.device
+        out = torch.zeros(self._world * 3, dtype=torch.int64, device=dev)
+        try:
+            dist.all_gather_single(out, torch.tensor(mine, dtype=torch.int64, device=dev),
+                                   group=self._pg)
+        except Exception as exc:  # noqa: BLE001
+            raise classify(exc) from exc
+        rows = out.view(self._world, 3).tolist()
+        bad = [r for r, row in enumerate(rows) if row != rows[0]]
+        if bad:
+            detail = "; ".join(f"rank {r}: {row[0]} parameters, {row[1]} elements"
+                               for r, row in enumerate(rows))
+            raise InvalidArgument(
+                f"reducer parameters or options differ across ranks (ranks {bad} differ from "
+                f"rank 0): {detail}. Every rank must create the reducer with the same "
+                "parameter shapes, dtypes and options")
+
+    def _layout(self, assignment):
+        compress = _COMPRESS_DTYPE.get(self.compression)
+        self.buckets = [_Bucket(b, members, self.specs, compress)
+                        for b, members in enumerate(assignment)]
+        n = len(self.specs)
+        self._bucket_of = [0] * n
+        self._views = [None] * n
+        for bucket in self.buckets:
+            offset = 0
+            for i in bucket.members:
+                s = self.specs[i]
+                self._bucket_of[i] = bucket.index
+                self._views[i] = bucket.flat[offset:offset + s.numel].view(s.shape)
+                offset += s.numel
+        self._sizes = [len(b.members) for b in self.buckets]
+
+    def _start_iteration(self):
+        self._ready = bytearray(len(self.specs))
+        self._pending = list(self._sizes)
+        self._scaled = bytearray(len(self.specs))  # already divided by set_grad
+        self._nscaled = [0] * len(self.buckets)
+        self._next = 0  # next bucket to launch; buckets go out strictly in order
+        self._works = []
+        if self._rebuild_pending:
+            self._order = []
+
+    # ---- public API -----------------------------------------------------------------------
+
+    @property
+    def num_params(self):
+        return len(self.specs)
+
+    @property
+    def num_buckets(self):
+        return len(self.buckets)
+
+    @property
+    def bucket_indices(self):
+        """Parameter indices of each bucket, in bucket (= launch) order and layout order."""
+        return [list(b.members) for b in self.buckets]
+
+    @property
+    def launched(self):
+        """How many buckets of the current iteration have started their allreduce."""
+        return self._next
+
+    @property
+    def missing(self):
+        """Indices not yet marked ready in the current iteration."""
+        return [i for i, r in enumerate(self._ready) if not r]
+
+    def name(self, i):
+        return self.names[i] if self.names else f"#{i}"
+
+    def grad(self, i):
+        """The gradient view of parameter `i`: a tensor over the bucket's memory, in the
+        parameter's shape. Valid until `generation` changes."""
+        self._check(i)
+        return self._views[i]
+
+    def grads(self):
+        self._check_open()
+        return list(self._views)
+
+    def zero_grad(self):
+        """Zero every bucket (for callers that accumulate into the views)."""
+        self._check_open()
+        for b in self.buckets:
+            b.flat.zero_()
+
+    def mark_ready(self, i):
+        """Gradient `i` is written: once every gradient of its bucket is, and every earlier
+        bucket has been launched, the bucket's allreduce starts (asynchronously)."""
+        with self._lock:
+            self._mark(i)
+
+    def set_grad(self, i, grad):
+        """Copy `grad` (any tensor of parameter i's element count) into gradient i's view and
+        mark it ready. For a gradient that lives elsewhere this is one pass instead of
+        copy-then-mark: the averaging division is folded into the copy."""
+        with self._lock:
+            self._check_mark(i)
+            view = self._views[i]
+            if not isinstance(grad, torch.Tensor) or grad.numel() != view.numel():
+                raise InvalidArgument(f"gradient {self.name(i)}: expected a tensor of {view.numel()} "
+                                      f"elements, got {getattr(grad, 'shape', type(grad).__name__)}")
+            src = grad if grad.shape == view.shape else grad.reshape(view.shape)
+            if self._scale is None:
+                view.copy_(src)
+            else:
+                torch.mul(src, self._scale, out=view)
+                self._scaled[i] = 1
+                self._nscaled[self._bucket_of[i]] += 1
+            self._mark(i)
+
+    def _check_mark(self, i):
+        if self._closed:
+            raise Closed("reducer is closed")
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self._ready):
+            raise InvalidArgument(f"gradient index {i!r} is out of range for "
+                                  f"{len(self.specs)} parameters")
+        if self._ready[i]:
+            raise InvalidArgument(
+                f"gradient {self.name(i)} was marked ready twice in one iteration; each "
+                "gradient may be marked once between finalize() calls (if a parameter is "
+                "used several times, mark it after its gradient is complete)")
+
+    def _mark(self, i):
+        self._check_mark(i)
+        self._ready[i] = 1
+        if self._rebuild_pending:
+            self._order.append(i)
+        b = self._bucket_of[i]
+        self._pending[b] -= 1
+        if self._pending[b] == 0 and b == self._next:
+            self._launch_ready()
+
+    def finalize(self, timeout=None):
+        """Wait for every bucket's allreduce and leave the reduced gradients in the views.
+
+        Raises InvalidArgument naming the gradients never marked (unless allow_unused), and
+        Timeout/CommError if the reduction fails. The next mark_ready starts a new iteration.
+        """
+        with self._lock:
+            self._check_open()
+            if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
+                raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
+            missing = self.missing
+            if missing and not self.allow_unused:
+                drained = self._drain()
+                self._start_iteration()
+                shown = ", ".join(self.name(i) for i in missing[:20])
+                more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
+                raise InvalidArgument(
+                    f"finalize() called with {len(missing)} gradient(s) not marked ready: "
+                    f"{shown}{more}. Mark every gradient each iteration, or create the "
+                    "reducer with allow_unused=True (find_unused_parameters in the DDP wrapper)"
+                    + ("" if drained else ". The buckets already sent did not complete: other "
+                       "ranks marked different gradients, so the process group is out of step"))
+            # Unused gradients count with what their views hold; launch what is left, in order.
+            for i in missing:
+                self._pending[self._bucket_of[i]] -= 1
+            self._launch_ready()
+            works, self._works = self._works, []
+            try:
+                wait_arg = () if timeout is None else (datetime.timedelta(seconds=timeout),)
+                for bucket, work in works:
+                    work.wait(*wait_arg)
+                    if bucket.comm is not None:
+                        bucket.flat.copy_(bucket.comm)  # decompress in place
+            except Exception as exc:  # noqa: BLE001
+                self._start_iteration()
+                raise classify(exc) from exc
+            self.iterations += 1
+            if self._rebuild_pending:
+                order = self._order + [i for b in self.buckets for i in b.members
+                                       if not self._ready[i]]
+                self._rebuild_pending = False
+                self._rebuild(order)
+            self._start_iteration()
+
+    wait = finalize
+
+    def close(self):
+        """Release the buckets. Views already handed out keep their memory alive."""
+        with self._lock:
+            self._closed = True
+            self.buckets, self._views, self._works = [], [None] * len(self.specs), []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._closed else f"{len(self.buckets)} buckets, generation {self.generation}"
+        return f"<pybridge.Reducer {len(self.specs)} params, {state}>"
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _check_open(self):
+        if self._closed:
+            raise Closed("reducer is closed")
+
+    def _check(self, i):
+        self._check_open()
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.specs):
+            raise InvalidArgument(f"gradient index {i!r} is out of range for {len(self.specs)} parameters")
+
+    def _drain(self, limit=10.0):
+        """Wait (bounded) for the buckets already launched, so that no allreduce is still
+        writing into the buffers when the caller writes the next iteration's gradients.
+        Ranks that made the same mistake launched the same buckets, so this is quick."""
+        works, self._works = self._works, []
+        seconds = min(limit, self._group.timeout or limit)
+        try:
+            for _, work in works:
+                work.wait(datetime.timedelta(seconds=seconds))
+        except Exception:  # noqa: BLE001 - reported as part of the caller's error
+            return False
+        return True
+
+    def _launch_ready(self):
+        pending, buckets = self._pending, self.buckets
+        while self._next < len(buckets) and pending[self._next] == 0:
+            bucket = buckets[self._next]
+            self._next += 1
+            if self._world == 1 or not bucket.flat.numel():
+                continue  # nothing to exchange
+            # Pre-divide (as torch DDP does): keeps fp16 sums in range, and the result needs
+            # no extra pass after the wait. Gradients that came through set_grad already are.
+            scale = self._scale
+            nscaled = self._nscaled[bucket.index]
+            if scale is not None and 0 < nscaled < len(bucket.members):
+                for i in bucket.members:
+                    if not self._scaled[i]:
+                        self._views[i].mul_(scale)
+                scale = None
+            elif nscaled:
+                scale = None
+            if bucket.comm is not None:
+                if scale is None:
+                    bucket.comm.copy_(bucket.flat)
+                else:
+                    torch.mul(bucket.flat, scale, out=bucket.comm)
+                tensor = bucket.comm
+            else:
+                if scale is not None:
+                    bucket.flat.mul_(scale)
+                tensor = bucket.flat
+            try:
+                work = dist.all_reduce(tensor, dist.ReduceOp.SUM, group=self._pg, async_op=True)
+            except Exception as exc:  # noqa: BLE001
+                raise classify(exc) from exc
+            self._works.append((bucket, work))
+
+    def _rebuild(self, order):
+        if self._world > 1:
+            t = torch.tensor(order, dtype=torch.int64, device=self._group.device)
+            try:
+                dist.broadcast(t, 0, group=self._pg)
+            except Exception as exc:  # noqa: BLE001
+                raise classify(exc) from exc
+            order = t.tolist()
+        assignment = assign_buckets(self.specs, order, self.bucket_cap, self.first_bucket_cap)
+        if assignment == self.bucket_indices:
+            return
+        old = self._views
+        self._layout(assignment)
+        for new, prev in zip(self._views, old):
+            new.copy_(prev)
+        self.generation += 1
+
+
+def broadcast_parameters(tensors, root=0, *, group=None, chunk_mb=64.0):
+    """Copy `tensors` (parameters, buffers, or any writable tensors) from rank `root` to every
+    rank, coalesced into a few broadcasts per dtype. Synchronous: nothing is kept afterwards,
+    so it is safe on caller-owned memory."""
+    g = group or _group.current()
+    g.check_open()
+    g.check_rank("root", root)
+    cap = _resolve_cap(chunk_mb, "chunk_mb")
+    groups = {}
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgument(f"broadcast_parameters expects tensors, got {type(t).__name__}")
+        if t.numel():
+            groups.setdefault((t.dtype, t.device), []).append(t)
+    if g.size == 1:
+        return
+    for (dt, _), ts in groups.items():
+        chunk, nbytes = [], 0
+        for t in ts:
+            chunk.append(t)
+            nbytes += t.numel() * t.element_size()
+            if nbytes >= cap:
+                _broadcast_chunk(chunk, root, g)
+                chunk, nbytes = [], 0
+        if chunk:
+            _broadcast_chunk(chunk, root, g)
+
+
+def _broadcast_chunk(ts, root, g):
+    with torch.no_grad():
+        flat = torch.cat([t.detach().reshape(-1) for t in ts])
+        # gloo has no bool type; its bytes travel as uint8.
+        wire = flat.view(torch.uint8) if flat.dtype == torch.bool else flat
+        try:
+            dist.broadcast(wire, root, group=g.pg)
+        except Exception as exc:  # noqa: BLE001
+            raise classify(exc) from exc
+        offset = 0
+        for t in ts:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view(t.shape))
+            offset += n
+
+
+__all__ = ["Reducer", "ParamSpec", "assign_buckets", "broadcast_parameters",
+           "COMPRESS_NONE", "COMPRESS_FP16", "COMPRESS_BF16",
+           "DEFAULT_BUCKET_CAP_MB", "DEFAULT_FIRST_BUCKET_CAP_MB"]

@@ -1,0 +1,305 @@
+"""The reducer core as a C or Go caller drives it (no autograd): gradient views into buckets,
+mark_ready, finalize. Results are checked against numpy sums of what every rank is known to
+contribute; all checks for one world size share one spawn."""
+
+import numpy as np
+import pytest
+import torch
+
+import pybridge
+from pybridge.errors import Closed, InvalidArgument, NotInitialized
+from pybridge.reducer import (MiB, ParamSpec, Reducer, assign_buckets, broadcast_parameters)
+from ranks import run_ranks
+
+# Mixed dtypes and shapes; sizes chosen so that a 1 KiB cap makes several buckets.
+SPECS = [(300, "float32"), ((8, 16), "float16"), (50, "float32"), ((4, 4, 4), "bfloat16"),
+         (200, "float64"), (1, "float32"), (400, "float32"), (33, "float16")]
+TOL = {torch.float32: 1e-6, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+KIB = 1024 / MiB
+
+
+def contribution(rank, i, it, shape):
+    """What `rank` writes as gradient `i` in iteration `it`: any rank can recompute it."""
+    rng = np.random.default_rng(1000 * rank + 10 * i + it)
+    return rng.standard_normal(shape)
+
+
+def expected(world, i, it, shape, op="avg"):
+    total = sum(contribution(r, i, it, shape) for r in range(world))
+    return total / world if op == "avg" else total
+
+
+def write(red, rank, it, idx=None):
+    for i in range(red.num_params) if idx is None else idx:
+        g = red.grad(i)
+        g.copy_(torch.from_numpy(contribution(rank, i, it, tuple(g.shape))))
+
+
+def check_values(red, world, it, op="avg", tol=None, only=None):
+    for i in range(red.num_params) if only is None else only:
+        g = red.grad(i)
+        want = expected(world, i, it, tuple(g.shape), op)
+        t = tol or TOL[g.dtype]
+        np.testing.assert_allclose(g.double().numpy(), want, rtol=t, atol=t,
+                                   err_msg=f"param {i} ({g.dtype}) iteration {it} op {op}")
+
+
+def raises(exc, fn, *words):
+    try:
+        fn()
+    except exc as e:
+        for w in words:
+            assert w in str(e), f"{w!r} not in error message: {e}"
+        return e
+    raise AssertionError(f"expected {exc.__name__}")
+
+
+def check_averaging_and_layout(rank, world):
+    red = Reducer(SPECS, bucket_cap_mb=KIB, first_bucket_cap_mb=KIB, rebuild=False)
+    # Initial buckets: reverse parameter order, one dtype per bucket, flat storage.
+    flat_order = [i for b in red.bucket_indices for i in b]
+    assert red.num_buckets >= 4
+    assert sorted(flat_order) == list(range(len(SPECS)))
+    for b in red.buckets:
+        assert {red.specs[i].dtype for i in b.members} == {b.dtype}
+        assert b.flat.is_contiguous() and b.flat.dtype == b.dtype
+        # Each gradient is a view into its bucket's flat buffer, laid out back to back.
+        offset = 0
+        for i in b.members:
+            g = red.grad(i)
+            assert g.data_ptr() == b.flat.data_ptr() + offset * b.flat.element_size()
+            assert tuple(g.shape) == red.specs[i].shape
+            offset += g.numel()
+        assert offset == b.flat.numel()
+    first_f32 = [b for b in red.bucket_indices if red.specs[b[0]].dtype == torch.float32][0]
+    assert first_f32[0] == max(i for i, s in enumerate(SPECS) if s[1] == "float32")
+    # A write through the view lands in the bucket (no copy in between).
+    red.grad(0).fill_(7.0)
+    assert (red.buckets[red._bucket_of[0]].flat == 7.0).sum() == 300
+
+    for it in range(3):  # state resets between iterations
+        write(red, rank, it, idx=range(0, len(SPECS), 2))
+        order = np.random.default_rng(rank + 17 * it).permutation(len(SPECS)).tolist()
+        for i in order:
+            if i % 2 == 0:
+                red.mark_ready(i)
+            else:  # gradients kept elsewhere (flat, float64) are copied in, scaled on the way
+                red.set_grad(i, torch.from_numpy(contribution(rank, i, it, red.specs[i].shape)).reshape(-1))
+        red.finalize()
+        check_values(red, world, it)
+    assert red.iterations == 3 and red.generation == 0
+
+    red_sum = Reducer(SPECS, op="sum", bucket_cap_mb=KIB, first_bucket_cap_mb=KIB)
+    write(red_sum, rank, 5)
+    for i in range(len(SPECS)):
+        red_sum.mark_ready(i)
+    red_sum.wait(timeout=30)
+    check_values(red_sum, world, 5, op="sum")
+
+
+def check_launch_order(rank, world):
+    # Four float32 parameters of 1 KiB each with a 1 KiB cap: one bucket each, in reverse.
+    red = Reducer([(256, "float32")] * 4, bucket_cap_mb=KIB, first_bucket_cap_mb=KIB, rebuild=False)
+    assert red.bucket_indices == [[3], [2], [1], [0]]
+    write(red, rank, 0)
+    red.mark_ready(1)      # bucket 2 complete, but buckets 0 and 1 are not: must wait
+    red.mark_ready(0)      # bucket 3 complete: still waiting
+    assert red.launched == 0
+    red.mark_ready(3)      # bucket 0 complete: goes out alone
+    assert red.launched == 1
+    red.mark_ready(2)      # bucket 1 complete: 1, 2 and 3 go out, in order
+    assert red.launched == 4
+    red.finalize()
+    check_values(red, world, 0)
+
+
+def check_rebuild(rank, world):
+    specs = [(256, "float32")] * 6 + [(128, "float16")] * 2
+    red = Reducer(specs, bucket_cap_mb=2 * KIB, first_bucket_cap_mb=KIB)
+    before = red.bucket_indices
+    assert before[0] == [7, 6]  # the float16 bucket never fills, but its first member leads
+    # Every rank marks in a different order; rank 0's must win everywhere.
+    orders = [np.random.default_rng(100 + r).permutation(8).tolist() for r in range(world)]
+    write(red, rank, 0)
+    for i in orders[rank]:
+        red.mark_ready(i)
+    red.finalize()
+    want = assign_buckets([ParamSpec((n,), pybridge.dtypes.torch_dtype(d), torch.device("cpu"))
+                           for n, d in specs], orders[0], 2 * 1024, 1024)
+    assert red.bucket_indices == want, (red.bucket_indices, want)
+    assert red.bucket_indices != before and red.generation == 1
+    check_values(red, world, 0)  # the reduced values moved into the new views
+    # Only once: a different order later changes nothing.
+    write(red, rank, 1)
+    for i in reversed(orders[rank]):
+        red.mark_ready(i)
+    red.finalize()
+    assert red.bucket_indices == want and red.generation == 1
+    check_values(red, world, 1)
+    return want
+
+
+def check_compression(rank, world):
+    specs = [(5000, "float32"), (3000, "float32"), (700, "float64")]
+    results = {}
+    for comp in (None, "fp16", "bf16"):
+        red = Reducer(specs, compression=comp, bucket_cap_mb=16 * KIB, first_bucket_cap_mb=16 * KIB)
+        write(red, rank, 3, idx=[0, 2])
+        red.mark_ready(0)
+        red.mark_ready(2)
+        assert red.bucket_indices[1] == [1, 0]  # set_grad and mark_ready in one bucket
+        red.set_grad(1, torch.from_numpy(contribution(rank, 1, 3, (3000,))).float())
+        red.finalize()
+        results[comp] = [red.grad(i).double().numpy().copy() for i in range(len(specs))]
+        if comp:
+            assert all(b.comm is not None for b in red.buckets if b.dtype == torch.float32)
+            assert all(b.comm is None for b in red.buckets if b.dtype == torch.float64)
+    exact = results[None]
+    for i in range(len(specs)):
+        np.testing.assert_allclose(exact[i], expected(world, i, 3, (specs[i][0],)), atol=1e-6)
+    # Stated tolerance: values ~N(0, 1); fp16 keeps 11 significant bits, bf16 8.
+    for comp, tol in (("fp16", 2e-3), ("bf16", 2e-2)):
+        for i in (0, 1):
+            diff = np.abs(results[comp][i] - exact[i])
+            assert diff.max() <= tol * (1 + np.abs(exact[i]).max()), (comp, diff.max())
+            assert diff.max() > 0, f"{comp}: result identical to uncompressed; was it compressed?"
+        assert np.array_equal(results[comp][2], exact[2])  # float64 is never compressed
+
+
+def check_unused_and_broadcast(rank, world):
+    red = Reducer([(10, "float32"), (20, "float32"), (5, "float16")], allow_unused=True,
+                  bucket_cap_mb=KIB / 32, first_bucket_cap_mb=KIB / 32)
+    write(red, rank, 4)
+    red.mark_ready(0)
+    red.mark_ready(2)
+    assert red.missing == [1]
+    red.finalize()  # gradient 1 is sent as its view holds it
+    check_values(red, world, 4)
+
+    ts = [torch.full((5,), float(rank)), torch.arange(7, dtype=torch.int64) * (rank + 1),
+          torch.tensor([rank % 2 == 0, rank % 2 == 1]), torch.full((3, 2), rank + 0.5).half()]
+    broadcast_parameters(ts, 0)
+    assert torch.equal(ts[0], torch.zeros(5))
+    assert torch.equal(ts[1], torch.arange(7))
+    assert ts[2].tolist() == [True, False]
+    assert torch.equal(ts[3], torch.full((3, 2), 0.5).half())
+    ts = [torch.full((4,), float(rank))]
+    broadcast_parameters(ts, world - 1, chunk_mb=KIB / 1024)
+    assert ts[0].tolist() == [world - 1.0] * 4
+
+
+def check_errors(rank, world):
+    red = Reducer([(4, "float32"), (4, "float32"), (4, "float32")], names=["a.w", "a.b", "c.w"],
+                  bucket_cap_mb=KIB / 1024, first_bucket_cap_mb=KIB / 1024)
+    red.mark_ready(0)
+    raises(InvalidArgument, lambda: red.mark_ready(0), "a.w", "twice")
+    red.mark_ready(2)
+    e = raises(InvalidArgument, red.finalize, "a.b", "not marked ready")
+    assert "c.w" not in str(e)
+    # Every rank hit the same error, so the reducer is usable for the next iteration.
+    write(red, rank, 6)
+    for i in range(3):
+        red.mark_ready(i)
+    red.finalize()
+    check_values(red, world, 6)
+
+    red.set_grad(1, torch.ones(4))
+    raises(InvalidArgument, lambda: red.set_grad(1, torch.ones(4)), "a.b", "twice")
+    raises(InvalidArgument, lambda: red.set_grad(0, torch.ones(5)), "a.w", "4 elements")
+    red.mark_ready(0)
+    red.mark_ready(2)
+    red.finalize()
+    raises(InvalidArgument, lambda: red.mark_ready(3), "out of range")
+    raises(InvalidArgument, lambda: red.mark_ready(True), "out of range")
+    raises(InvalidArgument, lambda: red.grad(-1), "out of range")
+    raises(InvalidArgument, lambda: red.finalize(timeout=0), "timeout")
+    raises(InvalidArgument, lambda: Reducer([(-1, "float32")]), "non-negative")
+    raises(InvalidArgument, lambda: Reducer([(4, "int32")]), "floating point")
+    raises(InvalidArgument, lambda: Reducer([(4, 99)]), "dtype code")
+    raises(InvalidArgument, lambda: Reducer([(4, "float32", -5)]), "device")
+    raises(InvalidArgument, lambda: Reducer(["nonsense"]), "parameter 0")
+    raises(InvalidArgument, lambda: Reducer([(4, "float32")], op="max"), "avg")
+    raises(InvalidArgument, lambda: Reducer([(4, "float32")], compression="zip"), "compression")
+    raises(InvalidArgument, lambda: Reducer([(4, "float32")], bucket_cap_mb=0), "bucket_cap_mb")
+    raises(InvalidArgument, lambda: Reducer([(4, "float32")], names=["x", "y"]), "names")
+
+    # Shapes (or options) that differ across ranks are caught at construction on every rank.
+    shape = (4, 5) if rank == world - 1 else (5, 4)
+    raises(InvalidArgument, lambda: Reducer([(10, "float32"), (shape, "float32")]),
+           "differ across ranks", f"ranks [{world - 1}]")
+    count = [(3, "float32")] * (2 if rank == 0 else 3)
+    raises(InvalidArgument, lambda: Reducer(count), "differ across ranks", "2 parameters")
+    raises(InvalidArgument, lambda: Reducer([(8, "float32")], compression="fp16" if rank else None),
+           "differ across ranks")
+
+    red.close()
+    raises(Closed, lambda: red.mark_ready(0), "closed")
+    raises(Closed, lambda: red.grad(0), "closed")
+    raises(Closed, red.finalize, "closed")
+
+
+def reducer_suite(rank, world):
+    pybridge.init(timeout=30)
+    check_averaging_and_layout(rank, world)
+    check_launch_order(rank, world)
+    rebuilt = check_rebuild(rank, world)
+    check_compression(rank, world)
+    check_unused_and_broadcast(rank, world)
+    check_errors(rank, world)
+    pybridge.barrier()
+    pybridge.finalize()
+    return rebuilt
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_reducer_on_real_ranks(world):
+    results = run_ranks(reducer_suite, world, timeout=80)
+    assert all(r == results[0] for r in results)  # every rank rebuilt the same buckets
+
+
+def specs(*pairs):
+    return [ParamSpec((n,), getattr(torch, d), torch.device("cpu")) for n, d in pairs]
+
+
+def test_bucket_assignment_caps_and_order():
+    # 100 float32 params of 64 KiB (6.25 MiB total): first bucket closes at 1 MiB, then 2 MiB.
+    ps = specs(*[(16384, "float32")] * 100)
+    got = assign_buckets(ps, list(range(100))[::-1], 2 * MiB, MiB)
+    assert got[0] == list(range(99, 83, -1))  # 16 x 64 KiB = 1 MiB
+    assert all(len(b) == 32 for b in got[1:-1]) and sum(map(len, got)) == 100
+    # Default caps: a 25 MiB bucket after the 1 MiB one.
+    got = assign_buckets(ps, list(range(100)), 25 * MiB, MiB)
+    assert [len(b) for b in got] == [16, 84]
+
+
+def test_bucket_assignment_separates_dtypes_and_sorts_by_order():
+    ps = specs((10, "float32"), (10, "float16"), (10, "float32"), (10, "bfloat16"), (10, "float16"))
+    got = assign_buckets(ps, [4, 3, 2, 1, 0], MiB, MiB)
+    # One bucket per dtype, ordered by the position of each bucket's first member.
+    assert got == [[4, 1], [3], [2, 0]]
+
+
+def test_reducer_needs_init():
+    with pytest.raises(NotInitialized):
+        Reducer([(4, "float32")])
+
+
+def silent_peer(rank, world):
+    import time
+    pybridge.init(timeout=30)
+    red = Reducer([(1000, "float32")])
+    if rank == 1:
+        time.sleep(2.5)  # never marks: rank 0's allreduce has no partner
+        return "idle"
+    red.set_grad(0, torch.ones(1000))
+    t0 = time.monotonic()
+    try:
+        red.finalize(timeout=1.0)
+    except pybridge.Timeout:
+        return time.monotonic() - t0
+    return "no timeout"
+
+
+def test_finalize_times_out_instead_of_hanging():
+    waited, idle = run_ranks(silent_peer, 2, timeout=40)
+    assert idle == "idle" and isinstance(waited, float) and waited < 2.5, waited
