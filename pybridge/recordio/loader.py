@@ -1,0 +1,346 @@
+"""Loader: this rank's batches of a sharded RecordIO dataset, prefetched on a background thread.
+
+Each batch is one contiguous uint8 buffer plus int64 offsets (a Batch); no per-record Python
+object is created on the way. Iteration is either Python's (`for batch in loader`) or
+scanner-style for the C ABI (`next_batch()` returns None at the end of a pass).
+"""
+
+import glob
+import os
+import queue
+import threading
+
+import numpy as np
+
+from ..errors import Closed, InvalidArgument
+from .batch import Batch, decode_fixed  # noqa: F401 - decode_fixed is part of the loader API
+from .index import SIDECAR_SUFFIX
+from .partition import (DynamicPartition, LocalStore, chunk_tasks, dataset_name, num_batches,
+                        static_shard)
+from .reader import Reader
+
+PARTITIONS = ("static", "dynamic")
+_OPEN_FILES = 8  # readers keeping a file descriptor at once
+
+
+def expand_files(files):
+    """A list of paths, or one path / glob pattern string (sorted; sidecar index files skipped)."""
+    if isinstance(files, (str, os.PathLike)):
+        pattern = os.fspath(files)
+        if glob.has_magic(pattern):
+            found = sorted(p for p in glob.glob(pattern) if not p.endswith(SIDECAR_SUFFIX))
+            if not found:
+                raise InvalidArgument(f"no files match {pattern!r}")
+            return found
+        return [pattern]
+    out = [os.fspath(f) for f in files]
+    if not out:
+        raise InvalidArgument("no input files given")
+    return out
+
+
+class _End:
+    pass
+
+
+class _Failed:
+    def __init__(self, exc):
+        self.exc = exc
+
+
+class _Pass:
+    """One pass over the rank's share: an iterator fed by a prefetch thread (or inline)."""
+
+    def __init__(self, gen, prefetch):
+        self._gen = gen
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = None
+        if prefetch > 0:
+            self._q = queue.Queue(maxsize=prefetch)
+            self._thread = threading.Thread(target=self._produce, name="pybridge-recordio-prefetch",
+                                            daemon=True)
+            self._thread.start()
+
+    def _put(self, item):
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self):
+        try:
+            for batch in self._gen:
+                if not self._put(batch):
+                    return
+            self._put(_End)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            self._put(_Failed(exc))
+        finally:
+            self._gen.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        if self._thread is None:
+            try:
+                return next(self._gen)
+            except BaseException:
+                self._done = True
+                raise
+        while True:
+            try:
+                item = self._q.get(timeout=0.5)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._q.empty():
+                    self._done = True
+                    raise RuntimeError("recordio prefetch thread ended without a result") from None
+        if item is _End:
+            self._done = True
+            raise StopIteration
+        if isinstance(item, _Failed):
+            self._done = True
+            raise item.exc
+        return item
+
+    def close(self):
+        self._done = True
+        self._stop.set()
+        if self._thread is not None:
+            while self._thread.is_alive():
+                try:  # unblock a producer waiting on a full queue
+                    self._q.get_nowait()
+                except queue.Empty:
+                    pass
+                self._thread.join(timeout=0.05)
+        else:
+            self._gen.close()
+
+
+class Loader:
+    """Batches of this rank's share of a RecordIO dataset.
+
+    files: paths, or a glob pattern; every rank must see the same list in the same order.
+    batch_size: records per batch.
+    partition: "static" (fixed disjoint shares, DistributedSampler semantics, equal batch
+        counts on every rank) or "dynamic" (ranks claim tasks through the store; a faster
+        rank reads more; every record exactly once per epoch). See partition.py.
+    num_replicas, rank: default to the live pybridge group, else 1 and 0.
+    shuffle, seed: shuffle the task order with the same permutation on every rank, from
+        seed and the epoch (set_epoch); records keep their order inside a task.
+    drop_last: static: drop the tail so every batch is full (else pad by wrapping around);
+        dynamic: drop each rank's final partial batch.
+    task_records: split tasks to at most this many records (default: one task per chunk).
+    store, name: dynamic only; the store defaults to the group's rendezvous store (a local
+        counter in a single process), name keys the counters (default: derived from the
+        dataset, so two loaders over different data do not collide).
+    prefetch: batches prepared ahead on a background thread (0: read on the caller's thread).
+    skip_corrupt, verify_checksums, index_cache: passed to each Reader.
+
+    The static partition is deterministic for given (files, seed, epoch); the dynamic
+    partition's assignment depends on timing, by design.
+
+    A task is read by decoding the chunks it touches, and each Reader caches its last two
+    decoded chunks: shuffling small tasks of files with big (32 MiB) chunks decodes a whole
+    chunk for a few records. For fine-grained shuffling, write smaller chunks
+    (Writer(max_chunk_bytes=...), `pack --max-chunk-bytes`).
+    """
+
+    def __init__(self, files, batch_size, *, partition="static", num_replicas=None, rank=None,
+                 shuffle=False, seed=0, drop_last=False, task_records=None, store=None, name=None,
+                 prefetch=2, skip_corrupt=False, verify_checksums=True, index_cache=False, epoch=0):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise InvalidArgument(f"batch_size must be a positive integer, got {batch_size!r}")
+        if partition not in PARTITIONS:
+            raise InvalidArgument(f"partition must be 'static' or 'dynamic', got {partition!r}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+            raise InvalidArgument(f"prefetch must be a non-negative integer, got {prefetch!r}")
+        self.batch_size = int(batch_size)
+        self.partition = partition
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.prefetch = int(prefetch)
+        group = _live_group()
+        if num_replicas is None:
+            num_replicas = group.size if group else 1
+        if rank is None:
+            rank = group.rank if group else 0
+        if isinstance(num_replicas, bool) or not isinstance(num_replicas, (int, np.integer)) or num_replicas < 1:
+            raise InvalidArgument(f"num_replicas must be a positive integer, got {num_replicas!r}")
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < num_replicas:
+            raise InvalidArgument(f"rank {rank!r} is out of range for num_replicas {num_replicas}")
+        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.files = expand_files(files)
+        self._readers = {}
+        self._open_order = []
+        self._lock = threading.Lock()
+        self._pass = None
+        self._passes = {}  # epoch -> passes started (keys the dynamic counters)
+        self.closed = False
+        try:
+            for path in self.files:
+                r = Reader(path, skip_corrupt=skip_corrupt, verify_checksums=verify_checksums,
+                           index_cache=index_cache, allow_empty=skip_corrupt)
+                r.release()  # reopened on first read: many shards must not hold many descriptors
+                self._readers[path] = r
+            self.tasks = [t for path in self.files
+                          for t in chunk_tasks(path, self._readers[path].index.first, task_records)]
+        except BaseException:
+            self.close()
+            raise
+        self.num_records = sum(r.num_records for r in self._readers.values())
+        if self.num_records == 0:
+            self.close()
+            raise InvalidArgument(f"the dataset ({len(self.files)} files) holds no records")
+        self._dynamic = None
+        if partition == "dynamic":
+            if store is None:
+                if group is not None and self.num_replicas > 1:
+                    store = group.store
+                elif self.num_replicas == 1:
+                    store = LocalStore()
+                else:
+                    self.close()
+                    raise InvalidArgument(f"a dynamic partition over {self.num_replicas} ranks needs a "
+                                          "store: call pybridge.init() first or pass store=")
+            self._dynamic = DynamicPartition(self.tasks, store, shuffle=self.shuffle, seed=self.seed,
+                                             name=name or dataset_name(self.tasks, self.batch_size))
+        self.epoch = 0
+        self.set_epoch(epoch)
+
+    # ------------------------------------------------------------ epoch and size
+
+    def set_epoch(self, epoch):
+        """Epoch of the next pass (changes the shuffle; keys the dynamic counters)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise InvalidArgument(f"epoch must be a non-negative integer, got {epoch!r}")
+        self.epoch = int(epoch)
+
+    @property
+    def num_batches(self):
+        """Batches per pass on this rank (static partition; None for dynamic)."""
+        if self.partition == "dynamic":
+            return None
+        return num_batches(self.num_records, self.num_replicas, self.batch_size, self.drop_last)
+
+    def __len__(self):
+        if self.partition == "dynamic":
+            raise TypeError("a dynamic partition has no fixed number of batches per rank")
+        return self.num_batches
+
+    @property
+    def corrupt_chunks(self):
+        """Corrupt chunks skipped so far (skip_corrupt), over all files."""
+        return sum(r.corrupt_chunks for r in self._readers.values())
+
+    @property
+    def skipped_records(self):
+        """Records lost in chunks found corrupt while reading (skip_corrupt)."""
+        return sum(r.skipped_records for r in self._readers.values())
+
+    @property
+    def corrupt_errors(self):
+        return [e for r in self._readers.values() for e in r.corrupt_errors]
+
+    # ------------------------------------------------------------ reading
+
+    def _reader(self, path):
+        r = self._readers[path]
+        with self._lock:
+            if path in self._open_order:
+                self._open_order.remove(path)
+            self._open_order.append(path)
+            while len(self._open_order) > _OPEN_FILES:
+                self._readers[self._open_order.pop(0)].release()
+        return r
+
+    def _pieces_stream(self, epoch, pass_no):
+        if self._dynamic is not None:
+            return self._dynamic.claims(epoch, pass_no)
+        return iter(static_shard(self.tasks, self.num_replicas, self.rank, batch_size=self.batch_size,
+                                 epoch=epoch, seed=self.seed, shuffle=self.shuffle,
+                                 drop_last=self.drop_last))
+
+    def _batches(self, epoch, pass_no):
+        """Generator of this pass's batches (runs on the prefetch thread)."""
+        batch, want = [], self.batch_size
+        for task in self._pieces_stream(epoch, pass_no):
+            first, left = task.first, task.count
+            while left:
+                n = min(left, want)
+                batch.extend(self._reader(task.file).pieces(first, n))
+                first, left, want = first + n, left - n, want - n
+                if want == 0:
+                    yield Batch.from_pieces(batch)
+                    batch, want = [], self.batch_size
+        if want < self.batch_size and not (self.drop_last and self._dynamic is not None):
+            yield Batch.from_pieces(batch)
+
+    def __iter__(self):
+        """Start a pass over this rank's share for the current epoch."""
+        if self.closed:
+            raise Closed("loader is closed")
+        self._end_pass()
+        pass_no = self._passes.get(self.epoch, 0)
+        self._passes[self.epoch] = pass_no + 1
+        self._pass = _Pass(self._batches(self.epoch, pass_no), self.prefetch)
+        return self._pass
+
+    def next_batch(self):
+        """Scanner-style: the next Batch of the current pass, or None when it ends.
+
+        The call after None starts the next pass (call set_epoch before it).
+        """
+        if self.closed:
+            raise Closed("loader is closed")
+        if self._pass is None or self._pass._done:
+            iter(self)
+        try:
+            return next(self._pass)
+        except StopIteration:
+            self._pass = None
+            return None
+        except BaseException:
+            self._end_pass()
+            raise
+
+    def _end_pass(self):
+        p, self._pass = self._pass, None
+        if p is not None:
+            p.close()
+
+    def close(self):
+        """Stop prefetching and close every file. Safe to call twice."""
+        self._end_pass()
+        for r in self._readers.values():
+            r.close()
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()
+
+    def __del__(self):
+        try:
+            self._end_pass()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+    def __repr__(self):
+        return (f"<recordio.Loader files={len(self.files)} records={self.num_records} "
+                f"batch_size={self.batch_size} {self.partition} rank={self.rank}/{self.num_replicas}>")
+
+
+def _live_group():
+    from .. import group  # late: keeps `import pybridge.recordio` free of process-group state
+    return group.current() if group.is_initialized() else None

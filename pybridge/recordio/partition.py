@@ -1,0 +1,205 @@
+"""Splitting a dataset of RecordIO files across ranks.
+
+The unit of work is a Task {file, first record, count}: a contiguous record range of one file,
+so that reading a task is sequential I/O. By default there is one task per chunk (each chunk
+is then decoded once per epoch); `task_records` splits them further.
+
+Static partition (DistributedSampler semantics, over records):
+  the tasks are put in epoch order (shuffled with the same permutation on every rank, from
+  seed and epoch, when shuffle is on) and read as one stream of N records. Every rank takes
+  a contiguous share of M records of that stream: rank r reads records [r*M, (r+1)*M).
+  drop_last=False: M = ceil(N / R); the stream is padded by wrapping around to its start (as
+      DistributedSampler repeats its first indices), so ranks get ceil(M / B) batches each,
+      the last one possibly partial, the same size on every rank.
+  drop_last=True: M = floor(floor(N / R) / B) * B; the tail is dropped and every rank gets
+      M / B full batches.
+Dynamic partition:
+  the tasks (in epoch order) are claimed one at a time through an atomic counter in the
+  process group's store (store.add(key, 1)), so a faster rank reads more tasks; every record
+  is read exactly once per epoch, and ranks may end with different numbers of batches.
+
+The shuffle is a Fisher-Yates shuffle driven by splitmix64, seeded with seed and epoch; it is
+spelled out here (not numpy's generator, whose streams may change between versions) so that
+every rank, and any other implementation, derives the same order.
+"""
+
+import hashlib
+import threading
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import InvalidArgument
+
+_MASK64 = (1 << 64) - 1
+
+
+class Task(NamedTuple):
+    file: str
+    first: int  # first record number within the file
+    count: int
+
+
+def _positive_int(name, v, minimum=1):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+        raise InvalidArgument(f"{name} must be an integer >= {minimum}, got {v!r}")
+    return int(v)
+
+
+def chunk_tasks(file, chunk_first, task_records=None):
+    """Tasks for one file from its chunk boundaries (Index.first: each chunk's first record,
+    then the total): one per chunk, split into pieces of at most task_records records."""
+    if task_records is not None:
+        task_records = _positive_int("task_records", task_records)
+    bounds = [int(b) for b in chunk_first]
+    tasks = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        step = task_records or (hi - lo)
+        for s in range(lo, hi, max(step, 1)):
+            tasks.append(Task(file, s, min(step, hi - s)))
+    return tasks
+
+
+def make_tasks(files, counts, task_records=None):
+    """Tasks from per-file record counts: pieces of at most task_records (default: whole files)."""
+    if len(files) != len(counts):
+        raise InvalidArgument(f"{len(files)} files but {len(counts)} record counts")
+    return [t for f, n in zip(files, counts) for t in chunk_tasks(f, [0, int(n)], task_records)]
+
+
+def _splitmix64(state):
+    state = (state + 0x9E3779B97F4A7C15) & _MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return state, z ^ (z >> 31)
+
+
+def permutation(n, seed, epoch):
+    """The shuffle order of n items for (seed, epoch): Fisher-Yates, j = splitmix64() % (i + 1)."""
+    seed = _positive_int("seed", seed, 0)
+    epoch = _positive_int("epoch", epoch, 0)
+    state = (seed * 0x9E3779B97F4A7C15 + epoch) & _MASK64
+    order = list(range(n))
+    for i in range(n - 1, 0, -1):
+        state, r = _splitmix64(state)
+        j = r % (i + 1)
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+def epoch_order(tasks, epoch=0, seed=0, shuffle=False):
+    """The tasks in the order every rank uses for this epoch."""
+    tasks = list(tasks)
+    if not shuffle:
+        return tasks
+    return [tasks[i] for i in permutation(len(tasks), seed, epoch)]
+
+
+def per_rank_records(total, num_replicas, batch_size=1, drop_last=False):
+    """Records each rank reads per epoch under the static partition."""
+    if drop_last:
+        return (total // num_replicas) // batch_size * batch_size
+    return -(-total // num_replicas)
+
+
+def num_batches(total, num_replicas, batch_size=1, drop_last=False):
+    """Batches each rank gets per epoch under the static partition (equal on every rank)."""
+    return -(-per_rank_records(total, num_replicas, batch_size, drop_last) // batch_size)
+
+
+def _check_rank(num_replicas, rank):
+    num_replicas = _positive_int("num_replicas", num_replicas)
+    rank = _positive_int("rank", rank, 0)
+    if rank >= num_replicas:
+        raise InvalidArgument(f"rank {rank} is out of range for num_replicas {num_replicas}")
+    return num_replicas, rank
+
+
+def take(ordered, start, count):
+    """Pieces covering `count` records of the task stream from position `start`, wrapping
+    around to the stream's start when it runs out (the padding of drop_last=False)."""
+    total = sum(t.count for t in ordered)
+    if count <= 0:
+        return []
+    if total == 0:
+        raise InvalidArgument("the dataset holds no records")
+    ends = np.cumsum([t.count for t in ordered])
+    pieces = []
+    pos = start % total
+    i = int(np.searchsorted(ends, pos, side="right"))
+    while count > 0:
+        t = ordered[i]
+        skip = pos - (int(ends[i]) - t.count)
+        n = min(t.count - skip, count)
+        if n > 0:
+            if pieces and pieces[-1].file == t.file and pieces[-1].first + pieces[-1].count == t.first + skip:
+                last = pieces.pop()  # adjacent ranges of one file read as one
+                pieces.append(Task(t.file, last.first, last.count + n))
+            else:
+                pieces.append(Task(t.file, t.first + skip, n))
+        count -= n
+        pos = (pos + n) % total
+        i = (i + 1) % len(ordered)
+    return pieces
+
+
+def static_shard(tasks, num_replicas, rank, *, batch_size=1, epoch=0, seed=0, shuffle=False,
+                 drop_last=False):
+    """This rank's pieces (Tasks, in read order) for the epoch under the static partition."""
+    num_replicas, rank = _check_rank(num_replicas, rank)
+    batch_size = _positive_int("batch_size", batch_size)
+    ordered = epoch_order(tasks, epoch, seed, shuffle)
+    total = sum(t.count for t in ordered)
+    m = per_rank_records(total, num_replicas, batch_size, drop_last)
+    return take(ordered, rank * m, m)
+
+
+class LocalStore:
+    """An in-process stand-in for a torch.distributed Store (only add()), for one process."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._values = {}
+
+    def add(self, key, amount):
+        with self._lock:
+            self._values[key] = self._values.get(key, 0) + int(amount)
+            return self._values[key]
+
+
+def dataset_name(tasks, batch_size=0):
+    """A name that is the same on every rank for the same dataset (keys the store counters)."""
+    h = hashlib.sha1(repr((list(tasks), batch_size)).encode()).hexdigest()
+    return h[:16]
+
+
+class DynamicPartition:
+    """Tasks claimed on demand through an atomic counter in a store shared by all ranks.
+
+    store: anything with add(key, amount) -> new value (torch.distributed Store, LocalStore).
+    Every rank must build it from the same tasks, seed and shuffle, and use the same
+    (epoch, pass_no) for the same pass; each pass has its own counter key.
+    """
+
+    def __init__(self, tasks, store, *, name=None, shuffle=False, seed=0):
+        if not hasattr(store, "add"):
+            raise InvalidArgument("store must have an add(key, amount) method (a torch.distributed Store)")
+        self.tasks = list(tasks)
+        self.store = store
+        self.shuffle = bool(shuffle)
+        self.seed = _positive_int("seed", seed, 0)
+        self.name = name or dataset_name(self.tasks)
+
+    def key(self, epoch, pass_no=0):
+        return f"pybridge/recordio/{self.name}/epoch{epoch}/pass{pass_no}"
+
+    def claims(self, epoch=0, pass_no=0):
+        """Yield the tasks this rank claims, until every task of the pass is claimed."""
+        order = epoch_order(self.tasks, epoch, self.seed, self.shuffle)
+        key = self.key(epoch, pass_no)
+        while True:
+            i = int(self.store.add(key, 1)) - 1
+            if i >= len(order):
+                return
+            yield order[i]

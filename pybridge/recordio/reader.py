@@ -1,0 +1,463 @@
+"""RecordIO reader: random access to any record range, reading only the chunks it needs.
+
+A chunk is the unit of I/O, checksum and compression, so reading one record reads its whole
+chunk; decoded chunks are kept in a small LRU cache so that consecutive ranges (batches) in
+one chunk decode it once.
+
+Speed (see bench/recordio.py): payloads are read in cache-sized pieces and checksummed while
+the piece is still in cache, large chunks on several threads (pread and the CRC release the
+GIL). Uncompressed chunks of equal-sized large records are read with preadv straight into one
+contiguous record buffer (the length prefixes go to a side array), so batches are views of it
+and no copy strips the prefixes; such a buffer is reused only once no batch views it.
+
+Not thread-safe: use one Reader per thread (the Loader does).
+"""
+
+import os
+import sys
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import Closed, CorruptData, InvalidArgument
+from .batch import Batch
+from .checksum import crc32_combine, crc32_update
+from .format import (HEADER_SIZE, NONE, FormatError, corrupt, decompress, gather, io_failure,
+                     parse_records)
+from .index import build_index
+
+_PIECE = 1 << 20  # read unit: a cache-resident piece is checksummed while still hot
+_PARALLEL_MIN = 8 << 20  # chunks at least this big are read by several threads
+_SCATTER_MIN = 8 << 10  # equal-sized records at least this big are read straight into place
+_GROUP_BYTES = 1 << 20  # scatter reads: records per preadv call, by bytes
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _io_pool():
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_workers(), thread_name_prefix="pybridge-recordio")
+        return _pool
+
+
+def _workers():
+    """I/O threads per large read: PYBRIDGE_RECORDIO_THREADS, else min(4, CPUs)."""
+    raw = os.environ.get("PYBRIDGE_RECORDIO_THREADS", "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _split(n, parts):
+    """`parts` contiguous (lo, hi) ranges covering range(n)."""
+    step = -(-n // parts)
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+
+def _read_exact(fd, view, offset):
+    """pread into `view` until full; returns the bytes read (fewer only at end of file)."""
+    done, n = 0, len(view)
+    while done < n:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            break
+        done += got
+    return done
+
+
+def _read_piecewise(fd, arr, offset, verify):
+    """Fill uint8 array `arr` from the file in cache-sized pieces, checksumming each while hot."""
+    mv, n, done, crc = memoryview(arr), len(arr), 0, 0
+    while done < n:
+        want = min(_PIECE, n - done)
+        got = _read_exact(fd, mv[done:done + want], offset + done)
+        if verify:
+            crc = crc32_update(crc, arr[done:done + got])
+        done += got
+        if got < want:
+            break
+    return done, crc
+
+
+def _read_verified(fd, arr, offset, verify):
+    """(bytes read, CRC-32 of them or 0): large reads are split over the I/O threads."""
+    n = len(arr)
+    if n < _PARALLEL_MIN:
+        return _read_piecewise(fd, arr, offset, verify)
+    ranges = _split(n, _workers())
+    if len(ranges) == 1:
+        return _read_piecewise(fd, arr, offset, verify)
+    results = list(_io_pool().map(lambda r: _read_piecewise(fd, arr[r[0]:r[1]], offset + r[0], verify),
+                                  ranges))
+    got, crc = 0, 0
+    for (lo, hi), (g, c) in zip(ranges, results):
+        if g < hi - lo:  # a short piece: the file ends early
+            return got + g, 0
+        got += g
+        crc = crc32_combine(crc, c, hi - lo) if lo else c
+    return got, crc
+
+
+def _read_uniform(fd, out, prefixes, offset, length, lo, hi, verify):
+    """Read records lo..hi-1 of a chunk whose records are all `length` bytes: the data lands
+    contiguous in `out` and the length prefixes in `prefixes`, so no copy is needed to strip
+    them. The CRC is chained over prefix, record, prefix, ... in file order."""
+    stride = 4 + length
+    group = max(1, min(512, _GROUP_BYTES // stride))  # preadv takes at most 1024 buffers
+    pre, rec = memoryview(prefixes).cast("B"), memoryview(out)
+    pre_bytes = prefixes.view(np.uint8)
+    crc, pos = 0, offset + lo * stride
+    for g in range(lo, hi, group):
+        ge = min(hi, g + group)
+        iov = []
+        for i in range(g, ge):
+            iov.append(pre[4 * i:4 * i + 4])
+            iov.append(rec[i * length:(i + 1) * length])
+        want = (ge - g) * stride
+        got = os.preadv(fd, iov, pos)
+        if got != want:
+            return False, 0  # short read: let the general path report it
+        if verify:
+            for i in range(g, ge):
+                crc = crc32_update(crc, pre_bytes[4 * i:4 * i + 4])
+                crc = crc32_update(crc, out[i * length:(i + 1) * length])
+        pos += want
+    return True, crc
+
+
+# A pooled buffer is reusable when nothing but the pool refers to it: each live batch view of
+# it holds a reference. Measured once, so that the test does not depend on the interpreter.
+def _refs(obj):
+    return sys.getrefcount(obj)
+
+
+_probe = [np.empty(1, np.uint8)]
+_UNSHARED = _refs(_probe[0])
+del _probe
+
+
+class _BufferPool:
+    """Chunk-sized uint8 buffers shared by all readers of the process.
+
+    A fresh 32 MiB buffer costs page faults on first touch that take about as long as reading
+    the chunk, so buffers are kept and reused (best fit), a few at most.
+    """
+
+    def __init__(self, keep=4):
+        self._lock = threading.Lock()
+        self._bufs = []
+        self._keep = keep
+
+    def take(self, size):
+        with self._lock:
+            best = None
+            for i in range(len(self._bufs)):
+                if len(self._bufs[i]) >= size and _refs(self._bufs[i]) <= _UNSHARED \
+                        and (best is None or len(self._bufs[i]) < len(self._bufs[best])):
+                    best = i
+            if best is not None:
+                return self._bufs.pop(best)
+        if size > _PIECE:  # round up so that chunks of similar sizes share buffers
+            size = -(-size // _PIECE) * _PIECE
+        return np.empty(max(size, 1), np.uint8)
+
+    def give(self, buf):
+        if buf is None:
+            return
+        with self._lock:
+            self._bufs.append(buf)
+            del self._bufs[:-self._keep]
+
+
+_buffers = _BufferPool()
+
+
+class _Decoded:
+    """A decoded chunk: either payload + Records (prefixes interleaved), or `flat` records of
+    one `length` laid out back to back (scatter-read), which batches can view without a copy."""
+
+    __slots__ = ("payload", "records", "buffer", "length")
+
+    def __init__(self, payload, records, buffer, length=None):
+        self.payload, self.records, self.buffer, self.length = payload, records, buffer, length
+
+    def gather(self, a, b):
+        if self.length is None:
+            return gather(self.payload, self.records, a, b)
+        return self.payload[a * self.length:b * self.length], np.full(b - a, self.length, np.int64)
+
+
+class Reader:
+    """Read a RecordIO file.
+
+    skip_corrupt: skip corrupt chunks instead of raising, and count them (corrupt_chunks,
+        skipped_records); a range that covers a skipped chunk then returns fewer records.
+        Without it, every corruption raises CorruptData naming the file, the chunk and its
+        byte offset; a wrong record is never returned.
+    verify_checksums: check each chunk's CRC-32 before decoding it (default on).
+    index_cache: False, True (sidecar `<path>.rioidx`) or a sidecar path.
+    allow_empty: accept an empty (zero-byte) file as zero records instead of raising.
+    cache_chunks: decoded chunks kept for reuse by later reads.
+    """
+
+    def __init__(self, path, *, skip_corrupt=False, verify_checksums=True, index_cache=False,
+                 allow_empty=False, cache_chunks=2):
+        self.path = os.fspath(path)
+        self.skip_corrupt = bool(skip_corrupt)
+        self.verify_checksums = bool(verify_checksums)
+        if int(cache_chunks) < 1:
+            raise InvalidArgument(f"cache_chunks must be at least 1, got {cache_chunks!r}")
+        self._cache_max = int(cache_chunks)
+        self._f = None
+        self._open()
+        try:
+            self.index = build_index(self._f, self.path, self.skip_corrupt, allow_empty, index_cache)
+        except BaseException:
+            self._f.close()
+            raise
+        self.corrupt_errors = list(self.index.corrupt_errors)  # every chunk skipped so far
+        self._bad = set()  # index positions found corrupt on read
+        self.skipped_records = 0
+        self._cache = OrderedDict()  # index position -> _Decoded
+        self.closed = False
+
+    # ------------------------------------------------------------ file handle
+
+    def _open(self):
+        try:
+            self._f = open(self.path, "rb", buffering=0)
+        except OSError as exc:
+            raise io_failure(self.path, None, None, f"cannot open: {exc.strerror or exc}") from exc
+
+    def release(self):
+        """Close the file descriptor and drop cached chunks; the next read reopens (for many shards)."""
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+        while self._cache:
+            _buffers.give(self._cache.popitem()[1].buffer)
+
+    def close(self):
+        self.release()
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()
+
+    # ------------------------------------------------------------ metadata
+
+    @property
+    def num_records(self):
+        # No __len__ on purpose: list(reader) would preallocate from the headers' record counts,
+        # which a corrupt header can make absurd.
+        return self.index.num_records
+
+    @property
+    def num_chunks(self):
+        return self.index.num_chunks
+
+    @property
+    def chunks(self):
+        return self.index.chunks()
+
+    @property
+    def corrupt_chunks(self):
+        return len(self.corrupt_errors)
+
+    # ------------------------------------------------------------ chunk decoding
+
+    def _evict(self):
+        while len(self._cache) >= self._cache_max:
+            _, old = self._cache.popitem(last=False)
+            _buffers.give(old.buffer)
+
+    def _fail(self, info, msg):
+        return corrupt(self.path, info.ordinal, info.offset, msg)
+
+    def _read(self, info, arr):
+        """Read the chunk's payload into `arr`; returns its CRC (0 when not verifying)."""
+        try:
+            got, crc = _read_verified(self._f.fileno(), arr, info.offset + HEADER_SIZE, self.verify_checksums)
+        except OSError as exc:
+            raise io_failure(self.path, info.ordinal, info.offset, f"read failed: {exc.strerror or exc}") from exc
+        if got != info.size:
+            raise self._fail(info, f"truncated chunk: read {got} of {info.size} payload bytes "
+                                   "(did the file change since it was indexed?)")
+        return crc
+
+    def _check_crc(self, info, crc):
+        if self.verify_checksums and crc != info.checksum:
+            raise self._fail(info, f"checksum mismatch: the header says 0x{info.checksum:08x}, "
+                                   f"the payload has 0x{crc:08x}")
+
+    def _try_uniform(self, info):
+        """Scatter-read an uncompressed chunk of equal, large records; None if it is not one."""
+        n, size, fd = info.num_records, info.size, self._f.fileno()
+        start = info.offset + HEADER_SIZE
+        if n < 1 or size < 4 or size % n:
+            return None
+        length = size // n - 4
+        if length < _SCATTER_MIN or os.pread(fd, 4, start) != int(length).to_bytes(4, "little"):
+            return None
+        buf = _buffers.take(n * length)
+        prefixes = np.empty(n, "<u4")
+        ranges = _split(n, _workers()) if size >= _PARALLEL_MIN else [(0, n)]
+        work = lambda r: _read_uniform(fd, buf, prefixes, start, length, r[0], r[1],  # noqa: E731
+                                       self.verify_checksums)
+        try:
+            results = list(_io_pool().map(work, ranges)) if len(ranges) > 1 else [work(ranges[0])]
+        except OSError as exc:
+            raise io_failure(self.path, info.ordinal, info.offset, f"read failed: {exc.strerror or exc}") from exc
+        if not all(ok for ok, _ in results) or (prefixes != length).any():
+            _buffers.give(buf)
+            return None  # not what it looked like: the general path decodes (or reports) it
+        crc = 0
+        for (lo, hi), (_, c) in zip(ranges, results):
+            crc = crc32_combine(crc, c, (hi - lo) * (4 + length)) if lo else c
+        self._check_crc(info, crc)
+        return _Decoded(buf[:n * length], None, buf, length)
+
+    def _decode(self, pos):
+        info = self.index.chunk(pos)
+        if self._f is None:
+            self._open()
+        if info.compressor == NONE:
+            dec = self._try_uniform(info)
+            if dec is not None:
+                return dec
+            buf = _buffers.take(info.size)
+            payload = buf[:info.size]
+            self._check_crc(info, self._read(info, payload))
+        else:
+            payload, buf = self._decompressed(info)
+        try:
+            records = parse_records(payload, info.num_records)
+        except FormatError as exc:
+            raise self._fail(info, str(exc)) from None
+        return _Decoded(payload, records, buf)
+
+    def _decompressed(self, info):
+        """(payload, pooled buffer holding it or None) of a compressed chunk."""
+        scratch = _buffers.take(info.size)  # the compressed bytes
+        taken = []
+
+        def alloc(n):
+            taken.append(_buffers.take(n))
+            return taken[-1]
+
+        raw = scratch[:info.size]
+        try:
+            self._check_crc(info, self._read(info, raw))
+            payload = decompress(info.compressor, raw, alloc)
+        except FormatError as exc:
+            raise self._fail(info, str(exc)) from None
+        finally:
+            raw = None  # drop the view so the pool can hand the scratch out again
+            _buffers.give(scratch)
+        return payload, (taken[0] if taken else None)
+
+    def _chunk(self, pos):
+        """Decoded chunk at index position `pos`, or None when it is corrupt and skipped."""
+        hit = self._cache.get(pos)
+        if hit is not None:
+            self._cache.move_to_end(pos)
+            return hit
+        if pos in self._bad:
+            return None
+        self._evict()
+        try:
+            dec = self._decode(pos)
+        except CorruptData as exc:
+            if not self.skip_corrupt:
+                raise
+            self._bad.add(pos)
+            self.corrupt_errors.append(exc)
+            self.skipped_records += int(self.index.table["records"][pos])
+            return None
+        self._cache[pos] = dec
+        return dec
+
+    # ------------------------------------------------------------ reading records
+
+    def _check_range(self, start, count):
+        if self.closed:
+            raise Closed(f"{self.path}: reader is closed")
+        for name, v in (("start", start), ("count", count)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise InvalidArgument(f"{name} must be a non-negative integer, got {v!r}")
+        if start + count > self.num_records:
+            raise InvalidArgument(f"{self.path}: records [{start}, {start + count}) are out of range; "
+                                  f"the file holds {self.num_records}")
+
+    def pieces(self, start, count):
+        """(data, lengths) pieces for records [start, start + count), one per chunk touched."""
+        self._check_range(start, count)
+        start, left = int(start), int(count)
+        first, out = self.index.first, []
+        pos = self.index.locate(start) if left else 0
+        while left > 0:
+            a = start - int(first[pos])
+            b = min(int(first[pos + 1] - first[pos]), a + left)
+            dec = self._chunk(pos)
+            if dec is not None:
+                out.append(dec.gather(a, b))
+            start += b - a
+            left -= b - a
+            pos += 1
+        return out
+
+    def read(self, start, count) -> Batch:
+        """Records [start, start + count) as one Batch (contiguous data + offsets)."""
+        return Batch.from_pieces(self.pieces(start, count))
+
+    def batches(self, batch_size, start=0, count=None):
+        """Sequential scan in batches of `batch_size` records (the last may be shorter)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise InvalidArgument(f"batch_size must be a positive integer, got {batch_size!r}")
+        end = self.num_records if count is None else start + count
+        self._check_range(start, end - start)
+        for s in range(start, end, batch_size):
+            yield self.read(s, min(batch_size, end - s))
+
+    def __iter__(self):
+        """Every record as bytes (convenience; use batches() on hot paths)."""
+        for batch in self.batches(4096):
+            yield from batch.tolist()
+
+    def __getitem__(self, i):
+        n = self.num_records
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -n <= i < n:
+            raise IndexError(f"record {i!r} is out of range for {n} records")
+        batch = self.read(int(i) % n, 1)
+        if not len(batch):
+            raise IndexError(f"record {i} lies in a corrupt chunk that was skipped")
+        return batch.tolist()[0]
+
+    def verify(self):
+        """Read and check every chunk; returns the CorruptData found (scan-time ones included)."""
+        problems = list(self.index.corrupt_errors)
+        for pos in range(self.num_chunks):
+            self._cache.pop(pos, None)
+            try:
+                dec = self._decode(pos)
+            except CorruptData as exc:
+                problems.append(exc)
+                continue
+            _buffers.give(dec.buffer)
+        return problems
+
+    def __repr__(self):
+        return f"<recordio.Reader {self.path!r} chunks={self.num_chunks} records={self.num_records}>"
+
+
+def read_file(path, **kw):
+    """All records of a file as a list of bytes (convenience)."""
+    with Reader(path, **kw) as r:
+        return list(r)
