@@ -16,6 +16,7 @@ import re
 import site
 import sys
 import sysconfig
+import tempfile
 
 import cffi
 
@@ -46,6 +47,8 @@ static void _pb_set_start_error(const char *msg) {
     snprintf(pb_start_error, sizeof pb_start_error, "pybridge core failed to start: %s", msg);
 }
 
+static volatile int pb_core_failed = 0;  /* cffi's start-up failed: never re-enter it */
+
 static int pb_not_ready(void) {
     snprintf(pb_errmsg, sizeof pb_errmsg, "%s", pb_start_error);
     return PB_ERR_INTERNAL;
@@ -59,8 +62,21 @@ static int pb_not_ready(void) {
 static pthread_once_t pb_python_once = PTHREAD_ONCE_INIT;
 static int pb_python_ok = 0;
 
+/* cffi (< 2.1) serializes its start-up with a spin lock on PyCapsule_Type.tp_version_tag
+ * on Python < 3.12 and spins for ever if that tag is already set, which happens once
+ * any code has looked up a capsule attribute (importing torch does). Invalidating the
+ * tag through the public API (the GIL held) lets cffi's lock proceed. */
+static void pb_unblock_cffi_lock(void) {
+#if PY_VERSION_HEX < 0x030C0000
+    PyType_Modified(&PyCapsule_Type);
+#endif
+}
+
 static void pb_start_python(void) {
     if (Py_IsInitialized()) {  /* loaded into a running Python */
+        PyGILState_STATE gil = PyGILState_Ensure();
+        pb_unblock_cffi_lock();
+        PyGILState_Release(gil);
         pb_python_ok = 1;
         return;
     }
@@ -83,12 +99,26 @@ static void pb_start_python(void) {
                  exe, status.err_msg ? status.err_msg : "unknown error");
         return;
     }
+    pb_unblock_cffi_lock();
     PyEval_SaveThread();  /* release the GIL: every call takes it through cffi */
     pb_python_ok = 1;
 }
 
+/* Give each calling OS thread a Python thread state that lives as long as the thread.
+ * Otherwise cffi creates and destroys one around every call made from a thread that
+ * Python did not start, which is every call from a Go program (goroutines run on
+ * threads of Go's own). */
+static __thread int pb_thread_attached = 0;
+
 static int pb_python_ready(void) {
     pthread_once(&pb_python_once, pb_start_python);
+    if (pb_python_ok && !pb_thread_attached) {
+        pb_thread_attached = 1;
+        if (PyGILState_GetThisThreadState() == NULL) {
+            PyGILState_Ensure();  /* never released: keeps the thread state */
+            PyEval_SaveThread();
+        }
+    }
     return pb_python_ok;
 }
 
@@ -201,8 +231,9 @@ def wrappers(header_text):
             continue
         out.append(f"static int _pb_py_{name[3:]}({args});\n"
                    f"CFFI_DLLEXPORT int {name}({args}) {{\n"
-                   f"    if (!pb_python_ready())\n        return pb_not_ready();\n"
+                   f"    if (pb_core_failed || !pb_python_ready())\n        return pb_not_ready();\n"
                    f"    int rc = _pb_py_{name[3:]}({arg_names(args)});\n"
+                   f"    if (!pb_core_ready)\n        pb_core_failed = 1;\n"
                    f"    return pb_core_ready ? rc : pb_not_ready();\n}}\n")
     return "\n".join(out)
 
@@ -228,10 +259,10 @@ def build(out_dir):
                    extra_compile_args=["-O2"],
                    extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,-soname,libpybridge.so"])
     ffi.embedding_init_code(INIT_CODE.replace("@CONFIG@", repr(json.dumps(config))))
-    tmp = os.path.join(out_dir, "cffi-tmp")
-    built = ffi.compile(tmpdir=tmp, target="libpybridge.*", verbose=False)
-    final = os.path.join(out_dir, "libpybridge.so")
-    os.replace(built, final)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".cffi-") as tmp:
+        built = ffi.compile(tmpdir=tmp, target="libpybridge.*", verbose=False)
+        final = os.path.join(out_dir, "libpybridge.so")
+        os.replace(built, final)  # atomic: a running program keeps the old file
     write_pc(out_dir, pybridge.__version__)
     print(f"built {final}")
 

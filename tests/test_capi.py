@@ -3,6 +3,7 @@
 
 import os
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -130,3 +131,37 @@ def test_peer_that_dies_mid_collective_gives_an_error():
     assert rcs[0] in (lib.PB_ERR_COMM, lib.PB_ERR_TIMEOUT), (rcs, msg)
     assert all(rc != 0 for rc in rcs), rcs
     assert took < 60, took
+
+
+def loaded_after_torch(rank, world):
+    import torch  # noqa: F401 - the point: torch touched Python's type caches first
+    ffi, lib = load()
+    g = _init(ffi, lib, timeout=10)
+    x = np.ones(3, np.float32)
+    assert lib.pb_all_reduce(g, _tensor(ffi, lib, x), lib.PB_SUM) == 0
+    assert lib.pb_finalize(g) == 0
+    return "ok"
+
+
+def test_library_loads_into_a_running_python_after_torch():
+    # cffi's start-up lock spun for ever here before capi/build.py invalidated the tag it uses.
+    assert run_ranks(loaded_after_torch, 1, timeout=60) == ["ok"]
+
+
+def test_core_that_cannot_start_returns_internal_error(tmp_path):
+    fake = tmp_path / "pybridge"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('deliberately broken pybridge')\n")
+    code = ("from capi_loader import load\n"
+            "ffi, lib = load()\n"
+            "for _ in range(2):\n"
+            "    rc = lib.pb_barrier(ffi.NULL)\n"
+            "    print(rc, ffi.string(lib.pb_last_error()).decode())\n")
+    env = {**os.environ, "PYBRIDGE_PYTHONPATH": str(tmp_path),
+           "PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    lines = run.stdout.strip().splitlines()
+    assert len(lines) == 2, run.stdout + run.stderr
+    for line in lines:
+        assert line.startswith(f"{load()[1].PB_ERR_INTERNAL} "), line
+        assert "deliberately broken pybridge" in line, line

@@ -1,0 +1,115 @@
+"""The Python side of the C ABI (capi/pybridge.h).
+
+Each `pb_NAME` of the header is implemented by a function of the same name in one of
+this package's modules (core: groups, collectives, buffers, work; and one module per
+further feature)
+that converts C arguments, calls the core, and writes out-parameters. `install`
+registers them with cffi; every exception becomes a status code plus a thread-local
+message, so none escapes into C. No training logic lives here.
+"""
+
+import importlib
+import itertools
+import pkgutil
+
+from .. import group as _group
+from ..buffers import PointerViews
+from ..errors import INTERNAL, InvalidArgument, NotInitialized, PyBridgeError, classify
+
+ffi = None  # set by install(): the embedding module's FFI
+_views = PointerViews()
+
+
+class Handles:
+    """Opaque handles are keys into this table, never raw object addresses, so a stale,
+    foreign or garbage pointer is rejected instead of dereferenced."""
+
+    def __init__(self):
+        self._objects = {}
+        self._ids = itertools.count(0x5042_0000, 16)  # next() is atomic under the GIL
+
+    def add(self, obj, ctype, out, what="out"):
+        if out == ffi.NULL:
+            raise InvalidArgument(f"{what} (the pointer to store the handle in) is NULL")
+        key = next(self._ids)
+        self._objects[key] = obj
+        out[0] = ffi.cast(ctype, key)
+
+    def get(self, ptr, kind, what):
+        obj = self._objects.get(int(ffi.cast("uintptr_t", ptr)))
+        if not isinstance(obj, kind):
+            if ptr == ffi.NULL:
+                raise InvalidArgument(f"{what} is NULL")
+            raise InvalidArgument(f"{what} is not a live {kind.__name__} handle (freed or foreign)")
+        return obj
+
+    def remove(self, ptr, kind, what):
+        obj = self.get(ptr, kind, what)
+        del self._objects[int(ffi.cast("uintptr_t", ptr))]
+        return obj
+
+
+handles = Handles()
+
+
+# ---- argument conversion ---------------------------------------------------------
+
+def live_group(ptr):
+    if ptr == ffi.NULL and not _group.is_initialized():
+        raise NotInitialized("process group is not initialized: call pb_init first")
+    g = handles.get(ptr, _group.Group, "group")
+    g.check_open()
+    return g
+
+
+def tensor(desc, what="tensor"):
+    if desc == ffi.NULL:
+        raise InvalidArgument(f"{what} descriptor is NULL")
+    return _views.get(int(ffi.cast("uintptr_t", desc.data)), desc.count, desc.dtype, desc.device)
+
+
+def put(out, value, what="out"):
+    if out == ffi.NULL:
+        raise InvalidArgument(f"{what} is NULL")
+    out[0] = value
+
+
+def text(cstr):
+    return None if cstr == ffi.NULL else ffi.string(cstr).decode()
+
+
+# ---- registration ------------------------------------------------------------------------
+
+def _fail(lib, name, err):
+    lib._pb_set_error(f"{name}: {err}".encode("utf-8", "replace")[:4000])
+    return err.code
+
+
+def _export(lib, name, fn):
+    def entry(*args):
+        try:
+            fn(*args)
+            return 0
+        except PyBridgeError as err:
+            return _fail(lib, name, err)
+        except BaseException as exc:  # noqa: BLE001 - nothing may escape into C
+            return _fail(lib, name, classify(exc))
+
+    ffi.def_extern(name=f"_pb_py_{name[3:]}", error=INTERNAL)(entry)
+
+
+def install(embedding_ffi, lib):
+    """Register every pb_* implementation with the embedding module."""
+    global ffi
+    ffi = embedding_ffi
+    exported = set()
+    for info in pkgutil.iter_modules(__path__):  # core, reducer, recordio, ...
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for name, fn in vars(module).items():
+            if name.startswith("pb_") and callable(fn):
+                _export(lib, name, fn)
+                exported.add(f"_pb_py_{name[3:]}")
+    # cffi makes an unimplemented extern "Python" function return 0 (PB_OK): refuse to start.
+    missing = sorted(n for n in dir(lib) if n.startswith("_pb_py_") and n not in exported)
+    if missing:
+        raise RuntimeError(f"C ABI functions without a Python implementation: {', '.join(missing)}")

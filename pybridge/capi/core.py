@@ -1,0 +1,168 @@
+"""C ABI functions for process groups, collectives, library-owned buffers and async work."""
+
+import torch
+
+from .. import capi, collectives, dtypes
+from .. import group as _group
+from ..buffers import CPU
+from ..errors import InvalidArgument
+from . import handles, live_group, put, tensor, text
+
+
+class Buffer:
+    """Library-owned memory that asynchronous operations may use after a call returns."""
+
+    def __init__(self, dtype, count, device):
+        if count < 0:
+            raise InvalidArgument(f"count must be >= 0, got {count}")
+        dev = torch.device("cpu") if device == CPU else torch.device("cuda", device)
+        self.tensor = torch.zeros(count, dtype=dtypes.torch_dtype(dtype), device=dev)
+        self.device = device
+
+
+def _buffer(ptr, what="buffer"):
+    return handles.get(ptr, Buffer, what).tensor
+
+
+# ---- process group -----------------------------------------------------------------
+
+def pb_init(init_method, backend, rank, world_size, local_rank, timeout, out):
+    if out == capi.ffi.NULL:
+        raise InvalidArgument("out (the pointer to store the group handle in) is NULL")
+    g = _group.init(init_method=text(init_method), backend=text(backend), rank=rank,
+                    world_size=world_size, local_rank=local_rank,
+                    timeout=timeout if timeout > 0 else _group.DEFAULT_TIMEOUT)
+    handles.add(g, "pb_group *", out)
+
+
+def pb_finalize(group):
+    g = handles.get(group, _group.Group, "group")
+    if not g.closed:
+        _group.finalize()
+
+
+def pb_rank(group, out):
+    put(out, live_group(group).rank)
+
+
+def pb_size(group, out):
+    put(out, live_group(group).size)
+
+
+def pb_local_rank(group, out):
+    put(out, live_group(group).local_rank)
+
+
+def pb_device(group, out):
+    dev = live_group(group).device
+    put(out, dev.index if dev.type == "cuda" else CPU)
+
+
+def pb_barrier(group):
+    collectives.barrier(group=live_group(group))
+
+
+# ---- synchronous collectives ---------------------------------------------------------
+
+def pb_broadcast(group, t, root):
+    collectives.broadcast(tensor(t), root, group=live_group(group))
+
+
+def pb_all_reduce(group, t, op):
+    collectives.all_reduce(tensor(t), op, group=live_group(group))
+
+
+def pb_all_gather(group, inp, out):
+    collectives.all_gather(tensor(inp, "input"), tensor(out, "output"), group=live_group(group))
+
+
+def pb_reduce_scatter(group, inp, out, op):
+    collectives.reduce_scatter(tensor(inp, "input"), tensor(out, "output"), op, group=live_group(group))
+
+
+def pb_send(group, t, dst, tag):
+    collectives.send(tensor(t), dst, tag, group=live_group(group))
+
+
+def pb_recv(group, t, src, tag):
+    collectives.recv(tensor(t), src, tag, group=live_group(group))
+
+
+# ---- buffers -------------------------------------------------------------------------
+
+def pb_buffer_new(dtype, count, device, out):
+    if out == capi.ffi.NULL:
+        raise InvalidArgument("out (the pointer to store the buffer handle in) is NULL")
+    handles.add(Buffer(dtype, count, device), "pb_buffer *", out)
+
+
+def pb_buffer_tensor(buffer, out):
+    b = handles.get(buffer, Buffer, "buffer")
+    if out == capi.ffi.NULL:
+        raise InvalidArgument("out descriptor is NULL")
+    out.data = capi.ffi.cast("void *", b.tensor.data_ptr())
+    out.count = b.tensor.numel()
+    out.dtype = dtypes.code(b.tensor.dtype)
+    out.device = b.device
+
+
+def pb_buffer_free(buffer):
+    handles.remove(buffer, Buffer, "buffer")
+
+
+# ---- asynchronous operations --------------------------------------------------------------
+
+def pb_broadcast_async(group, buffer, root, work):
+    _start(work, collectives.broadcast(_buffer(buffer), root, group=live_group(group), async_op=True))
+
+
+def pb_all_reduce_async(group, buffer, op, work):
+    _start(work, collectives.all_reduce(_buffer(buffer), op, group=live_group(group), async_op=True))
+
+
+def pb_all_gather_async(group, inp, out, work):
+    _start(work, collectives.all_gather(_buffer(inp, "input"), _buffer(out, "output"),
+                                        group=live_group(group), async_op=True))
+
+
+def pb_reduce_scatter_async(group, inp, out, op, work):
+    _start(work, collectives.reduce_scatter(_buffer(inp, "input"), _buffer(out, "output"), op,
+                                            group=live_group(group), async_op=True))
+
+
+def pb_isend(group, buffer, dst, tag, work):
+    _start(work, collectives.isend(_buffer(buffer), dst, tag, group=live_group(group)))
+
+
+def pb_irecv(group, buffer, src, tag, work):
+    _start(work, collectives.irecv(_buffer(buffer), src, tag, group=live_group(group)))
+
+
+def _start(out, w):
+    # Checked after starting: a NULL here is a caller bug, but the operation is already
+    # matched with the peers, so it is waited for rather than left dangling.
+    if out == capi.ffi.NULL:
+        w.wait()
+        raise InvalidArgument("work (the pointer to store the work handle in) is NULL")
+    handles.add(w, "pb_work *", out, "work")
+
+
+def pb_work_wait(work, timeout):
+    handles.get(work, collectives.Work, "work").wait(timeout if timeout > 0 else None)
+
+
+def pb_work_test(work, done):
+    w = handles.get(work, collectives.Work, "work")
+    if done == capi.ffi.NULL:
+        raise InvalidArgument("done is NULL")
+    try:
+        done[0] = int(w.test())
+    except PyBridgeError:
+        done[0] = 1  # finished, with the error returned as the status
+        raise
+
+
+def pb_work_free(work):
+    handles.remove(work, collectives.Work, "work")
+
+
