@@ -37,6 +37,7 @@ $(LIB): $(DEPS_STAMP) capi/pybridge.h capi/build.py
 test: test-python test-go
 
 test-python: setup
+	$(PYTHON) -m ruff check pybridge tests bench examples capi
 	$(PYTHON) -m pytest -q
 
 test-go: setup

@@ -21,6 +21,7 @@ import tempfile
 import cffi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 HEADER = os.path.join(HERE, "pybridge.h")
 PURE_C = {"pb_last_error", "pb_status_name", "pb_version"}
 PROTO = re.compile(r"^int (pb_\w+)\(([^;]*?)\);", re.M | re.S)
@@ -147,11 +148,12 @@ INIT_CODE = r"""
 import json, os, site, sys
 
 _cfg = json.loads(@CONFIG@)
-# The embedded interpreter starts with the base installation's paths only: add the
-# build environment's (a virtual environment's site-packages, editable installs),
-# and any override from PYBRIDGE_PYTHONPATH, before importing the core.
+# The embedded interpreter starts with the base installation's paths only: put any
+# PYBRIDGE_PYTHONPATH override and the checkout this library was built from first,
+# then add the build environment's (a virtual environment's site-packages, editable
+# installs), before importing the core.
 _extra = [p for p in os.environ.get("PYBRIDGE_PYTHONPATH", "").split(os.pathsep) if p]
-for _p in reversed(_extra):
+for _p in reversed(_extra + [_cfg["pybridge_root"]]):
     sys.path.insert(0, _p)
 for _p in _cfg["sys_path"]:
     if _p not in sys.path:
@@ -239,14 +241,18 @@ def wrappers(header_text):
 
 
 def build(out_dir):
-    import pybridge  # the build environment must be able to import the core
+    # The library always runs the pybridge of the checkout it was built from, whatever
+    # other checkout the interpreter's site-packages (an editable install) points at.
+    sys.path.insert(0, REPO)
+    import pybridge  # the build environment must be able to import the core and torch
 
     os.makedirs(out_dir, exist_ok=True)
     with open(HEADER) as f:
         header = f.read()
     config = {
         "python": sys.executable,
-        "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
+        "pybridge_root": REPO,
+        "sys_path": [p for p in sys.path if p and os.path.isdir(p) and p not in (HERE, REPO)],
         "site_dirs": site.getsitepackages() + [site.getusersitepackages()],
     }
     libdir = sysconfig.get_config_var("LIBDIR")
@@ -279,5 +285,5 @@ def write_pc(out_dir, version):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "build"))
+    parser.add_argument("--out", default=os.path.join(REPO, "build"))
     build(parser.parse_args().out)

@@ -7,7 +7,6 @@ therefore be ordered by the caller.
 
 import threading
 
-import torch
 import torch.distributed as dist
 
 from . import group as _group

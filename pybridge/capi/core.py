@@ -5,7 +5,7 @@ import torch
 from .. import capi, collectives, dtypes
 from .. import group as _group
 from ..buffers import CPU
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, PyBridgeError
 from . import handles, live_group, put, tensor, text
 
 
