@@ -39,6 +39,9 @@ def cmd_pack(args, out):
         print(f"{PROG} pack: --records must be at least 1", file=sys.stderr)
         return 2
     shard, writer, written = 0, None, []
+    folder = os.path.dirname(args.output)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
     try:
         for record in _input_records(args.inputs, args.lines):
             if writer is None or writer.records_written >= args.records:
@@ -51,8 +54,8 @@ def cmd_pack(args, out):
             writer.write(record)
         if writer is not None:
             writer.close()
-    except OSError as exc:
-        raise PyBridgeError(f"cannot read input: {exc}") from exc
+    except OSError as exc:  # an input that cannot be read or a shard that cannot be written
+        raise PyBridgeError(f"pack failed: {exc}") from exc
     finally:
         if writer is not None and not writer.closed:
             writer.close()
