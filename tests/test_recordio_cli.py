@@ -108,3 +108,10 @@ def test_module_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pybridge.recordio", "verify", prefix + "-00000.recordio",
                            prefix + "-00001.recordio"], capture_output=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.count(b"ok ") == 2
+
+
+def test_pack_creates_the_output_folder(tmp_path, capsysbinary, monkeypatch):
+    prefix = str(tmp_path / "new" / "deeper" / "shard")
+    code, out, _ = run(capsysbinary, ["pack", "-o", prefix, "-n", "2"], b"a\nb\nc\n", monkeypatch)
+    assert code == 0, out
+    assert sorted(os.listdir(tmp_path / "new" / "deeper")) == ["shard-00000.recordio", "shard-00001.recordio"]
