@@ -5,17 +5,24 @@ a naive per-parameter allreduce and a flatten-then-one-allreduce, on 2 ranks ove
 
 Prints a table with ratios against torch DDP measured in the same run and writes
 bench/results/reducer.json. Methods take turns in rounds so that machine noise hits all.
+The Go rows (model (a) only) come from bench/reducer_go, run as 2 Go ranks after the
+Python ranks: forward and backward in plain Go loops, the Go reducer (C ABI) marking each
+layer's gradients ready as backward produces them.
 """
 
 import argparse
 import multiprocessing as mp
 import os
+import json
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import free_port, save, table  # noqa: E402
+from common import ROOT, free_port, launch, save, table  # noqa: E402
 
 WORLD = 2
 MODELS = {
@@ -114,6 +121,29 @@ def rank_main(rank, world, port, threads, rounds, iters, queue):
     queue.put((rank, out))
 
 
+GO_DIR = os.path.join(ROOT, "bench", "reducer_go")
+GO_BIN = os.path.join(ROOT, "build", "bench_reducer_go")
+
+
+def run_go(threads, rounds, iters):
+    """Model (a) trained by 2 Go ranks through the C ABI; per-rank lists of step seconds,
+    or a string saying why it was not measured."""
+    go = shutil.which("go")
+    if go is None:
+        return "not measured: go not on PATH"
+    build = subprocess.run([go, "build", "-o", GO_BIN, "."], cwd=GO_DIR, capture_output=True, text=True)
+    if build.returncode != 0:
+        return "not measured: go build failed: " + (build.stderr.strip().splitlines() or ["?"])[-1]
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "go")
+        launch([GO_BIN, prefix, str(rounds), str(iters), str(threads)], WORLD, 600)
+        out = []
+        for r in range(WORLD):
+            with open(f"{prefix}-{r}.json") as f:
+                out.append(json.load(f))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
@@ -149,6 +179,9 @@ def main():
             if p.is_alive():
                 p.kill()
 
+    print("Go ranks (plain-Go model (a), Go reducer through the C ABI)...", flush=True)
+    go_results = run_go(threads, rounds, iters["a"])
+
     # A step ends in a collective, so ranks agree on its duration; take the slower rank.
     import torch
     report = {"world": WORLD, "backend": "gloo", "device": "cpu", "torch": torch.__version__,
@@ -165,15 +198,38 @@ def main():
         lines = [[LABELS[m], f"{rows[m]['step_ms']:.2f}", f"{rows[m]['vs_torch_ddp']:.2f}x",
                   f"{rows[m]['naive_over_this']:.2f}x"] for m in METHODS]
         if key == "a":
-            rows["go_reducer"] = {"step_ms": None, "note": "not yet measured"}
-            lines.append(["Go reducer (C ABI)", "not yet measured", "", ""])
+            add_go_rows(go_results, med, rows, lines)
         report["models"][key] = {"desc": cfg["desc"], "batch_per_rank": cfg["batch"], "rows": rows}
         print(f"\n({key}) {cfg['desc']}, batch {cfg['batch']} per rank\n")
         print(table(["method", "step ms", "vs torch DDP", "naive / this"], lines))
     print("\nvs torch DDP: step time / DDP's (< 1 is faster); naive / this: how many times "
           "faster than the per-parameter loop")
+    print("Go rows: forward and backward are plain scalar Go loops (no BLAS, no SIMD), so the Go "
+          "step time mostly measures Go's matmul against torch's; 'exposed sync' is the time "
+          "left in Wait after backward, 'sync only' marks all 100 gradients and waits, no compute.")
     path = save("reducer", report)
     print(f"wrote {os.path.relpath(path)} in {time.time() - start:.0f} s")
+
+
+def add_go_rows(go_results, med, rows, lines):
+    if isinstance(go_results, str):
+        rows["go_reducer"] = {"step_ms": None, "note": go_results}
+        lines.append(["Go reducer (C ABI), plain-Go fwd+bwd", go_results, "", ""])
+        return
+    gmed = {k: max(statistics.median(go_results[r][k]) for r in range(WORLD))
+            for k in ("step", "wait", "sync_only")}
+    ddp, naive = med["torch_ddp"], med["naive"]
+    rows["go_reducer"] = {
+        "step_ms": round(gmed["step"] * 1e3, 3), "vs_torch_ddp": round(gmed["step"] / ddp, 3),
+        "naive_over_this": round(naive / gmed["step"], 3),
+        "exposed_sync_wait_ms": round(gmed["wait"] * 1e3, 3),
+        "sync_only_ms": round(gmed["sync_only"] * 1e3, 3),
+        "note": "forward/backward in plain scalar Go loops; the reducer marks each layer's "
+                "gradients ready as backward produces them"}
+    lines.append(["Go reducer (C ABI), plain-Go fwd+bwd", f"{gmed['step'] * 1e3:.2f}",
+                  f"{gmed['step'] / ddp:.2f}x", f"{naive / gmed['step']:.2f}x"])
+    lines.append(["  of which exposed sync (Wait after backward)", f"{gmed['wait'] * 1e3:.2f}", "", ""])
+    lines.append(["Go reducer, sync only (mark 100 grads + Wait)", f"{gmed['sync_only'] * 1e3:.2f}", "", ""])
 
 
 if __name__ == "__main__":

@@ -186,6 +186,178 @@ int pb_work_test(pb_work *work, int32_t *done);
 /* Release the work handle. Freeing unfinished work does not cancel it. */
 int pb_work_free(pb_work *work);
 
+/* ---- RecordIO loader ------------------------------------------------------------ */
+/* Batches of this rank's share of a RecordIO dataset (file format: DESIGN.md), read by
+ * the Python core with background prefetch. Each batch is one contiguous byte buffer
+ * plus offsets: record i is data[offsets[i] .. offsets[i+1]).
+ *
+ * Errors while reading: PB_ERR_IO (a file is missing or unreadable) and PB_ERR_CORRUPT
+ * (bad magic, checksum mismatch, truncated chunk, unknown compressor, a record running
+ * past its chunk...). Their messages name the file, the chunk index and the chunk's byte
+ * offset, e.g. "pb_loader_next: data.recordio: chunk 3, byte offset 1234: checksum
+ * mismatch ...". No record of a corrupt chunk is ever returned, unless skip_corrupt. */
+
+typedef struct pb_loader pb_loader; /* an open loader */
+
+#define PB_PARTITION_STATIC 0  /* fixed disjoint shares, equal batch counts on every rank */
+#define PB_PARTITION_DYNAMIC 1 /* ranks claim tasks through the group's store on demand */
+
+/* Open a loader over `nfiles` files (paths, read in this order; every rank must pass the
+ * same list) and store its handle in *out.
+ *   group        the process group whose rank and size split the data, or NULL for a
+ *                single process reading everything (rank 0 of 1).
+ *   batch_size   records per batch, >= 1.
+ *   partition    PB_PARTITION_STATIC: DistributedSampler semantics; every rank gets the
+ *                same number of batches (drop_last drops the tail, else the last rank's
+ *                share is padded by wrapping around). PB_PARTITION_DYNAMIC: a faster rank
+ *                reads more; every record is read exactly once per epoch; drop_last drops
+ *                each rank's final partial batch.
+ *   shuffle      1: shuffle the task order with the same permutation on every rank, from
+ *                seed and the epoch; 0: file order.
+ *   skip_corrupt 1: skip corrupt chunks and count them (pb_loader_corrupt_chunks) instead
+ *                of failing; 0: fail with PB_ERR_CORRUPT.
+ * The files' chunk headers are scanned here: a missing file gives PB_ERR_IO and a corrupt
+ * header PB_ERR_CORRUPT, before any batch is read. The `files` array and its strings are
+ * read during the call only. Errors: PB_ERR_INVALID_ARGUMENT for bad values or a dataset
+ * without records; PB_ERR_CLOSED for a finalized group. */
+int pb_loader_open(pb_group *group, const char *const *files, int32_t nfiles, int64_t batch_size,
+                   int32_t partition, int32_t shuffle, int64_t seed, int32_t drop_last,
+                   int32_t skip_corrupt, pb_loader **out);
+
+/* Read the next batch of the current pass (epoch). On PB_OK, *has_batch is 1 and *data,
+ * *offsets (*count + 1 entries, offsets[0] == 0) and *count describe the batch, or
+ * *has_batch is 0 (and *count 0) when the pass has ended; the call after that starts the
+ * next pass (call pb_loader_set_epoch before it). The memory belongs to the loader and is
+ * read-only; it stays valid until the next pb_loader_next or pb_loader_close on this
+ * loader: copy what must live longer. After an error the pass ends and the next call
+ * starts a new one. A batch holds 1 to batch_size records: the last one of a pass may be
+ * short, and with skip_corrupt so may those that lost a skipped chunk's records. Under
+ * PB_PARTITION_DYNAMIC every rank must call until the end of each pass. */
+int pb_loader_next(pb_loader *loader, const uint8_t **data, const int64_t **offsets,
+                   int64_t *count, int32_t *has_batch);
+
+/* Set the epoch (>= 0) of the next pass: it changes the shuffle and keys the dynamic
+ * partition's counters. Takes effect when the next pass starts. */
+int pb_loader_set_epoch(pb_loader *loader, int64_t epoch);
+
+/* Batches per pass on this rank: the same on every rank under PB_PARTITION_STATIC;
+ * -1 under PB_PARTITION_DYNAMIC, where it depends on timing. */
+int pb_loader_num_batches(pb_loader *loader, int64_t *out);
+
+/* Records in the whole dataset (all files, all ranks). */
+int pb_loader_num_records(pb_loader *loader, int64_t *out);
+
+/* Corrupt chunks skipped so far (with skip_corrupt), over all files. */
+int pb_loader_corrupt_chunks(pb_loader *loader, int64_t *out);
+
+/* Stop prefetching, close the files and invalidate the last batch's pointers. Later
+ * calls on the handle return PB_ERR_CLOSED; a second pb_loader_close is a no-op (PB_OK).
+ *
+ * Threads: a loader may be used from one thread at a time (pb_loader_next from another
+ * thread would invalidate the pointers the first one holds); different loaders are
+ * independent. */
+int pb_loader_close(pb_loader *loader);
+
+/* ---- Gradient reducer ------------------------------------------------------------ */
+/* Bucketed, hook-driven gradient allreduce for programs that compute gradients
+ * themselves. The library owns one flat buffer per bucket; each parameter's gradient
+ * is a writable view into it. An iteration is:
+ *
+ *     for each gradient i, as the backward pass produces it:
+ *         write it into the view of pb_reducer_grad(r, i)    (no copy into a bucket)
+ *         pb_reducer_mark_ready(r, i)    the hook: once every gradient of i's bucket is
+ *                                        marked, that bucket's allreduce starts, async
+ *     pb_reducer_wait(r, timeout)        the views now hold the averaged (or summed)
+ *                                        gradients; step the optimizer with them
+ *
+ * Gradients may be marked in any order; buckets are sent in bucket order on every rank,
+ * so the collectives match across ranks. Every rank must mark the same gradients and
+ * call pb_reducer_wait the same number of times. After the first pb_reducer_wait the
+ * buckets are rebuilt once in the order gradients became ready on rank 0 (unless
+ * PB_REDUCER_NO_REBUILD): the views then move and the generation counter goes up.
+ *
+ * Threads: the functions may be called from any thread. A reducer's state is guarded
+ * by a lock, but which iteration a pb_reducer_mark_ready belongs to is the caller's
+ * to order: do not mark gradients of the next iteration before pb_reducer_wait of the
+ * current one has returned. Do not write a gradient's view after marking it ready
+ * and before pb_reducer_wait returns (its allreduce may be reading or writing it). */
+
+typedef struct pb_reducer pb_reducer; /* buckets, views and in-flight allreduces */
+
+/* Flags for pb_reducer_new (OR them together). */
+#define PB_REDUCER_ALLOW_UNUSED 1 /* pb_reducer_wait accepts unmarked gradients and sends
+                                     what their views hold (zero them for "no gradient") */
+#define PB_REDUCER_NO_REBUILD 2   /* keep the initial bucket order (reverse parameter order) */
+
+/* Gradient compression (pb_reducer_new's `compression`): float32 buckets travel as
+ * half or bfloat16 and are decompressed in place; other dtypes travel as they are. */
+#define PB_COMPRESS_NONE 0
+#define PB_COMPRESS_FP16 1
+#define PB_COMPRESS_BF16 2
+
+/* Create a reducer over `nparams` gradients: gradient i has counts[i] elements of
+ * floating-point type dtypes[i] (PB_FLOAT32, PB_FLOAT64, PB_FLOAT16 or PB_BFLOAT16).
+ * The buckets live on the group's device (pb_device: host memory under gloo).
+ *   bucket_cap_mb  bytes per bucket, in MiB; <= 0 means 25. The first bucket is
+ *                  capped at the smaller of 1 MiB and bucket_cap_mb so that the first
+ *                  allreduce starts early.
+ *   op             PB_AVG (divide the sum by the world size) or PB_SUM.
+ *   compression    PB_COMPRESS_NONE, PB_COMPRESS_FP16 or PB_COMPRESS_BF16.
+ *   flags          0 or PB_REDUCER_* flags.
+ * The arrays are read during the call only. COLLECTIVE: every rank creates its reducers
+ * in the same order with the same counts, dtypes and options; when they differ, every
+ * rank gets PB_ERR_INVALID_ARGUMENT. Views start zeroed. Free with pb_reducer_free.
+ * Errors: PB_ERR_INVALID_ARGUMENT (NULL arrays with nparams > 0, negative counts,
+ * non-float or unknown dtypes, unknown op, compression or flags, mismatch across
+ * ranks), PB_ERR_NOT_INITIALIZED / PB_ERR_CLOSED for the group, PB_ERR_TIMEOUT. */
+int pb_reducer_new(pb_group *group, int32_t nparams, const int64_t *counts,
+                   const int32_t *dtypes, double bucket_cap_mb, int32_t op,
+                   int32_t compression, int32_t flags, pb_reducer **out);
+
+/* Describe gradient `index`'s view (0 <= index < nparams) in *out: library-owned memory
+ * the caller may write (before marking the gradient ready) and read (after
+ * pb_reducer_wait). The pointer is valid until the generation changes (see
+ * pb_reducer_generation) or the reducer is freed; memory of an older generation stays
+ * allocated until pb_reducer_free, so a stale pointer is never a dangling one, but
+ * what is written there is no longer reduced. */
+int pb_reducer_grad(pb_reducer *reducer, int32_t index, pb_tensor *out);
+
+/* Describe all gradients' views at once: out has room for n descriptors, n == nparams. */
+int pb_reducer_grads(pb_reducer *reducer, int32_t n, pb_tensor *out);
+
+/* The layout generation in *out: 0 at creation, +1 when pb_reducer_wait rebuilt the
+ * buckets (at most once). When it changes, fetch the views again; the gradient values
+ * were carried over. */
+int pb_reducer_generation(pb_reducer *reducer, int64_t *out);
+
+/* Gradient `index` is written for this iteration: the hook. When it completes its
+ * bucket (and every earlier bucket has started), the bucket's allreduce starts and
+ * the call returns without waiting for it.
+ * Errors: PB_ERR_INVALID_ARGUMENT for an index out of range or a gradient already
+ * marked in this iteration (or a freed reducer handle). */
+int pb_reducer_mark_ready(pb_reducer *reducer, int32_t index);
+
+/* Wait for every bucket's allreduce of this iteration; on PB_OK the views hold the
+ * reduced gradients and the next pb_reducer_mark_ready starts a new iteration.
+ * timeout_seconds <= 0 waits up to the group's timeout.
+ * Errors: PB_ERR_INVALID_ARGUMENT when gradients were not marked (the message lists
+ * them as #index; the iteration is abandoned and the next one starts); PB_ERR_TIMEOUT
+ * or PB_ERR_COMM when the reduction fails. */
+int pb_reducer_wait(pb_reducer *reducer, double timeout_seconds);
+
+/* Set every gradient view to zero (for callers that accumulate into the views). */
+int pb_reducer_zero(pb_reducer *reducer);
+
+/* Release the reducer and its buckets. Pointers from pb_reducer_grad must not be used
+ * afterwards. Waits for nothing: call pb_reducer_wait first if buckets are in flight. */
+int pb_reducer_free(pb_reducer *reducer);
+
+/* Copy `n` tensors from rank `root` to every rank, in place (e.g. initial parameters),
+ * coalesced into a few broadcasts per dtype. Synchronous: `tensors` (an array of n
+ * descriptors) and their memory are used during the call only. COLLECTIVE: every rank
+ * passes the same counts and dtypes in the same order. */
+int pb_broadcast_params(pb_group *group, int32_t n, const pb_tensor *tensors, int32_t root);
+
 #ifdef __cplusplus
 }
 #endif

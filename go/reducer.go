@@ -1,0 +1,395 @@
+package pybridge
+
+/*
+#include "pbgo_reducer.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// Float is the set of element types a gradient may have.
+type Float interface {
+	~float32 | ~float64 | Float16 | BFloat16
+}
+
+// DType is the element type of a reducer parameter (the PB_FLOAT32 ...
+// PB_BFLOAT16 codes of pybridge.h).
+type DType int32
+
+// Gradient element types.
+const (
+	DTypeFloat32  DType = dtFloat32
+	DTypeFloat64  DType = dtFloat64
+	DTypeFloat16  DType = dtFloat16
+	DTypeBFloat16 DType = dtBFloat16
+)
+
+func (d DType) String() string {
+	switch d {
+	case DTypeFloat32:
+		return "float32"
+	case DTypeFloat64:
+		return "float64"
+	case DTypeFloat16:
+		return "float16"
+	case DTypeBFloat16:
+		return "bfloat16"
+	}
+	return "DType(" + strconv.Itoa(int(d)) + ")"
+}
+
+// DTypeOf returns the DType of T.
+func DTypeOf[T Float]() DType { return DType(dtypeOf[T]()) }
+
+// ParamSpec describes one parameter's gradient: Len elements of type DType.
+type ParamSpec struct {
+	Len   int
+	DType DType
+}
+
+// Params returns specs for parameters of element type T with the given lengths.
+func Params[T Float](lens ...int) []ParamSpec {
+	specs := make([]ParamSpec, len(lens))
+	for i, n := range lens {
+		specs[i] = ParamSpec{Len: n, DType: DTypeOf[T]()}
+	}
+	return specs
+}
+
+// Compression is the wire format of float32 gradient buckets.
+type Compression int32
+
+// Gradient compression (PB_COMPRESS_* of pybridge.h). Only float32 buckets
+// are compressed; they are decompressed in place after the allreduce.
+const (
+	NoCompression Compression = 0
+	CompressFP16  Compression = 1
+	CompressBF16  Compression = 2
+)
+
+type reducerConfig struct {
+	capMB       float64
+	op          Op
+	compression Compression
+	flags       int32
+}
+
+// ReducerOption configures NewReducer.
+type ReducerOption func(*reducerConfig)
+
+// WithBucketCapMB sets the bucket size in MiB (default 25). The first bucket is
+// capped at the smaller of 1 MiB and this, so the first allreduce starts early.
+func WithBucketCapMB(mb float64) ReducerOption { return func(c *reducerConfig) { c.capMB = mb } }
+
+// WithReduceOp chooses Avg (the default: gradients are averaged over ranks) or Sum.
+func WithReduceOp(op Op) ReducerOption { return func(c *reducerConfig) { c.op = op } }
+
+// WithCompression sends float32 buckets as half or bfloat16.
+func WithCompression(comp Compression) ReducerOption {
+	return func(c *reducerConfig) { c.compression = comp }
+}
+
+// WithAllowUnused lets Wait succeed when some gradients were not marked ready:
+// they are reduced with whatever their views hold (Zero them for "no gradient").
+func WithAllowUnused() ReducerOption { return func(c *reducerConfig) { c.flags |= 1 } }
+
+// WithoutRebuild keeps the initial bucket layout (reverse parameter order)
+// instead of rebuilding it once in the order gradients became ready.
+func WithoutRebuild() ReducerOption { return func(c *reducerConfig) { c.flags |= 2 } }
+
+// Reducer averages (or sums) gradients over all ranks, bucket by bucket, while
+// the program's backward pass is still running. The library owns the gradient
+// memory: Grad returns a slice over it. An iteration is
+//
+//	for each parameter i, in the order backward produces its gradient:
+//		g, _ := r.Grad(i)   // write the gradient into g
+//		r.MarkReady(i)      // the bucket's allreduce starts once it is complete
+//	r.Wait(0)               // the Grad slices now hold the averaged gradients
+//
+// Every rank must mark the same gradients (in any order) and call Wait the same
+// number of times. After the first Wait the buckets are rebuilt once, in the
+// order gradients became ready on rank 0, and slices obtained before it no
+// longer take part: call Grad again after Wait rather than keeping slices
+// across iterations (Grad itself is cheap and never calls into the library).
+//
+// The methods may be called from any goroutine. Marks of one iteration may come
+// from several goroutines, but the program must not mark gradients of the next
+// iteration before Wait has returned, nor write a gradient between marking it
+// and Wait.
+type Reducer struct {
+	mu    sync.RWMutex
+	h     *C.pb_reducer
+	specs []ParamSpec
+	views []unsafe.Pointer // library memory of each gradient, for the current generation
+	gen   int64
+}
+
+// NewReducer creates a reducer over gradients described by params. The
+// buckets live in host memory, so the group must use the gloo backend.
+//
+// It is a collective: every rank creates its reducers in the same order with the
+// same params and options; when they differ, every rank gets ErrInvalidArgument.
+func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, error) {
+	const op = "NewReducer"
+	gh, err := g.handle(op)
+	if err != nil {
+		return nil, err
+	}
+	c := reducerConfig{op: Avg}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	n, err := toInt32(op, "parameter count", len(params))
+	if err != nil {
+		return nil, err
+	}
+	counts := make([]C.int64_t, len(params))
+	dtypes := make([]C.int32_t, len(params))
+	for i, p := range params {
+		if p.Len < 0 {
+			return nil, newError(statusInvalidArgument, op, "parameter %d: negative length %d", i, p.Len)
+		}
+		counts[i], dtypes[i] = C.int64_t(p.Len), C.int32_t(p.DType)
+	}
+	var pc *C.int64_t
+	var pd *C.int32_t
+	if len(params) > 0 {
+		pc, pd = &counts[0], &dtypes[0]
+	}
+	var h *C.pb_reducer
+	var msg *C.char
+	st := C.pbgo_reducer_new(gh, n, pc, pd, C.double(c.capMB), C.int32_t(c.op),
+		C.int32_t(c.compression), C.int32_t(c.flags), &h, &msg)
+	if err := check(op, st, msg); err != nil {
+		return nil, err
+	}
+	r := &Reducer{h: h, specs: append([]ParamSpec(nil), params...), gen: -1}
+	if err := r.refresh(op); err != nil {
+		C.pbgo_reducer_free(h, nil)
+		return nil, err
+	}
+	return r, nil
+}
+
+// refresh fetches every view's address; r.mu is held for writing (or r is new).
+func (r *Reducer) refresh(op string) error {
+	n := len(r.specs)
+	if n == 0 {
+		r.gen = 0
+		return nil
+	}
+	descs := (*C.pb_tensor)(C.malloc(C.size_t(n) * C.size_t(unsafe.Sizeof(C.pb_tensor{}))))
+	if descs == nil {
+		return newError(statusInternal, op, "out of memory")
+	}
+	defer C.free(unsafe.Pointer(descs))
+	var gen C.int64_t
+	var msg *C.char
+	if err := check(op, C.pbgo_reducer_views(r.h, C.int32_t(n), descs, &gen, &msg), msg); err != nil {
+		return err
+	}
+	views := make([]unsafe.Pointer, n)
+	for i, d := range unsafe.Slice(descs, n) {
+		if int(d.device) != CPU {
+			return newError(statusInvalidArgument, op, "gradient buckets are on CUDA device %d; "+
+				"Go slices need host memory (use the gloo backend)", int(d.device))
+		}
+		if int(d.count) != r.specs[i].Len || DType(d.dtype) != r.specs[i].DType {
+			return newError(statusInternal, op, "library describes gradient %d as %d x %v, want %d x %v",
+				i, int(d.count), DType(d.dtype), r.specs[i].Len, r.specs[i].DType)
+		}
+		views[i] = d.data
+	}
+	r.views, r.gen = views, int64(gen)
+	return nil
+}
+
+// rhandle returns the C handle while holding r.mu for reading; the caller must
+// RUnlock when it returns no error. A closed reducer's handle is never passed on.
+func (r *Reducer) rhandle(op string) (*C.pb_reducer, error) {
+	if r == nil {
+		return nil, newError(statusInvalidArgument, op, "nil *Reducer")
+	}
+	r.mu.RLock()
+	if r.h == nil {
+		r.mu.RUnlock()
+		return nil, newError(statusClosed, op, "reducer is closed")
+	}
+	return r.h, nil
+}
+
+// NumParams returns the number of gradients.
+func (r *Reducer) NumParams() int {
+	if r == nil {
+		return 0
+	}
+	return len(r.specs)
+}
+
+// Generation counts the bucket layouts: 0 at creation, 1 after the rebuild
+// that follows the first Wait (unless WithoutRebuild). Slices from Grad are
+// tied to the generation in which they were obtained.
+func (r *Reducer) Generation() int64 {
+	if r == nil {
+		return 0
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.gen
+}
+
+// Grad returns gradient i of a float32 parameter as a slice over library
+// memory; see GradAs.
+func (r *Reducer) Grad(i int) ([]float32, error) { return GradAs[float32](r, i) }
+
+// GradAs returns gradient i as a slice over library memory, of element type T,
+// which must match the parameter's DType. Write the gradient into it before
+// MarkReady(i); read the reduced gradient from it after Wait. The slice is
+// valid until the generation changes or the reducer is closed.
+func GradAs[T Float](r *Reducer, i int) ([]T, error) {
+	const op = "Reducer.Grad"
+	if _, err := r.rhandle(op); err != nil {
+		return nil, err
+	}
+	defer r.mu.RUnlock()
+	if i < 0 || i >= len(r.specs) {
+		return nil, newError(statusInvalidArgument, op, "gradient index %d is out of range for %d parameters", i, len(r.specs))
+	}
+	s := r.specs[i]
+	if want := DTypeOf[T](); s.DType != want {
+		return nil, newError(statusInvalidArgument, op, "gradient %d is %v, not %v", i, s.DType, want)
+	}
+	if s.Len == 0 {
+		return []T{}, nil
+	}
+	return unsafe.Slice((*T)(r.views[i]), s.Len), nil
+}
+
+// MarkReady reports that gradient i of this iteration is written. When that
+// completes its bucket, the bucket's allreduce starts; MarkReady does not wait
+// for it. Marking a gradient twice in one iteration is ErrInvalidArgument.
+func (r *Reducer) MarkReady(i int) error {
+	const op = "Reducer.MarkReady"
+	h, err := r.rhandle(op)
+	if err != nil {
+		return err
+	}
+	defer r.mu.RUnlock()
+	idx, err := toInt32(op, "index", i)
+	if err != nil {
+		return err
+	}
+	var msg *C.char
+	return check(op, C.pbgo_reducer_mark_ready(h, idx, &msg), msg)
+}
+
+// Wait blocks until every bucket of this iteration is reduced; then the
+// gradients (fetch them with Grad) hold the average (or sum) over ranks. A
+// timeout of zero or less waits up to the group's timeout.
+//
+// Gradients not marked ready make Wait fail with ErrInvalidArgument naming
+// them (#index) unless the reducer was created WithAllowUnused; the iteration
+// is then abandoned and the next MarkReady starts a new one. A failed
+// reduction returns ErrTimeout or ErrComm.
+func (r *Reducer) Wait(timeout time.Duration) error {
+	const op = "Reducer.Wait"
+	if r == nil {
+		return newError(statusInvalidArgument, op, "nil *Reducer")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.h == nil {
+		return newError(statusClosed, op, "reducer is closed")
+	}
+	secs := 0.0
+	if timeout > 0 {
+		secs = timeout.Seconds()
+	}
+	var gen C.int64_t
+	var msg *C.char
+	err := check(op, C.pbgo_reducer_wait(r.h, C.double(secs), &gen, &msg), msg)
+	if int64(gen) != r.gen {
+		if rerr := r.refresh(op); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	return err
+}
+
+// Zero sets every gradient to zero.
+func (r *Reducer) Zero() error {
+	const op = "Reducer.Zero"
+	h, err := r.rhandle(op)
+	if err != nil {
+		return err
+	}
+	defer r.mu.RUnlock()
+	var msg *C.char
+	return check(op, C.pbgo_reducer_zero(h, &msg), msg)
+}
+
+// Close releases the reducer and its gradient memory; slices from Grad must
+// not be used afterwards. Closing again returns nil.
+func (r *Reducer) Close() error {
+	const op = "Reducer.Close"
+	if r == nil {
+		return newError(statusInvalidArgument, op, "nil *Reducer")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.h == nil {
+		return nil
+	}
+	h := r.h
+	r.h, r.views = nil, nil
+	var msg *C.char
+	return check(op, C.pbgo_reducer_free(h, &msg), msg)
+}
+
+// BroadcastParams copies every slice of params from rank root to all ranks, in
+// place, coalesced into a few broadcasts: use it to start all ranks from rank
+// 0's initial weights. Every rank passes slices of the same lengths.
+//
+// All ranks must call collectives in the same order; when several goroutines
+// call them, the program must impose that order.
+func BroadcastParams[T Numeric](g *Group, params [][]T, root int) error {
+	const name = "BroadcastParams"
+	h, err := g.handle(name)
+	if err != nil {
+		return err
+	}
+	rt, err := toInt32(name, "root", root)
+	if err != nil {
+		return err
+	}
+	n, err := toInt32(name, "parameter count", len(params))
+	if err != nil {
+		return err
+	}
+	// The descriptors hold Go pointers, so the memory they point to is pinned for
+	// the call, as cgo requires of Go memory that contains Go pointers.
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	descs := make([]C.pb_tensor, len(params))
+	for i, p := range params {
+		data, count := dataOf(p)
+		if data != nil {
+			pin.Pin(data)
+		}
+		descs[i] = C.pb_tensor{data: data, count: count, dtype: dtypeOf[T](), device: CPU}
+	}
+	var pd *C.pb_tensor
+	if len(descs) > 0 {
+		pd = &descs[0]
+	}
+	var msg *C.char
+	return check(name, C.pbgo_broadcast_params(h, n, pd, rt, &msg), msg)
+}

@@ -1,0 +1,119 @@
+"""C ABI functions for the gradient reducer (pybridge.reducer) and parameter broadcast.
+
+Conversion only: the bucketing, hooks and reduction live in pybridge/reducer.py.
+"""
+
+from .. import capi, dtypes
+from .. import reducer as _reducer
+from ..buffers import CPU
+from ..errors import InvalidArgument
+from . import handles, live_group, put, tensor
+
+ALLOW_UNUSED, NO_REBUILD = 1, 2  # PB_REDUCER_* flags of pybridge.h
+
+
+class CReducer:
+    """A Reducer plus the bucket memory of superseded layouts: C callers hold raw pointers
+    into the buckets, so memory they may still point at is kept until pb_reducer_free
+    (the buckets are rebuilt at most once, so this is bounded by one extra copy)."""
+
+    def __init__(self, reducer):
+        self.reducer = reducer
+        self.retired = []
+
+
+def _get(ptr):
+    return handles.get(ptr, CReducer, "reducer")
+
+
+def _describe(out, view):
+    out.data = capi.ffi.cast("void *", view.data_ptr())
+    out.count = view.numel()
+    out.dtype = dtypes.code(view.dtype)
+    out.device = view.device.index if view.device.type == "cuda" else CPU
+
+
+def pb_reducer_new(group, nparams, counts, dtype_codes, bucket_cap_mb, op, compression, flags, out):
+    ffi = capi.ffi
+    g = live_group(group)
+    if out == ffi.NULL:
+        raise InvalidArgument("out (the pointer to store the reducer handle in) is NULL")
+    if nparams < 0:
+        raise InvalidArgument(f"nparams must be >= 0, got {nparams}")
+    if nparams and (counts == ffi.NULL or dtype_codes == ffi.NULL):
+        raise InvalidArgument(f"{'counts' if counts == ffi.NULL else 'dtypes'} is NULL "
+                              f"with nparams = {nparams}")
+    if flags & ~(ALLOW_UNUSED | NO_REBUILD):
+        raise InvalidArgument(f"unknown reducer flags 0x{flags:x}; valid: PB_REDUCER_ALLOW_UNUSED (1), "
+                              "PB_REDUCER_NO_REBUILD (2)")
+    specs = []
+    for i in range(nparams):
+        n = int(counts[i])
+        if n < 0:
+            raise InvalidArgument(f"counts[{i}] is negative ({n})")
+        specs.append((n, int(dtype_codes[i])))
+    cap = bucket_cap_mb if bucket_cap_mb > 0 else _reducer.DEFAULT_BUCKET_CAP_MB
+    r = _reducer.Reducer(specs, group=g, bucket_cap_mb=cap,
+                         first_bucket_cap_mb=min(cap, _reducer.DEFAULT_FIRST_BUCKET_CAP_MB),
+                         op=op, compression=compression, rebuild=not flags & NO_REBUILD,
+                         allow_unused=bool(flags & ALLOW_UNUSED))
+    handles.add(CReducer(r), "pb_reducer *", out)
+
+
+def pb_reducer_grad(reducer, index, out):
+    view = _get(reducer).reducer.grad(index)
+    if out == capi.ffi.NULL:
+        raise InvalidArgument("out descriptor is NULL")
+    _describe(out, view)
+
+
+def pb_reducer_grads(reducer, n, out):
+    r = _get(reducer).reducer
+    views = r.grads()
+    if n != len(views):
+        raise InvalidArgument(f"n is {n} but the reducer has {len(views)} gradients")
+    if n and out == capi.ffi.NULL:
+        raise InvalidArgument("out (the descriptor array) is NULL")
+    for i, view in enumerate(views):
+        _describe(out + i, view)
+
+
+def pb_reducer_generation(reducer, out):
+    r = _get(reducer).reducer
+    r.grads()  # raises Closed for a closed reducer
+    put(out, r.generation)
+
+
+def pb_reducer_mark_ready(reducer, index):
+    _get(reducer).reducer.mark_ready(index)
+
+
+def pb_reducer_wait(reducer, timeout):
+    c = _get(reducer)
+    r = c.reducer
+    before, flats = r.generation, [b.flat for b in r.buckets]
+    try:
+        r.finalize(timeout if timeout > 0 else None)
+    finally:
+        if r.generation != before:
+            c.retired.extend(flats)
+
+
+def pb_reducer_zero(reducer):
+    _get(reducer).reducer.zero_grad()
+
+
+def pb_reducer_free(reducer):
+    c = handles.remove(reducer, CReducer, "reducer")
+    c.reducer.close()
+    c.retired = []
+
+
+def pb_broadcast_params(group, n, tensors, root):
+    g = live_group(group)
+    if n < 0:
+        raise InvalidArgument(f"n must be >= 0, got {n}")
+    if n and tensors == capi.ffi.NULL:
+        raise InvalidArgument(f"tensors is NULL with n = {n}")
+    ts = [tensor(tensors + i, f"tensors[{i}]") for i in range(n)]
+    _reducer.broadcast_parameters(ts, root, group=g)

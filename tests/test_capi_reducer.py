@@ -1,0 +1,210 @@
+"""The gradient reducer through the C ABI (cffi ABI mode on real ranks): reduction results
+against an independent computation, the rebuild and generation counter, compression,
+parameter broadcast, and every misuse status."""
+
+import os
+
+import numpy as np
+import pytest
+
+from capi_loader import LIB_PATH, load
+from ranks import run_ranks
+
+pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
+
+
+def _init(ffi, lib, timeout=30.0):
+    gp = ffi.new("pb_group **")
+    rc = lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, timeout, gp)
+    assert rc == 0, ffi.string(lib.pb_last_error())
+    return gp[0]
+
+
+def _err(ffi, lib):
+    return ffi.string(lib.pb_last_error()).decode()
+
+
+def _new(ffi, lib, g, counts, dts=None, cap=0.0, op=None, comp=0, flags=0):
+    dts = dts if dts is not None else [lib.PB_FLOAT32] * len(counts)
+    rp = ffi.new("pb_reducer **")
+    rc = lib.pb_reducer_new(g, len(counts), ffi.new("int64_t[]", counts), ffi.new("int32_t[]", dts),
+                            cap, lib.PB_AVG if op is None else op, comp, flags, rp)
+    assert rc == 0, _err(ffi, lib)
+    return rp[0]
+
+
+def _view(ffi, lib, r, i):
+    """numpy array over gradient i's library-owned memory (float32 only)."""
+    d = ffi.new("pb_tensor *")
+    assert lib.pb_reducer_grad(r, i, d) == 0, _err(ffi, lib)
+    assert d.dtype == lib.PB_FLOAT32 and d.device == lib.PB_CPU
+    return np.frombuffer(ffi.buffer(d.data, 4 * d.count), dtype=np.float32), int(ffi.cast("uintptr_t", d.data))
+
+
+def _generation(ffi, lib, r):
+    out = ffi.new("int64_t *")
+    assert lib.pb_reducer_generation(r, out) == 0, _err(ffi, lib)
+    return out[0]
+
+
+def grad_value(rank, i, k, step):
+    return float((rank + 1) * (i + 1) + k * 0.5 + step)
+
+
+def reduce_ranks(rank, world):
+    ffi, lib = load()
+    g = _init(ffi, lib)
+    counts = [3, 5, 1, 4, 0, 6]
+    # A tiny cap: one bucket per gradient, so marking order decides the rebuilt layout.
+    r = _new(ffi, lib, g, counts, cap=1e-6)
+    assert _generation(ffi, lib, r) == 0
+    order = [2, 0, 5, 3, 1, 4]  # not the parameter order, nor its reverse
+    old_ptrs = {}
+    for step in range(3):
+        for i in order:
+            view, ptr = _view(ffi, lib, r, i)
+            old_ptrs.setdefault(step, {})[i] = ptr
+            view[:] = [grad_value(rank, i, k, step) for k in range(counts[i])]
+            assert lib.pb_reducer_mark_ready(r, i) == 0, _err(ffi, lib)
+        assert lib.pb_reducer_wait(r, 20.0) == 0, _err(ffi, lib)
+        for i, n in enumerate(counts):
+            view, _ = _view(ffi, lib, r, i)
+            want = [np.mean([grad_value(q, i, k, step) for q in range(world)]) for k in range(n)]
+            np.testing.assert_allclose(view, want, rtol=1e-6)
+        if step == 0:
+            # Rebuilt in marking order: views moved, the generation says so.
+            assert _generation(ffi, lib, r) == 1
+    assert _generation(ffi, lib, r) == 1
+    assert old_ptrs[1] == old_ptrs[2]
+    assert any(old_ptrs[0][i] != old_ptrs[1][i] for i in order if counts[i])
+    # All descriptors at once agree with one at a time.
+    descs = ffi.new("pb_tensor[]", len(counts))
+    assert lib.pb_reducer_grads(r, len(counts), descs) == 0, _err(ffi, lib)
+    for i in range(len(counts)):
+        assert int(ffi.cast("uintptr_t", descs[i].data)) == _view(ffi, lib, r, i)[1]
+        assert descs[i].count == counts[i]
+    # zero
+    assert lib.pb_reducer_zero(r) == 0
+    assert all(not _view(ffi, lib, r, i)[0].any() for i in range(len(counts)))
+    assert lib.pb_reducer_free(r) == 0
+
+    # PB_SUM, no rebuild, float64 + float32 mixed, one bucket (default cap).
+    r = _new(ffi, lib, g, [2, 3], dts=[lib.PB_FLOAT64, lib.PB_FLOAT32], op=lib.PB_SUM,
+             flags=lib.PB_REDUCER_NO_REBUILD)
+    d = ffi.new("pb_tensor *")
+    assert lib.pb_reducer_grad(r, 0, d) == 0 and d.dtype == lib.PB_FLOAT64 and d.count == 2
+    g64 = np.frombuffer(ffi.buffer(d.data, 16), dtype=np.float64)
+    g64[:] = [rank, 2 * rank]
+    g32, _ = _view(ffi, lib, r, 1)
+    g32[:] = 1.5
+    for i in (1, 0):
+        assert lib.pb_reducer_mark_ready(r, i) == 0
+    assert lib.pb_reducer_wait(r, 0) == 0, _err(ffi, lib)  # 0: the group's timeout
+    total = sum(range(world))
+    assert g64.tolist() == [total, 2 * total] and g32.tolist() == [1.5 * world] * 3
+    assert _generation(ffi, lib, r) == 0
+    assert lib.pb_reducer_free(r) == 0
+
+    # fp16 compression: close to the exact mean (half precision: ~1e-3 relative).
+    r = _new(ffi, lib, g, [1000], comp=lib.PB_COMPRESS_FP16)
+    v, _ = _view(ffi, lib, r, 0)
+    exact = np.mean([np.sin(np.arange(1000) * (q + 1)) for q in range(world)], axis=0)
+    v[:] = np.sin(np.arange(1000) * (rank + 1))
+    assert lib.pb_reducer_mark_ready(r, 0) == 0 and lib.pb_reducer_wait(r, 20.0) == 0
+    np.testing.assert_allclose(v, exact, atol=2e-3)
+    assert not np.allclose(v, np.sin(np.arange(1000) * (rank + 1)))
+    assert lib.pb_reducer_free(r) == 0
+
+    # Broadcast of initial parameters from the last rank, two dtypes.
+    w = np.full(7, rank, dtype=np.float32)
+    b = np.full(3, rank * 10, dtype=np.int64)
+    ts = ffi.new("pb_tensor[]", 2)
+    for t, arr, code in ((ts[0], w, lib.PB_FLOAT32), (ts[1], b, lib.PB_INT64)):
+        t.data, t.count, t.dtype, t.device = ffi.cast("void *", arr.ctypes.data), arr.size, code, lib.PB_CPU
+    assert lib.pb_broadcast_params(g, 2, ts, world - 1) == 0, _err(ffi, lib)
+    assert w.tolist() == [world - 1] * 7 and b.tolist() == [(world - 1) * 10] * 3
+    assert lib.pb_finalize(g) == 0
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_reduction_through_the_c_abi(world):
+    assert run_ranks(reduce_ranks, world, timeout=90) == ["ok"] * world
+
+
+def misuse(rank, world):
+    ffi, lib = load()
+    INVALID, NOT_INIT, CLOSED = lib.PB_ERR_INVALID_ARGUMENT, lib.PB_ERR_NOT_INITIALIZED, lib.PB_ERR_CLOSED
+    rp = ffi.new("pb_reducer **")
+    counts, dts = ffi.new("int64_t[]", [4, 2, 3]), ffi.new("int32_t[]", [lib.PB_FLOAT32] * 3)
+    results = {}
+
+    def check(name, rc, want, text=None):
+        msg = _err(ffi, lib)
+        assert rc == want, f"{name}: rc {rc}, want {want}: {msg}"
+        if text is not None:
+            assert text in msg, f"{name}: {msg!r} lacks {text!r}"
+        results[name] = msg
+
+    check("new before init", lib.pb_reducer_new(ffi.NULL, 3, counts, dts, 0, lib.PB_AVG, 0, 0, rp), NOT_INIT)
+    g = _init(ffi, lib)
+    new = lambda n=3, c=counts, d=dts, op=lib.PB_AVG, comp=0, flags=0, out=rp: lib.pb_reducer_new(
+        g, n, c, d, 0.0, op, comp, flags, out)
+    check("NULL out", new(out=ffi.NULL), INVALID, "NULL")
+    check("NULL counts", new(c=ffi.NULL), INVALID, "counts is NULL")
+    check("NULL dtypes", new(d=ffi.NULL), INVALID, "dtypes is NULL")
+    check("negative nparams", new(n=-1), INVALID, "nparams")
+    check("negative count", new(c=ffi.new("int64_t[]", [4, -2, 3])), INVALID, "counts[1]")
+    check("int dtype", new(d=ffi.new("int32_t[]", [lib.PB_FLOAT32, lib.PB_INT32, lib.PB_FLOAT32])),
+          INVALID, "floating point")
+    check("unknown dtype", new(d=ffi.new("int32_t[]", [0, 99, 0])), INVALID, "99")
+    check("op MAX", new(op=lib.PB_MAX), INVALID, "op")
+    check("unknown compression", new(comp=7), INVALID, "compression")
+    check("unknown flags", new(flags=8), INVALID, "flags")
+    check("NULL group handle", lib.pb_reducer_new(ffi.cast("pb_group *", 12345), 3, counts, dts, 0,
+                                                  lib.PB_AVG, 0, 0, rp), INVALID, "group")
+
+    assert new() == 0, _err(ffi, lib)
+    r = rp[0]
+    d = ffi.new("pb_tensor *")
+    check("grad index too big", lib.pb_reducer_grad(r, 3, d), INVALID, "out of range")
+    check("grad index negative", lib.pb_reducer_grad(r, -1, d), INVALID, "out of range")
+    check("grad NULL out", lib.pb_reducer_grad(r, 0, ffi.NULL), INVALID, "NULL")
+    check("grads wrong n", lib.pb_reducer_grads(r, 2, ffi.new("pb_tensor[]", 2)), INVALID, "3 gradients")
+    check("grads NULL", lib.pb_reducer_grads(r, 3, ffi.NULL), INVALID, "NULL")
+    check("generation NULL", lib.pb_reducer_generation(r, ffi.NULL), INVALID, "NULL")
+    check("mark bad index", lib.pb_reducer_mark_ready(r, 5), INVALID, "out of range")
+    assert lib.pb_reducer_mark_ready(r, 1) == 0
+    check("mark twice", lib.pb_reducer_mark_ready(r, 1), INVALID, "twice")
+    # Missing gradients are listed; the iteration is abandoned on every rank alike.
+    check("wait with missing", lib.pb_reducer_wait(r, 10.0), INVALID, "#0, #2")
+    assert "pb_reducer_wait" in results["wait with missing"]
+    # A full iteration works afterwards.
+    for i in (2, 1, 0):
+        assert lib.pb_reducer_mark_ready(r, i) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_wait(r, 10.0) == 0, _err(ffi, lib)
+    check("NULL reducer", lib.pb_reducer_mark_ready(ffi.NULL, 0), INVALID, "reducer is NULL")
+    check("foreign reducer", lib.pb_reducer_wait(ffi.cast("pb_reducer *", 0xdead0), 1.0), INVALID,
+          "not a live")
+    assert lib.pb_reducer_free(r) == 0
+    check("mark after free", lib.pb_reducer_mark_ready(r, 0), INVALID, "freed")
+    check("grad after free", lib.pb_reducer_grad(r, 0, d), INVALID, "freed")
+    check("wait after free", lib.pb_reducer_wait(r, 1.0), INVALID, "freed")
+    check("zero after free", lib.pb_reducer_zero(r), INVALID, "freed")
+    check("free twice", lib.pb_reducer_free(r), INVALID, "freed")
+    check("broadcast NULL tensors", lib.pb_broadcast_params(g, 2, ffi.NULL, 0), INVALID, "NULL")
+    check("broadcast negative n", lib.pb_broadcast_params(g, -1, ffi.NULL, 0), INVALID, "n must be")
+    check("broadcast bad root", lib.pb_broadcast_params(g, 0, ffi.NULL, world), INVALID, "root")
+
+    # Shapes that differ across ranks: every rank is told, nobody hangs.
+    mine = ffi.new("int64_t[]", [4, 2 + rank, 3])
+    check("shape mismatch", lib.pb_reducer_new(g, 3, mine, dts, 0.0, lib.PB_AVG, 0, 0, rp), INVALID,
+          "differ across ranks")
+    assert lib.pb_finalize(g) == 0
+    check("new on finalized group", new(), CLOSED)
+    return sorted(results)
+
+
+def test_misuse_codes():
+    out = run_ranks(misuse, 2, timeout=90)
+    assert out[0] == out[1] and len(out[0]) > 30
