@@ -7,7 +7,8 @@ For 100-byte, 1 KiB and 100 KiB records, uncompressed and Snappy, it writes one 
           verifies checksums, as RecordIO readers do);
   reader  pybridge.recordio.Reader.batches(): checksums verified, batches assembled;
   loader  pybridge.recordio.Loader (one rank, static partition, prefetch thread);
-  go      Go through the bridge: not measured yet (the Go RecordIO wrapper comes later).
+  Go via bridge  bench/recordio_go: pybridge.OpenLoader from Go (the same loader through the
+          C ABI: one rank, static partition, prefetch thread), shown on the loader row.
 "vs plain" is t_plain / t_pybridge over the same file: the fraction of the ceiling reached.
 Targets (issue 4): uncompressed 100 KiB records >= 50% of plain; 1 KiB >= 1M records/s.
 
@@ -15,8 +16,10 @@ Targets (issue 4): uncompressed 100 KiB records >= 50% of plain; 1 KiB >= 1M rec
 """
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,13 +28,38 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import human_bytes, save, table  # noqa: E402
+from common import ROOT, human_bytes, save, table  # noqa: E402
 
 from pybridge import recordio as rio  # noqa: E402
 from pybridge.recordio import checksum  # noqa: E402
 
 CASES = [(100, 8192), (1024, 1024), (100 * 1024, 16)]  # (record bytes, records per batch)
 COMPRESSORS = ["none", "snappy"]
+GO_BIN = os.path.join(ROOT, "build", "bench_recordio_go")
+
+
+def build_go():
+    """Build bench/recordio_go; returns an error message, or None when it built."""
+    env = {**os.environ, "GOFLAGS": os.environ.get("GOFLAGS", "-mod=mod")}
+    env.setdefault("PKG_CONFIG_PATH", os.path.join(ROOT, "build"))
+    try:
+        subprocess.run(["go", "build", "-o", GO_BIN, "."], check=True, capture_output=True, text=True,
+                       cwd=os.path.join(HERE, "recordio_go"), env=env, timeout=300)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"go build failed: {getattr(exc, 'stderr', None) or exc}"
+    return None
+
+
+def go_read(path, batch, repeat):
+    """Best-of-repeat pass through the Go loader: {"seconds", "records", "bytes"}."""
+    # The embedded core must import this checkout's pybridge, whatever else is installed.
+    env = {**os.environ, "PYBRIDGE_PYTHONPATH": os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYBRIDGE_PYTHONPATH")) if p)}
+    run = subprocess.run([GO_BIN, str(repeat), str(batch), path], capture_output=True, text=True,
+                         env=env, timeout=300)
+    if run.returncode:
+        raise RuntimeError(f"{GO_BIN} failed:\n{run.stdout}{run.stderr}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def make_file(path, size, n, compressor, rng):
@@ -101,11 +129,15 @@ def main(argv=None):
     ap.add_argument("--mib", type=int, default=128, help="record data per case (MiB)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where to write the data (default: a temp dir)")
+    ap.add_argument("--no-go", action="store_true", help="skip the Go via bridge column")
     args = ap.parse_args(argv)
     work = args.dir or tempfile.mkdtemp(prefix="pybridge-bench-recordio-")
     os.makedirs(work, exist_ok=True)
     rng = np.random.default_rng(0)
     started = time.perf_counter()
+    go_error = "skipped (--no-go)" if args.no_go else build_go()
+    if go_error:
+        print(f"Go via bridge: not measured: {go_error}", file=sys.stderr)
     rows, results = [], []
     try:
         for size, batch in CASES:
@@ -118,6 +150,10 @@ def main(argv=None):
                 t_plain, got = best_time(lambda: plain_read(path), args.repeat)
                 assert got == file_bytes
                 t_crc, _ = best_time(lambda: plain_read_crc(path), args.repeat)
+                go = None
+                if not go_error:
+                    go = go_read(path, batch, args.repeat)
+                    assert go["records"] == n and go["bytes"] == n * size, go
                 variants = [("reader", lambda: reader_read(path, batch)),
                             ("loader", lambda: loader_read(path, batch))]
                 if compressor == "none" and size == CASES[-1][0]:
@@ -131,13 +167,23 @@ def main(argv=None):
                            "plain_crc_MBps": file_bytes / t_crc / 1e6,
                            "pybridge_s": t, "pybridge_MBps": data_bytes / t / 1e6,
                            "records_per_s": records / t, "vs_plain": t_plain / t,
-                           "go_bridge_MBps": None}
+                           "go_bridge_MBps": None, "go_bridge_records_per_s": None}
+                    go_cell = "-"
+                    if go is not None and how == "loader":
+                        res["go_bridge_s"] = go["seconds"]
+                        res["go_bridge_MBps"] = go["bytes"] / go["seconds"] / 1e6
+                        res["go_bridge_records_per_s"] = go["records"] / go["seconds"]
+                        res["go_bridge_vs_plain"] = t_plain / go["seconds"]
+                        go_cell = (f"{res['go_bridge_MBps']:.0f} MB/s, "
+                                   f"{res['go_bridge_records_per_s'] / 1e6:.2f}M rec/s")
+                    elif go_error and how == "loader":
+                        go_cell = "not measured"
                     results.append(res)
                     rows.append([human_bytes(size), compressor, how, batch, f"{file_bytes / 2**20:.0f}",
                                  f"{res['plain_MBps']:.0f}", f"{res['plain_crc_MBps']:.0f}",
                                  f"{res['pybridge_MBps']:.0f}",
                                  f"{res['records_per_s'] / 1e6:.2f}", f"{res['vs_plain'] * 100:.0f}%",
-                                 "not yet measured"])
+                                 go_cell])
                 os.unlink(path)
     finally:
         if args.dir is None:
@@ -170,7 +216,8 @@ def main(argv=None):
                                           "crc_backend": checksum.backend(),
                                           "chunk_bytes": rio.DEFAULT_MAX_CHUNK_BYTES},
                              "results": results, "targets": targets,
-                             "go_bridge": "not yet measured: the Go RecordIO wrapper is not built yet"})
+                             "go_bridge": go_error or ("bench/recordio_go: pybridge.OpenLoader from Go, best of "
+                                                       f"{args.repeat} passes, on the loader rows")})
     print(f"wrote {os.path.relpath(path)}")
 
 
