@@ -1,0 +1,349 @@
+// Command mnist trains a 784-128-10 MLP on MNIST RecordIO shards, data-parallel
+// over pybridge: the Go twin of train.py, with the same flags, checkpoint file
+// and output. Run it under the launcher, e.g.
+//
+//	pybridge-launch --nproc-per-node 2 ./mnist --data data/mnist --epochs 5
+//
+// Each rank reads its static share of the training shards through the RecordIO
+// loader, computes gradients in plain Go straight into the reducer's buckets
+// (last layer first, each marked ready as soon as it is complete, so its
+// allreduce overlaps the rest of the backward pass), and steps SGD with momentum.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"time"
+
+	pybridge "github.com/pybridge/pybridge/go"
+)
+
+const (
+	hidden    = 128
+	evalBatch = 256
+)
+
+type options struct {
+	data, checkpoint, initWeights, saveWeights string
+	epochs, batchSize, steps                   int
+	lr, momentum                               float64
+	seed                                       int64
+	resume                                     bool
+}
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("mnist", flag.ContinueOnError)
+	fs.StringVar(&o.data, "data", "data/mnist", "folder written by prepare.py")
+	fs.IntVar(&o.epochs, "epochs", 5, "epochs")
+	fs.IntVar(&o.batchSize, "batch-size", 64, "GLOBAL batch: records per step over all ranks, divisible by the world size")
+	fs.Float64Var(&o.lr, "lr", 0.05, "learning rate")
+	fs.Float64Var(&o.momentum, "momentum", 0.9, "SGD momentum")
+	fs.Int64Var(&o.seed, "seed", 1, "initial parameters and data order")
+	fs.StringVar(&o.checkpoint, "checkpoint", "", "rank 0 writes this file after every epoch")
+	fs.BoolVar(&o.resume, "resume", false, "continue from --checkpoint if it exists")
+	fs.IntVar(&o.steps, "steps", -1, "stop after this many global steps in all (-1: no limit)")
+	fs.StringVar(&o.initWeights, "init-weights", "", "start from these parameters (checkpoint format)")
+	fs.StringVar(&o.saveWeights, "save-weights", "", "rank 0 writes the final parameters and momentum here")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if o.epochs < 1 || o.batchSize < 1 {
+		return o, errors.New("--epochs and --batch-size must be positive")
+	}
+	if o.resume && o.checkpoint == "" {
+		return o, errors.New("--resume needs --checkpoint")
+	}
+	return o, nil
+}
+
+func main() {
+	opts, err := parseFlags(os.Args[1:])
+	if err == flag.ErrHelp {
+		return
+	}
+	if err == nil {
+		err = run(opts)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mnist:", err)
+		os.Exit(1)
+	}
+}
+
+// trainer holds one rank's state.
+type trainer struct {
+	g       *pybridge.Group
+	model   *MLP
+	opt     *SGD
+	reducer *pybridge.Reducer
+	say     func(format string, a ...any)
+}
+
+func run(opts options) error {
+	g, err := pybridge.Init(pybridge.WithBackend("gloo"))
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	rank, world := g.Rank(), g.Size()
+	say := func(format string, a ...any) {
+		if rank == 0 {
+			fmt.Printf(format+"\n", a...)
+		}
+	}
+	if opts.batchSize%world != 0 {
+		return fmt.Errorf("--batch-size %d is the global batch and must be divisible by the world size %d",
+			opts.batchSize, world)
+	}
+	perRank := opts.batchSize / world
+
+	t := &trainer{g: g, model: NewMLP(hidden, opts.seed), say: say,
+		opt: &SGD{LR: float32(opts.lr), Momentum: float32(opts.momentum)}}
+	if opts.initWeights != "" && rank == 0 {
+		ck, err := readCheckpoint(opts.initWeights)
+		if err != nil {
+			return err
+		}
+		ck.loadInto(t.model, nil)
+	}
+	epoch, step := 0, 0
+	if opts.resume {
+		if epoch, step, err = t.resume(opts.checkpoint); err != nil {
+			return err
+		}
+	}
+	// Rank 0's parameters (and momentum) are everyone's starting point.
+	if err := pybridge.BroadcastParams(g, t.model.Params(), 0); err != nil {
+		return err
+	}
+	if t.opt.bufs != nil {
+		if err := pybridge.BroadcastParams(g, t.opt.bufs, 0); err != nil {
+			return err
+		}
+	}
+	specs := pybridge.Params[float32](len(t.model.W1), len(t.model.B1), len(t.model.W2), len(t.model.B2))
+	if t.reducer, err = pybridge.NewReducer(g, specs); err != nil {
+		return err
+	}
+	defer t.reducer.Close()
+
+	trainFiles, err := shards(opts.data, "train-*.recordio")
+	if err != nil {
+		return err
+	}
+	testFiles, err := shards(opts.data, "test-*.recordio")
+	if err != nil {
+		return err
+	}
+	train, err := pybridge.OpenLoader(g, trainFiles, perRank, pybridge.WithShuffle(opts.seed), pybridge.WithDropLast())
+	if err != nil {
+		return err
+	}
+	defer train.Close()
+	test, err := pybridge.OpenLoader(g, testFiles, evalBatch)
+	if err != nil {
+		return err
+	}
+	defer test.Close()
+	stepsPerEpoch, err := train.NumBatches()
+	if err != nil {
+		return err
+	}
+	if stepsPerEpoch == 0 {
+		return fmt.Errorf("%d training records are too few for a global batch of %d", train.NumRecords(), opts.batchSize)
+	}
+	say("data: %s, train %d, test %d | %d ranks, global batch %d (%d per rank), %d steps/epoch, lr %g, momentum %g",
+		dataKind(opts.data), train.NumRecords(), test.NumRecords(), world, opts.batchSize, perRank,
+		stepsPerEpoch, opts.lr, opts.momentum)
+
+	acc := -1.0
+	for epoch < opts.epochs && (opts.steps < 0 || step < opts.steps) {
+		if err := train.SetEpoch(epoch); err != nil {
+			return err
+		}
+		var lossSum float64
+		done := 0
+		start := time.Now()
+		for train.Next() {
+			if opts.steps >= 0 && step >= opts.steps {
+				continue // finish the pass so the loader is ready for the next one
+			}
+			maybeFail(step, rank)
+			loss, err := t.step(train.Batch())
+			if err != nil {
+				return err
+			}
+			lossSum += loss
+			done++
+			step++
+		}
+		if err := train.Err(); err != nil {
+			return err
+		}
+		elapsed := time.Since(start).Seconds()
+		correct, counted, err := t.evaluate(test)
+		if err != nil {
+			return err
+		}
+		totals := []float64{lossSum, float64(done), float64(correct), float64(counted)}
+		if err := pybridge.AllReduce(g, totals, pybridge.Sum); err != nil {
+			return err
+		}
+		acc = totals[2] / max(totals[3], 1)
+		epoch++
+		if rank == 0 && opts.checkpoint != "" {
+			if err := writeCheckpoint(opts.checkpoint, epoch, step, t.model, t.opt); err != nil {
+				return err
+			}
+		}
+		say("epoch %d/%d  loss %.4f  test-acc %.4f  samples/s %.0f  (rank %d of %d)", epoch, opts.epochs,
+			totals[0]/max(totals[1], 1), acc, float64(done*opts.batchSize)/max(elapsed, 1e-9), rank, world)
+	}
+	if acc < 0 { // nothing left to train (a finished run was resumed): just evaluate
+		correct, counted, err := t.evaluate(test)
+		if err != nil {
+			return err
+		}
+		totals := []float64{float64(correct), float64(counted)}
+		if err := pybridge.AllReduce(g, totals, pybridge.Sum); err != nil {
+			return err
+		}
+		acc = totals[0] / max(totals[1], 1)
+	}
+	if rank == 0 && opts.saveWeights != "" {
+		if err := writeCheckpoint(opts.saveWeights, epoch, step, t.model, t.opt); err != nil {
+			return err
+		}
+	}
+	say("final test accuracy: %.4f", acc)
+	return nil
+}
+
+// step runs forward and backward on one batch, with the gradients written straight
+// into the reducer's buckets and each marked ready as soon as it is complete, then
+// waits for the averaged gradients and updates the parameters. It returns the loss.
+func (t *trainer) step(b *pybridge.Batch) (float64, error) {
+	x, labels, err := decodeBatch(b.Records())
+	if err != nil {
+		return 0, err
+	}
+	grads := make(Grads, 4)
+	for i := range grads {
+		if grads[i], err = t.reducer.Grad(i); err != nil {
+			return 0, err
+		}
+	}
+	act, loss, _ := t.model.forward(x, labels)
+	if err := t.model.backward(act, grads, t.reducer.MarkReady); err != nil {
+		return 0, err
+	}
+	if err := t.reducer.Wait(0); err != nil {
+		return 0, err
+	}
+	for i := range grads { // the buckets may have been rebuilt by Wait
+		if grads[i], err = t.reducer.Grad(i); err != nil {
+			return 0, err
+		}
+	}
+	t.opt.Step(t.model.Params(), grads)
+	return loss, nil
+}
+
+// evaluate counts correct predictions over this rank's share of the test set,
+// excluding the wrap-around padding the loader adds so that ranks get equal shares.
+func (t *trainer) evaluate(test *pybridge.Loader) (correct, counted int, err error) {
+	n, w, r := test.NumRecords(), t.g.Size(), t.g.Rank()
+	share := (n + w - 1) / w
+	valid := max(0, min(share, n-r*share))
+	for test.Next() {
+		if counted >= valid {
+			continue // keep reading: the pass must end cleanly
+		}
+		recs := test.Batch().Records()
+		if take := valid - counted; len(recs) > take {
+			recs = recs[:take]
+		}
+		x, labels, err := decodeBatch(recs)
+		if err != nil {
+			return 0, 0, err
+		}
+		_, _, c := t.model.forward(x, labels)
+		correct += c
+		counted += len(recs)
+	}
+	return correct, counted, test.Err()
+}
+
+// resume loads the checkpoint on rank 0 (if it exists) and tells every rank where to start.
+func (t *trainer) resume(path string) (epoch, step int, err error) {
+	state := []int64{0, 0, 0} // found, epoch, step
+	if t.g.Rank() == 0 {
+		ck, err := readCheckpoint(path)
+		switch {
+		case err == nil:
+			ck.loadInto(t.model, t.opt)
+			state = []int64{1, int64(ck.epoch), int64(ck.step)}
+		case errors.Is(err, os.ErrNotExist):
+		default:
+			return 0, 0, err
+		}
+	}
+	if err := pybridge.Broadcast(t.g, state, 0); err != nil {
+		return 0, 0, err
+	}
+	if state[0] == 1 {
+		if t.opt.bufs == nil { // other ranks: room for rank 0's momentum
+			t.opt.bufs = [][]float32{make([]float32, len(t.model.W1)), make([]float32, len(t.model.B1)),
+				make([]float32, len(t.model.W2)), make([]float32, len(t.model.B2))}
+		}
+		t.say("resumed from %s after epoch %d (step %d)", path, state[1], state[2])
+	} else {
+		t.say("no checkpoint at %s: starting from scratch", path)
+	}
+	return int(state[1]), int(state[2]), nil
+}
+
+func shards(folder, pattern string) ([]string, error) {
+	files, err := filepath.Glob(filepath.Join(folder, pattern))
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("no %s in %s: run examples/mnist/prepare.py first", pattern, folder)
+	}
+	sort.Strings(files)
+	return files, nil
+}
+
+// maybeFail lets tests kill a rank mid-epoch (same variables as train.py).
+func maybeFail(step, rank int) {
+	at, ok := os.LookupEnv("PYBRIDGE_TEST_FAIL_AT_STEP")
+	if !ok || strconv.Itoa(step) != at {
+		return
+	}
+	failRank := os.Getenv("PYBRIDGE_TEST_FAIL_RANK")
+	if failRank == "" {
+		failRank = "1"
+	}
+	if strconv.Itoa(rank) != failRank {
+		return
+	}
+	if marker := os.Getenv("PYBRIDGE_TEST_FAIL_MARKER"); marker != "" {
+		if _, err := os.Stat(marker); err == nil {
+			return
+		}
+		os.WriteFile(marker, nil, 0o644)
+	}
+	fmt.Fprintf(os.Stderr, "rank %d: failing on purpose before step %d (PYBRIDGE_TEST_FAIL_AT_STEP)\n", rank, step)
+	code := 17
+	if c, err := strconv.Atoi(os.Getenv("PYBRIDGE_TEST_FAIL_CODE")); err == nil {
+		code = c
+	}
+	os.Exit(code)
+}
