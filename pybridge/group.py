@@ -138,6 +138,10 @@ def finalize():
         group, _current = _current, None
         if group is not None:
             group.closed = True
+            # Drop our reference so destroy_process_group really frees the gloo
+            # context now: one left alive until interpreter exit can abort the
+            # process ("terminate called without an active exception").
+            group.pg = None
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()

@@ -203,7 +203,6 @@ class Reducer:
         self._rebuild_pending = bool(rebuild)
         self._world = self._group.size
         self._scale = 1.0 / self._world if self.op == AVG and self._world > 1 else None
-        self._pg = self._group.pg
         self._lock = threading.Lock()
         self._closed = False
         self.generation = 0
@@ -427,6 +426,12 @@ class Reducer:
         return f"<pybridge.Reducer {len(self.specs)} params, {state}>"
 
     # ---- internals ------------------------------------------------------------------------
+
+    @property
+    def _pg(self):
+        # Looked up on use, not kept: the group drops its ProcessGroup at finalize so
+        # that torch frees it then (see group.finalize).
+        return self._group.pg
 
     def _check_open(self):
         if self._closed:

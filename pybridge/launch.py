@@ -1,0 +1,333 @@
+"""pybridge-launch: start one process per GPU (or N CPU processes) on this node.
+
+    pybridge-launch [options] TARGET [ARGS...]
+    python -m pybridge.launch [options] TARGET [ARGS...]
+
+TARGET is a Python script (a path ending in .py, run with this interpreter), a module
+(with -m), or any executable (a Go binary, a shell script, ...; found on PATH like a shell
+would). Everything after TARGET is passed to it unchanged.
+
+This is a thin front end over torch's elastic launcher (torch.distributed.run, i.e. torchrun):
+rendezvous, multi-node, restarts and failure handling are torchrun's. pybridge adds
+  * defaults that fit pybridge: --nproc-per-node defaults to the number of GPUs, or to 2 CPU
+    processes when there is none (env PYBRIDGE_NPROC overrides the default); a single-node job
+    uses a private rendezvous on a free port (torchrun --standalone);
+  * a per-rank device: PYBRIDGE_DEVICE is "cuda:<LOCAL_RANK mod #GPUs>" on GPU machines and
+    "cpu" otherwise (with --isolate-gpus, CUDA_VISIBLE_DEVICES is set to that one GPU and
+    PYBRIDGE_DEVICE to "cuda:0");
+  * a readable failure report: when a rank fails, torchrun stops the others and this launcher
+    exits non-zero with a line naming the rank,
+        pybridge-launch: rank 1 (local rank 1, node 0) failed with exit code 3
+    followed by the last lines of that rank's stderr. The exit status is the failed rank's
+    exit code (128 + N when it was killed by signal N; 1 when unknown).
+
+Environment of every process (set by torchrun unless noted):
+  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (= node rank), MASTER_ADDR,
+  MASTER_PORT, TORCHELASTIC_RESTART_COUNT (0 on the first attempt), PYBRIDGE_DEVICE (pybridge),
+  OMP_NUM_THREADS=1 when several processes share a node and it is not already set.
+
+Output: each process's stdout goes straight to the console; stderr is also copied to the
+console with a "[rank<R>]:" prefix on each line and kept in a log file (under --log-dir, or
+a temporary folder that is removed after a successful run) so that a failure can show it.
+
+Multi-node: run one launcher per node with the same --nnodes and --rdzv-endpoint HOST:PORT
+(reachable by every node; HOST is node 0's address).
+  * with --node-rank (0 .. nnodes-1) the rendezvous is static: node 0 hosts it on PORT;
+  * without --node-rank it is torchrun's dynamic c10d rendezvous (nodes get ranks in order of
+    arrival; every launcher must use the same --rdzv-id). --master-addr/--master-port are
+    accepted as another spelling of --rdzv-endpoint.
+"""
+
+import argparse
+import glob
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+PROG = "pybridge-launch"
+DEFAULT_CPU_NPROC = 2
+STDERR_TAIL_LINES = 30
+
+# Run in every worker before its target: sets the per-rank device, then execs the target, so the
+# worker keeps torchrun's pid (signals, exit codes). Plain `python -c`: no import of pybridge or
+# torch on the way. argv: MODE TARGET ARGS...; MODE is "script", "module" or "exec".
+_WORKER_SHIM = r"""
+import os, sys
+mode, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+gpus = int(os.environ.get("PYBRIDGE_NUM_GPUS", "0"))
+if gpus > 0:
+    gpu = local_rank % gpus
+    if os.environ.get("PYBRIDGE_ISOLATE_GPUS") == "1":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [v for v in visible.split(",") if v] if visible else [str(i) for i in range(gpus)]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ids[gpu % len(ids)]
+        gpu = 0
+    os.environ["PYBRIDGE_DEVICE"] = "cuda:%d" % gpu
+else:
+    os.environ["PYBRIDGE_DEVICE"] = "cpu"
+sys.stdout.flush()
+try:
+    if mode == "script":
+        os.execv(sys.executable, [sys.executable, "-u", target] + args)
+    elif mode == "module":
+        os.execv(sys.executable, [sys.executable, "-u", "-m", target] + args)
+    else:
+        os.execvp(target, [target] + args)
+except OSError as exc:
+    sys.stderr.write("pybridge-launch: cannot run %s: %s\n" % (target, exc.strerror or exc))
+    sys.exit(127)
+"""
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog=PROG, allow_abbrev=False,
+        description="Start one process per GPU (or N CPU processes) running TARGET, over torch's "
+                    "elastic launcher (torchrun).",
+        epilog="Each process gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and "
+               "PYBRIDGE_DEVICE. See `python -c 'import pybridge.launch as l; help(l)'`.")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", default=None,
+                   help="processes on this node: an integer, 'gpu' or 'auto' (default: the number "
+                        f"of GPUs, or {DEFAULT_CPU_NPROC} without GPUs; env PYBRIDGE_NPROC)")
+    p.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX (default 1)")
+    p.add_argument("--node-rank", "--node_rank", type=int, default=None,
+                   help="this node's rank (0..nnodes-1): static rendezvous hosted by node 0")
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None,
+                   help="HOST:PORT of the rendezvous (node 0's address) for multi-node jobs")
+    p.add_argument("--master-addr", "--master_addr", default=None,
+                   help="same as the HOST of --rdzv-endpoint")
+    p.add_argument("--master-port", "--master_port", type=int, default=None,
+                   help="same as the PORT of --rdzv-endpoint")
+    p.add_argument("--rdzv-id", "--rdzv_id", default="pybridge",
+                   help="job id shared by all launchers of a dynamic (c10d) rendezvous")
+    p.add_argument("--standalone", action="store_true",
+                   help="single node, private rendezvous on a free port (the default for --nnodes 1 "
+                        "without an endpoint)")
+    p.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
+                   help="restart the whole group up to this many times after a failure (default 0)")
+    p.add_argument("--monitor-interval", type=float, default=0.1,
+                   help="seconds between checks of the processes (default 0.1)")
+    p.add_argument("--shutdown-timeout", type=int, default=10,
+                   help="seconds the other ranks get after SIGTERM before SIGKILL (default 10)")
+    p.add_argument("--log-dir", default=None,
+                   help="keep per-rank logs here (default: a temporary folder, removed on success)")
+    p.add_argument("--isolate-gpus", action="store_true",
+                   help="set CUDA_VISIBLE_DEVICES to each process's one GPU")
+    p.add_argument("-m", "--module", action="store_true", help="TARGET is a Python module")
+    p.add_argument("--no-python", action="store_true",
+                   help="run TARGET as an executable even if it ends in .py")
+    p.add_argument("target", help="a .py script, a module (-m) or an executable")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for TARGET")
+    return p
+
+
+def _gpu_count():
+    try:
+        import torch
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken CUDA setup means: no GPUs
+        return 0
+
+
+def _nproc(value, gpus):
+    value = value or os.environ.get("PYBRIDGE_NPROC") or "auto"
+    if value == "auto":
+        return gpus or DEFAULT_CPU_NPROC
+    if value == "gpu":
+        if not gpus:
+            raise SystemExit(f"{PROG}: --nproc-per-node gpu, but no GPU is available")
+        return gpus
+    try:
+        n = int(value)
+    except ValueError:
+        raise SystemExit(f"{PROG}: --nproc-per-node must be an integer, 'gpu' or 'auto', "
+                         f"got {value!r}") from None
+    if n < 1:
+        raise SystemExit(f"{PROG}: --nproc-per-node must be at least 1, got {n}")
+    return n
+
+
+def _endpoint(opts):
+    """HOST:PORT from --rdzv-endpoint or --master-addr/--master-port, or None."""
+    if opts.rdzv_endpoint:
+        if opts.master_addr or opts.master_port:
+            raise SystemExit(f"{PROG}: give --rdzv-endpoint or --master-addr/--master-port, not both")
+        host, sep, port = opts.rdzv_endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise SystemExit(f"{PROG}: --rdzv-endpoint must be HOST:PORT, got {opts.rdzv_endpoint!r}")
+        return host, int(port)
+    if opts.master_addr or opts.master_port:
+        if not opts.master_port:
+            raise SystemExit(f"{PROG}: --master-addr needs --master-port")
+        return opts.master_addr or "127.0.0.1", opts.master_port
+    return None
+
+
+def torchrun_args(opts, log_dir, gpus):
+    """The torchrun argument list equivalent to our options (worker command included), and the
+    number of processes on this node. gpus: a function returning the number of GPUs (it imports
+    torch, so it is called after the cheap checks)."""
+    max_nodes = int(str(opts.nnodes).split(":")[-1])
+    endpoint = _endpoint(opts)
+    args = ["--nnodes", str(opts.nnodes),
+            "--max-restarts", str(opts.max_restarts),
+            "--monitor-interval", str(opts.monitor_interval),
+            "--shutdown-timeout", str(opts.shutdown_timeout),
+            "--log-dir", log_dir, "--tee", "2", "--no-python"]
+    if opts.standalone or (endpoint is None and max_nodes == 1):
+        if opts.node_rank not in (None, 0):
+            raise SystemExit(f"{PROG}: --node-rank {opts.node_rank} needs a multi-node job "
+                             "(--nnodes and --rdzv-endpoint)")
+        args.append("--standalone")
+    elif endpoint is None:
+        raise SystemExit(f"{PROG}: a multi-node job (--nnodes {opts.nnodes}) needs "
+                         "--rdzv-endpoint HOST:PORT (or --master-addr/--master-port)")
+    elif opts.node_rank is not None:
+        if ":" in str(opts.nnodes):
+            raise SystemExit(f"{PROG}: --node-rank needs a fixed --nnodes, not a range")
+        if not 0 <= opts.node_rank < max_nodes:
+            raise SystemExit(f"{PROG}: --node-rank {opts.node_rank} is not in 0..{max_nodes - 1}")
+        args += ["--rdzv-backend", "static", "--node-rank", str(opts.node_rank),
+                 "--master-addr", endpoint[0], "--master-port", str(endpoint[1])]
+    else:
+        args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint[0]}:{endpoint[1]}",
+                 "--rdzv-id", opts.rdzv_id]
+    if opts.module:
+        mode = "module"
+    elif opts.target.endswith(".py") and not opts.no_python:
+        mode = "script"
+    else:
+        mode = "exec"
+    target = opts.target
+    if mode == "script":
+        if not os.path.isfile(target):
+            raise SystemExit(f"{PROG}: no such script: {target}")
+    elif mode == "exec":
+        found = shutil.which(target) if os.sep not in target else (target if os.access(target, os.X_OK) else None)
+        if not found:
+            raise SystemExit(f"{PROG}: {target}: not found or not executable")
+    nproc = _nproc(opts.nproc_per_node, gpus())
+    args = ["--nproc-per-node", str(nproc), *args, sys.executable, "-c", _WORKER_SHIM, mode, target,
+            *opts.args]
+    return args, nproc
+
+
+def _signal_exit(code):
+    try:
+        return f"was killed by signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
+
+
+def _tail(path, lines=STDERR_TAIL_LINES):
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def _stderr_log(log_dir, local_rank):
+    """The newest attempt's stderr log of a local rank under torchrun's log folder."""
+    found = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), "stderr.log"))
+    if not found:
+        return None
+    return max(found, key=lambda p: int(p.split(os.sep)[-3].split("_")[-1]))
+
+
+def _stopped_by_us(failure):
+    return failure.exitcode == -signal.SIGTERM
+
+
+def format_failure(exc, log_dir, node_rank):
+    """A report of a torchrun ChildFailedError, and the exit status to leave with.
+
+    The first rank that failed on its own is reported with its stderr tail; ranks that torchrun
+    stopped afterwards (SIGTERM) are listed in one line.
+    """
+    failures = exc.failures
+    own = [r for r, f in failures.items() if not _stopped_by_us(f)] or list(failures)
+    own.sort(key=lambda r: (failures[r].timestamp, r))
+    stopped = sorted(r for r in failures if r not in own)
+    out, status = [], 1
+    for i, rank in enumerate(own):
+        f = failures[rank]
+        where = f"local rank {f.local_rank}" + (f", node {node_rank}" if node_rank is not None else "")
+        how = f"failed with exit code {f.exitcode}" if f.exitcode >= 0 else _signal_exit(f.exitcode)
+        out.append(f"{PROG}: rank {rank} ({where}) {how}")
+        if i == 0:
+            status = f.exitcode if 0 < f.exitcode < 256 else (128 - f.exitcode if f.exitcode < 0 else 1)
+        msg = (f.error_file_data or {}).get("message")
+        if isinstance(msg, dict):
+            msg = msg.get("message")
+        if msg and msg != "<NONE>":
+            out.append(f"--- rank {rank} error:\n{msg}")
+        path = _stderr_log(log_dir, f.local_rank)
+        tail = _tail(path) if path else None
+        if tail:
+            out.append(f"--- last lines of rank {rank}'s stderr ({path}):\n{tail}")
+        elif path:
+            out.append(f"--- rank {rank} wrote nothing to stderr")
+    if stopped:
+        out.append(f"{PROG}: stopped the other rank(s) on this node: {', '.join(map(str, stopped))}")
+    return "\n".join(out), min(max(status, 1), 255)
+
+
+def main(argv=None):
+    opts = _parser().parse_args(argv)
+    if opts.max_restarts < 0:
+        raise SystemExit(f"{PROG}: --max-restarts must be >= 0")
+    own_log_dir = opts.log_dir is None
+    log_dir = tempfile.mkdtemp(prefix="pybridge-launch-") if own_log_dir else opts.log_dir
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        targs, nproc = torchrun_args(opts, log_dir, _gpu_count)
+    except BaseException:
+        if own_log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
+        raise
+    gpus = _gpu_count()
+
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    os.environ["PYBRIDGE_NUM_GPUS"] = str(gpus)
+    os.environ["PYBRIDGE_ISOLATE_GPUS"] = "1" if opts.isolate_gpus else "0"
+    os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
+    # The c10d rendezvous otherwise hands the workers of every restart the same store: keys of
+    # the failed attempt (gloo peer addresses) are still there and a restarted rank can read a
+    # dead peer's address before the live one overwrites it. Opting out gives each attempt a
+    # fresh store (rank 0 of the attempt hosts it on a new MASTER_PORT).
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    if nproc > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun does, without its banner
+    args = torchrun.parse_args(targs)
+    ok = False
+    try:
+        torchrun.run(args)
+        ok = True
+    except ChildFailedError as exc:
+        text, status = format_failure(exc, log_dir, opts.node_rank)
+        sys.stdout.flush()
+        print(text, file=sys.stderr, flush=True)
+        if own_log_dir:
+            print(f"{PROG}: logs kept in {log_dir}", file=sys.stderr, flush=True)
+        return status
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - rendezvous and setup failures: one clear line
+        print(f"{PROG}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if ok and own_log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""pybridge-launch (python -m pybridge.launch): environment, failures, restarts, two nodes on
+loopback, and non-Python executables. Every launcher run is a real subprocess with a timeout."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from ranks import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 60
+
+
+def launch(args, timeout=TIMEOUT, env=None, cwd=ROOT):
+    """Run the launcher; return (exit code, combined output, seconds)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-m", "pybridge.launch", *args], cwd=cwd, env=full_env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        pytest.fail(f"launcher did not finish within {timeout}s:\n{out}")
+    return p.returncode, p.stdout, time.monotonic() - t0
+
+
+def write(path, text, mode=0o644):
+    path.write_text(textwrap.dedent(text))
+    path.chmod(mode)
+    return str(path)
+
+
+ENV_SCRIPT = """
+    import json, os
+    keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+            "MASTER_PORT", "PYBRIDGE_DEVICE", "TORCHELASTIC_RESTART_COUNT"]
+    print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
+"""
+
+
+def envs_of(out):
+    return [json.loads(line.split("ENV ", 1)[1]) for line in out.splitlines() if "ENV {" in line]
+
+
+def test_env_vars_seen_by_ranks(tmp_path):
+    script = write(tmp_path / "env.py", ENV_SCRIPT)
+    rc, out, _ = launch(["--nproc-per-node", "3", script])
+    assert rc == 0, out
+    envs = sorted(envs_of(out), key=lambda e: int(e["RANK"]))
+    assert [e["RANK"] for e in envs] == ["0", "1", "2"], out
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2"]
+    for e in envs:
+        assert e["WORLD_SIZE"] == "3" and e["LOCAL_WORLD_SIZE"] == "3" and e["GROUP_RANK"] == "0"
+        assert e["MASTER_ADDR"] and int(e["MASTER_PORT"]) > 0
+        assert e["PYBRIDGE_DEVICE"] == "cpu"  # no GPU on the test machine
+        assert e["TORCHELASTIC_RESTART_COUNT"] == "0"
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+
+
+def test_script_arguments_pass_through(tmp_path):
+    script = write(tmp_path / "args.py", """
+        import os, sys
+        print("ARGS", os.environ["RANK"], sys.argv[1:], flush=True)
+    """)
+    rc, out, _ = launch(["--nproc-per-node", "1", script, "--epochs", "3", "x y"])
+    assert rc == 0, out
+    assert "ARGS 0 ['--epochs', '3', 'x y']" in out
+
+
+def test_failing_rank_stops_job_and_is_named(tmp_path):
+    script = write(tmp_path / "fail.py", """
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            time.sleep(0.5)
+            print("rank 1 is about to fail: disk on fire", file=sys.stderr, flush=True)
+            sys.exit(3)
+        time.sleep(120)  # rank 0 would wait forever; the launcher must stop it
+    """)
+    rc, out, took = launch(["--nproc-per-node", "2", script], timeout=60)
+    assert rc == 3, out
+    assert "pybridge-launch: rank 1 (local rank 1) failed with exit code 3" in out, out
+    assert "disk on fire" in out.split("failed with exit code 3", 1)[1]  # its stderr is shown
+    assert "stopped the other rank(s) on this node: 0" in out
+    assert took < 40, f"the launcher took {took:.0f}s to stop the job"
+
+
+def test_rank_killed_by_signal_is_named(tmp_path):
+    script = write(tmp_path / "kill.py", """
+        import os, signal, time
+        if os.environ["RANK"] == "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(120)
+    """)
+    rc, out, took = launch(["--nproc-per-node", "2", script], timeout=60)
+    assert rc == 128 + 9, out
+    assert "pybridge-launch: rank 0 (local rank 0) was killed by signal SIGKILL" in out, out
+    assert took < 40
+
+
+def test_max_restarts_restarts_a_job_that_fails_once(tmp_path):
+    marker = tmp_path / "failed-once"
+    script = write(tmp_path / "flaky.py", f"""
+        import os, sys
+        restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+        if os.environ["RANK"] == "1" and not os.path.exists({str(marker)!r}):
+            open({str(marker)!r}, "w").close()
+            print("first attempt fails", file=sys.stderr, flush=True)
+            sys.exit(5)
+        print(f"DONE rank {{os.environ['RANK']}} attempt {{restart}}", flush=True)
+    """)
+    rc, out, _ = launch(["--nproc-per-node", "2", "--max-restarts", "1", script])
+    assert rc == 0, out
+    assert marker.exists()
+    assert "DONE rank 0 attempt 1" in out and "DONE rank 1 attempt 1" in out, out
+    # Without restarts the same failure ends the job.
+    marker.unlink()
+    rc, out, _ = launch(["--nproc-per-node", "2", script])
+    assert rc == 5 and "rank 1 (local rank 1) failed with exit code 5" in out, out
+
+
+ALLREDUCE = """
+    import os, torch, pybridge
+    g = pybridge.init(timeout=30)
+    x = torch.tensor([float(g.rank + 1)])
+    pybridge.all_reduce(x)
+    model = torch.nn.Linear(4, 2)
+    torch.manual_seed(100 + g.rank)  # different data per rank
+    ddp = pybridge.DistributedDataParallel(model)
+    ddp(torch.randn(8, 4)).pow(2).mean().backward()
+    grad = model.weight.grad.clone()
+    pybridge.broadcast(grad, 0)
+    same = bool(torch.equal(grad, model.weight.grad))
+    print(f"RESULT rank {g.rank} of {g.size} node {os.environ['GROUP_RANK']} sum {x.item()} "
+          f"grads-equal {same}", flush=True)
+    pybridge.finalize()
+"""
+
+
+def test_two_nodes_on_loopback(tmp_path):
+    script = write(tmp_path / "ar.py", ALLREDUCE)
+    endpoint = f"127.0.0.1:{free_port()}"
+    full_env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    procs = [subprocess.Popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", "1",
+                               "--nnodes", "2", "--node-rank", str(node), "--rdzv-endpoint", endpoint,
+                               script], cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for node in (0, 1)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=TIMEOUT)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail("two-node job did not finish in time:\n" + "\n".join(
+            (p.communicate()[0] or "") for p in procs))
+    for node, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"node {node}:\n{out}"
+        assert f"RESULT rank {node} of 2 node {node} sum 3.0 grads-equal True" in out, out
+
+
+def test_runs_a_shell_script_executable(tmp_path):
+    script = write(tmp_path / "job.sh", """\
+        #!/bin/sh
+        echo "SH rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE device=$PYBRIDGE_DEVICE args=$*"
+    """, 0o755)
+    rc, out, _ = launch(["--nproc-per-node", "2", script, "a", "b"])
+    assert rc == 0, out
+    for r in range(2):
+        assert f"SH rank={r} local={r} world=2 device=cpu args=a b" in out, out
+
+
+@pytest.mark.skipif(not shutil.which("cc"), reason="no C compiler")
+def test_runs_a_compiled_program_and_reports_its_failure(tmp_path):
+    src = write(tmp_path / "prog.c", """
+        #include <stdio.h>
+        #include <stdlib.h>
+        int main(int argc, char **argv) {
+            const char *rank = getenv("RANK");
+            printf("C rank=%s world=%s arg=%s\\n", rank, getenv("WORLD_SIZE"), argc > 1 ? argv[1] : "");
+            fflush(stdout);
+            if (argc > 2 && atoi(rank) == 1) { fprintf(stderr, "C program error on rank 1\\n"); return 9; }
+            return 0;
+        }
+    """)
+    exe = str(tmp_path / "prog")
+    subprocess.run(["cc", "-o", exe, src], check=True, timeout=60)
+    rc, out, _ = launch(["--nproc-per-node", "2", exe, "hello"])
+    assert rc == 0, out
+    assert "C rank=0 world=2 arg=hello" in out and "C rank=1 world=2 arg=hello" in out
+    rc, out, _ = launch(["--nproc-per-node", "2", exe, "hello", "fail"])
+    assert rc == 9, out
+    assert "rank 1 (local rank 1) failed with exit code 9" in out
+    assert "C program error on rank 1" in out
+
+
+def test_usage_errors_are_clear(tmp_path):
+    rc, out, _ = launch(["--nproc-per-node", "2", str(tmp_path / "missing.py")])
+    assert rc != 0 and "no such script" in out
+    rc, out, _ = launch(["--nproc-per-node", "2", "no-such-program-xyz"])
+    assert rc != 0 and "not found or not executable" in out
+    rc, out, _ = launch(["--nnodes", "2", "/bin/true"])
+    assert rc != 0 and "needs --rdzv-endpoint" in out
+
+
+def test_ranks_exit_cleanly_after_finalize(tmp_path):
+    # Regression: a ProcessGroup that pybridge kept referenced after finalize() was freed at
+    # interpreter exit, where gloo aborted about every other 2-rank run
+    # ("terminate called without an active exception", SIGABRT).
+    script = write(tmp_path / "leave.py", """
+        import torch, pybridge
+        pybridge.init(timeout=30)
+        ddp = pybridge.DistributedDataParallel(torch.nn.Linear(4, 2))
+        ddp(torch.randn(8, 4)).pow(2).mean().backward()
+        pybridge.broadcast(torch.ones(3), 0)
+        ddp.close()
+        pybridge.finalize()
+    """)
+    for attempt in range(4):
+        rc, out, _ = launch(["--nproc-per-node", "2", script])
+        assert rc == 0, f"attempt {attempt}:\n{out}"
+        assert "terminate called" not in out
