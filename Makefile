@@ -20,7 +20,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 DEPS_STAMP := $(BUILD)/.deps-$(notdir $(PYTHON))
 LIB := $(BUILD)/libpybridge.so
 
-.PHONY: setup test test-python test-go test-c demo bench clean
+.PHONY: setup test test-python test-go demo demo-collectives bench clean
 
 setup: $(LIB)
 
@@ -40,14 +40,26 @@ test-python: setup
 	$(PYTHON) -m ruff check pybridge tests bench examples capi
 	$(PYTHON) -m pytest -q
 
+GO_MODULES := go examples/mnist bench/collectives_go $(wildcard bench/*_go)
 test-go: setup
-	cd go && $(GO) vet ./...
-	@cd go && out=$$($$($(GO) env GOROOT)/bin/gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
+	@for m in $(sort $(GO_MODULES)); do echo "== $$m"; (cd $$m && $(GO) vet ./...) || exit 1; done
+	@out=$$($$($(GO) env GOROOT)/bin/gofmt -l $(sort $(GO_MODULES))); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
 	cd go && $(GO) test -count=1 -timeout 300s ./...
+	cd examples/mnist && $(GO) test -count=1 -timeout 120s ./...
 
+# The main job: MNIST shards (synthetic digits, or the real set with MNIST_DIR=folder of
+# IDX files), the Go trainer, and NPROC ranks of it under pybridge-launch.
+DEMO_DATA ?= $(BUILD)/mnist-data
+EPOCHS ?= 5
 demo: setup
+	$(PYTHON) examples/mnist/prepare.py --out $(DEMO_DATA)
+	cd examples/mnist && $(GO) build -o $(BUILD)/mnist .
+	$(PYTHON) -m pybridge.launch --nproc-per-node $(NPROC) $(BUILD)/mnist --data $(DEMO_DATA) --epochs $(EPOCHS)
+
+# The first demo: two Go ranks broadcast and allreduce a vector.
+demo-collectives: setup
 	cd go && $(GO) build -o $(BUILD)/pbdemo ./cmd/pbdemo
-	$(PYTHON) -m torch.distributed.run --standalone --nproc-per-node $(NPROC) --no-python $(BUILD)/pbdemo
+	$(PYTHON) -m pybridge.launch --nproc-per-node $(NPROC) $(BUILD)/pbdemo
 
 bench: setup
 	$(PYTHON) bench/run.py

@@ -1,0 +1,100 @@
+"""Training throughput of the MNIST trainers with 1 and 2 ranks (pybridge-launch), in one run.
+
+    python bench/mnist.py [--epochs 2] [--batch-size 64] [--mnist-dir DIR]
+
+Prepares a data set in a temporary folder (synthetic 10000 + 2000 digits, or real MNIST with
+--mnist-dir / MNIST_DIR), runs each trainer under `python -m pybridge.launch --nproc-per-node N`
+and reads its per-epoch "samples/s" lines (training time only, global samples). Prints a table
+with the speed-up over 1 rank and the scaling efficiency (samples/s with N ranks divided by
+N x samples/s with 1 rank), and writes bench/results/mnist.json. Both rank counts run with
+OMP_NUM_THREADS=1 (one core per rank), so the comparison is per core.
+
+The Go trainer's rows stay "not yet measured" until it exists (GO_TRAINER below).
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT, save, table  # noqa: E402
+
+PREPARE = os.path.join(ROOT, "examples", "mnist", "prepare.py")
+PY_TRAINER = os.path.join(ROOT, "examples", "mnist", "train.py")
+GO_TRAINER = None  # path of the built Go trainer binary, once there is one
+EPOCH = re.compile(r"^epoch (\d+)/(\d+)  loss (\S+)  test-acc (\S+)  samples/s (\d+)", re.M)
+FINAL = re.compile(r"^final test accuracy: (\S+)$", re.M)
+
+
+def run_trainer(target, ranks, data, opts):
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, "-m", "pybridge.launch", "--nproc-per-node", str(ranks), target,
+           "--data", data, "--epochs", str(opts.epochs), "--batch-size", str(opts.batch_size)]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=opts.timeout)
+    wall = time.monotonic() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}")
+    epochs = EPOCH.findall(p.stdout)
+    final = FINAL.search(p.stdout)
+    if not epochs or not final:
+        raise SystemExit(f"unexpected trainer output:\n{p.stdout}")
+    rates = [int(e[4]) for e in epochs]
+    # The first epoch includes warm-up (first batches, allocator); use the best later epoch.
+    rate = max(rates[1:]) if len(rates) > 1 else rates[0]
+    return {"ranks": ranks, "samples_per_s": rate, "epoch_samples_per_s": rates,
+            "test_accuracy": float(final.group(1)), "epochs": len(epochs), "wall_s": round(wall, 1)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64, help="global batch (default 64)")
+    ap.add_argument("--mnist-dir", default=os.environ.get("MNIST_DIR"), help="real MNIST IDX files")
+    ap.add_argument("--timeout", type=float, default=300)
+    opts = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "mnist")
+        prep = [sys.executable, PREPARE, "--out", data]
+        prep += ["--mnist-dir", opts.mnist_dir] if opts.mnist_dir else ["--synthetic"]
+        p = subprocess.run(prep, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+        if p.returncode != 0:
+            raise SystemExit(p.stdout)
+        kind = "real MNIST" if opts.mnist_dir else "synthetic digits"
+        results = {"python": [run_trainer(PY_TRAINER, n, data, opts) for n in (1, 2)]}
+        if GO_TRAINER:
+            results["go"] = [run_trainer(GO_TRAINER, n, data, opts) for n in (1, 2)]
+
+    rows = []
+    for name, label in (("go", "Go trainer"), ("python", "Python twin (torch)")):
+        runs = results.get(name)
+        if not runs:
+            rows += [[label, n, "not yet measured", "", "", "", ""] for n in (1, 2)]
+            continue
+        base = runs[0]["samples_per_s"]
+        for r in runs:
+            speedup = r["samples_per_s"] / base
+            r["speedup"] = round(speedup, 3)
+            r["efficiency"] = round(speedup / r["ranks"], 3)
+            rows.append([label, r["ranks"], f"{r['samples_per_s']:,}", f"{speedup:.2f}x",
+                         f"{r['efficiency']:.0%}", f"{r['test_accuracy']:.4f}", f"{r['wall_s']:.1f}"])
+    print(f"MNIST MLP 784-128-10, {kind}, global batch {opts.batch_size}, {opts.epochs} epochs, "
+          f"OMP_NUM_THREADS=1, {os.cpu_count()} CPUs")
+    print(table(["trainer", "ranks", "samples/s", "speed-up", "scaling efficiency", "test acc",
+                 "wall s"], rows))
+    path = save("mnist", {"data": kind, "batch_size": opts.batch_size, "epochs": opts.epochs,
+                          "command": "python bench/mnist.py " + " ".join(sys.argv[1:]),
+                          "results": results,
+                          "not_measured": [] if GO_TRAINER else ["go"]})
+    print(f"wrote {os.path.relpath(path, ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+"""The MNIST example: data preparation, the Python twin trainer under pybridge-launch
+(equivalence with single-process training, accuracy, a killed rank, restart from a checkpoint).
+
+Every launcher run is a subprocess bounded by a timeout; the data set is a small synthetic one.
+"""
+
+import gzip
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MNIST = os.path.join(ROOT, "examples", "mnist")
+sys.path.insert(0, MNIST)
+import mnist_format as fmt  # noqa: E402
+import prepare  # noqa: E402
+
+from pybridge import recordio  # noqa: E402
+
+TRAIN_PY = os.path.join(MNIST, "train.py")
+TIMEOUT = 90
+# Measured on the 2000/500 synthetic set below (seed 0), 2 ranks, 3 epochs, batch 32, lr 0.05:
+# about 0.93 test accuracy; the bound leaves a wide margin for other machines and versions.
+MIN_ACCURACY = 0.80
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mnist")
+    assert prepare.main(["--out", str(out), "--train-count", "2000", "--test-count", "500",
+                         "--shards", "3", "--seed", "0"]) == 0
+    return str(out)
+
+
+def launch(args, env=None, timeout=TIMEOUT):
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
+    for k in ("PYBRIDGE_TEST_FAIL_AT_STEP", "PYBRIDGE_TEST_FAIL_MARKER", "PYBRIDGE_TEST_FAIL_RANK"):
+        if not (env and k in env):
+            full_env.pop(k, None)
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-m", "pybridge.launch", *args], cwd=ROOT, env=full_env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        pytest.fail(f"launcher did not finish within {timeout}s:\n{out}")
+    return p.returncode, p.stdout, time.monotonic() - t0
+
+
+def final_accuracy(out):
+    m = re.search(r"^final test accuracy: (\d\.\d{4})$", out, re.M)
+    assert m, out
+    return float(m.group(1))
+
+
+EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)  loss (\d+\.\d{4})  test-acc (\d\.\d{4})  samples/s (\d+)  "
+                        r"\(rank 0 of (\d+)\)$", re.M)
+
+
+# ------------------------------------------------------------------------------------ prepare
+
+def test_prepare_synthetic(data, capsys):
+    with open(os.path.join(data, fmt.MANIFEST)) as f:
+        manifest = json.load(f)
+    assert manifest["kind"] == "synthetic"
+    assert manifest["record"]["bytes"] == fmt.RECORD_BYTES == 785
+    assert manifest["train"]["count"] == 2000 and manifest["test"]["count"] == 500
+    assert manifest["train"]["shards"] == [fmt.shard_name("train", i, 3) for i in range(3)]
+    assert manifest["train"]["shards"][0] == "train-00000-of-00003.recordio"
+    assert manifest["test"]["shards"] == ["test-00000-of-00001.recordio"]
+    with recordio.Loader(os.path.join(data, fmt.TRAIN_GLOB), 2000, prefetch=0) as loader:
+        batch = next(iter(loader))
+    assert set(batch.lengths.tolist()) == {785}
+    arrays = batch.decode(fmt.LAYOUT)
+    labels, images = arrays["label"], arrays["image"].astype(np.float32)
+    counts = np.bincount(labels, minlength=10)
+    assert len(counts) == 10 and counts.min() > 120  # all ten digits, roughly balanced
+    # Not trivial: the images of a class vary (shifts, strokes, noise)...
+    for d in range(10):
+        imgs = images[labels == d]
+        assert imgs.std(0).mean() > 20
+    # ...but learnable: classes differ on average.
+    means = np.stack([images[labels == d].mean(0) for d in range(10)]).reshape(10, -1)
+    dist = np.linalg.norm(means[:, None] - means[None], axis=-1)
+    assert dist[~np.eye(10, dtype=bool)].min() > 100
+
+
+def test_prepare_says_which_data(tmp_path, capsys):
+    prepare.main(["--out", str(tmp_path / "s"), "--train-count", "20", "--test-count", "10"])
+    assert "SYNTHETIC digits" in capsys.readouterr().out
+
+
+def _idx(path, arr, gz):
+    header = struct.pack(">BBBB", 0, 0, 8, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape)
+    raw = header + arr.astype(np.uint8).tobytes()
+    with open(path, "wb") as f:
+        f.write(gzip.compress(raw) if gz else raw)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_prepare_real_idx_files(tmp_path, capsys, gz):
+    rng = np.random.default_rng(5)
+    src = tmp_path / "raw"
+    src.mkdir()
+    sets = {}
+    for split, n, prefix in (("train", 37, "train"), ("test", 11, "t10k")):
+        images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, n, dtype=np.uint8)
+        ext = ".gz" if gz else ""
+        _idx(src / f"{prefix}-images-idx3-ubyte{ext}", images, gz)
+        _idx(src / f"{prefix}-labels-idx1-ubyte{ext}", labels, gz)
+        sets[split] = (labels, images)
+    out = tmp_path / "out"
+    assert prepare.main(["--out", str(out), "--mnist-dir", str(src), "--shards", "2"]) == 0
+    assert "REAL MNIST" in capsys.readouterr().out
+    with open(out / fmt.MANIFEST) as f:
+        assert json.load(f)["kind"] == "mnist"
+    for split, glob in (("train", fmt.TRAIN_GLOB), ("test", fmt.TEST_GLOB)):
+        labels, images = sets[split]
+        want = [fmt.encode_record(l, im) for l, im in zip(labels, images)]
+        got = [r for path in recordio.expand_files(str(out / glob)) for r in recordio.read_file(path)]
+        assert got == want
+        assert want[0][0] == labels[0] and want[0][1:] == images[0].tobytes()  # label first
+
+
+def test_prepare_errors_are_clear(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="no train-images-idx3-ubyte"):
+        prepare.main(["--out", str(tmp_path / "o"), "--mnist-dir", str(tmp_path)])
+    monkeypatch.setattr(prepare, "MIRRORS", ["http://127.0.0.1:1/"])
+    with pytest.raises(SystemExit, match="--download failed.*offline"):
+        prepare.main(["--out", str(tmp_path / "o"), "--download"])
+
+
+def test_checkpoint_format_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {n: rng.standard_normal(fmt.SHAPES[n]).astype(np.float32) for n in fmt.TENSOR_NAMES}
+    path = str(tmp_path / "ck")
+    fmt.write_checkpoint(path, 3, 120, tensors)
+    size = 28 + sum(4 + 4 * len(fmt.SHAPES[n]) + 4 * int(np.prod(fmt.SHAPES[n])) for n in fmt.TENSOR_NAMES)
+    assert os.path.getsize(path) == size
+    epoch, step, back = fmt.read_checkpoint(path)
+    assert (epoch, step) == (3, 120)
+    for n in fmt.TENSOR_NAMES:
+        np.testing.assert_array_equal(back[n], tensors[n])
+    with open(path, "r+b") as f:
+        f.write(b"NOTMAGIC")
+    with pytest.raises(ValueError, match="bad magic"):
+        fmt.read_checkpoint(path)
+
+
+# ------------------------------------------------------------------------------------ training
+
+def reference_weights(data, init, world, global_batch, steps, lr, momentum, seed):
+    """Single-process training on the same global batches that `world` ranks see together:
+    step k's global batch is the k-th batch of every rank's static partition, concatenated."""
+    per_rank = global_batch // world
+    model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    params = [model[0].weight, model[0].bias, model[2].weight, model[2].bias]
+    with torch.no_grad():
+        for name, p in zip(fmt.TENSOR_NAMES, params):
+            p.copy_(torch.from_numpy(init[name]))
+    opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
+    loaders = [recordio.Loader(os.path.join(data, fmt.TRAIN_GLOB), per_rank, num_replicas=world, rank=r,
+                               shuffle=True, seed=seed, drop_last=True, prefetch=0) for r in range(world)]
+    done, epoch = 0, 0
+    while done < steps:
+        for loader in loaders:
+            loader.set_epoch(epoch)
+        for batches in zip(*loaders):
+            if done == steps:
+                break
+            arrays = [b.decode(fmt.LAYOUT) for b in batches]
+            x = torch.from_numpy(np.concatenate([a["image"] for a in arrays]).reshape(-1, 784)).float() / 255
+            y = torch.from_numpy(np.concatenate([a["label"] for a in arrays]).astype(np.int64))
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            done += 1
+        epoch += 1
+    for loader in loaders:
+        loader.close()
+    out = {name: p.detach().numpy() for name, p in zip(fmt.TENSOR_NAMES, params)}
+    for name, p in zip(fmt.TENSOR_NAMES, params):
+        out["m_" + name] = opt.state[p]["momentum_buffer"].numpy()
+    return out
+
+
+def test_two_ranks_equal_one_process_on_the_same_global_batch(data, tmp_path):
+    rng = np.random.default_rng(42)
+    init = {n: (rng.standard_normal(fmt.SHAPES[n]) * 0.05).astype(np.float32) for n in fmt.TENSOR_NAMES[:4]}
+    fmt.write_checkpoint(str(tmp_path / "init"), 0, 0, init)
+    # 2000 records, global batch 48 -> 41 steps per epoch: 50 steps cross an epoch boundary.
+    steps, batch, lr, momentum, seed = 50, 48, 0.05, 0.9, 7
+    rc, out, _ = launch(["--nproc-per-node", "2", TRAIN_PY, "--data", data, "--epochs", "2",
+                         "--steps", str(steps), "--batch-size", str(batch), "--lr", str(lr),
+                         "--momentum", str(momentum), "--seed", str(seed),
+                         "--init-weights", str(tmp_path / "init"), "--save-weights", str(tmp_path / "w")])
+    assert rc == 0, out
+    epoch, step, got = fmt.read_checkpoint(str(tmp_path / "w"))
+    assert step == steps and epoch == 2
+    want = reference_weights(data, init, 2, batch, steps, lr, momentum, seed)
+    for name in fmt.TENSOR_NAMES:
+        assert np.abs(got[name] - want[name]).max() < 1e-5, name
+    # The run moved the weights: the comparison is not between two copies of the init.
+    assert np.abs(got["w2"] - init["w2"]).max() > 1e-2
+
+
+def test_end_to_end_two_ranks_reach_accuracy(data, tmp_path):
+    rc, out, _ = launch(["--nproc-per-node", "2", TRAIN_PY, "--data", data, "--epochs", "3",
+                         "--batch-size", "32", "--checkpoint", str(tmp_path / "ck")])
+    assert rc == 0, out
+    lines = EPOCH_LINE.findall(out)
+    assert [(e, n, w) for e, n, _, _, _, w in lines] == [("1", "3", "2"), ("2", "3", "2"), ("3", "3", "2")], out
+    losses = [float(l[2]) for l in lines]
+    assert losses[-1] < losses[0]
+    assert "data: synthetic digits (SYNTHETIC: not real MNIST)" in out
+    assert final_accuracy(out) >= MIN_ACCURACY, out
+    assert final_accuracy(out) == float(lines[-1][3])
+    assert fmt.read_checkpoint(str(tmp_path / "ck"))[0] == 3
+
+
+def test_killed_rank_stops_the_job_and_is_named(data, tmp_path):
+    # 2000 records / batch 32 = 62 steps per epoch: step 80 is in the middle of epoch 2.
+    rc, out, took = launch(["--nproc-per-node", "2", TRAIN_PY, "--data", data, "--epochs", "3",
+                            "--batch-size", "32", "--checkpoint", str(tmp_path / "ck")],
+                           env={"PYBRIDGE_TEST_FAIL_AT_STEP": "80"}, timeout=60)
+    assert rc == 17, out
+    assert "pybridge-launch: rank 1 (local rank 1) failed with exit code 17" in out, out
+    assert "failing on purpose before step 80" in out.split("failed with exit code 17", 1)[1]
+    assert "final test accuracy" not in out
+    assert "epoch 1/3" in out and "epoch 2/3" not in out
+    assert fmt.read_checkpoint(str(tmp_path / "ck"))[:2] == (1, 62)
+    assert took < 60
+
+
+def test_restart_resumes_from_the_last_epoch_and_finishes(data, tmp_path):
+    marker = tmp_path / "failed-once"
+    rc, out, _ = launch(["--nproc-per-node", "2", "--max-restarts", "1", TRAIN_PY, "--data", data,
+                         "--epochs", "3", "--batch-size", "32", "--checkpoint", str(tmp_path / "ck"),
+                         "--resume"],
+                        env={"PYBRIDGE_TEST_FAIL_AT_STEP": "80", "PYBRIDGE_TEST_FAIL_MARKER": str(marker)})
+    assert rc == 0, out
+    assert marker.exists()
+    assert "no checkpoint at" in out  # the first attempt started from scratch
+    assert f"resumed from {tmp_path / 'ck'} after epoch 1 (step 62)" in out, out
+    epochs = [int(e) for e, *_ in EPOCH_LINE.findall(out)]
+    assert epochs == [1, 2, 3], out  # epoch 1 once, then the resumed epochs 2 and 3
+    assert fmt.read_checkpoint(str(tmp_path / "ck"))[:2] == (3, 186)
+    assert final_accuracy(out) >= MIN_ACCURACY
