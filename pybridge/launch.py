@@ -239,6 +239,14 @@ def _stderr_log(log_dir, local_rank):
     return max(found, key=lambda p: int(p.split(os.sep)[-3].split("_")[-1]))
 
 
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "PB_ERR_COMM", "CommError",
+              "remote worker crashing")
+
+
+def _lost_a_peer(stderr_tail):
+    return bool(stderr_tail) and any(words in stderr_tail for words in _PEER_LOST)
+
+
 def _stopped_by_us(failure):
     return failure.exitcode == -signal.SIGTERM
 
@@ -251,7 +259,11 @@ def format_failure(exc, log_dir, node_rank):
     """
     failures = exc.failures
     own = [r for r, f in failures.items() if not _stopped_by_us(f)] or list(failures)
-    own.sort(key=lambda r: (failures[r].timestamp, r))
+    logs = {r: _stderr_log(log_dir, failures[r].local_rank) for r in own}
+    tails = {r: _tail(path) if path else None for r, path in logs.items()}
+    # A peer's death makes the survivors fail too, often in the same monitoring pass, so
+    # the timestamps do not tell cause from effect: ranks that report a lost peer go last.
+    own.sort(key=lambda r: (_lost_a_peer(tails[r]), failures[r].timestamp, r))
     stopped = sorted(r for r in failures if r not in own)
     out, status = [], 1
     for i, rank in enumerate(own):
@@ -266,8 +278,7 @@ def format_failure(exc, log_dir, node_rank):
             msg = msg.get("message")
         if msg and msg != "<NONE>":
             out.append(f"--- rank {rank} error:\n{msg}")
-        path = _stderr_log(log_dir, f.local_rank)
-        tail = _tail(path) if path else None
+        path, tail = logs[rank], tails[rank]
         if tail:
             out.append(f"--- last lines of rank {rank}'s stderr ({path}):\n{tail}")
         elif path:

@@ -227,3 +227,21 @@ def test_ranks_exit_cleanly_after_finalize(tmp_path):
         rc, out, _ = launch(["--nproc-per-node", "2", script])
         assert rc == 0, f"attempt {attempt}:\n{out}"
         assert "terminate called" not in out
+
+
+def test_failure_report_names_the_cause_not_the_ranks_that_lost_it(tmp_path):
+    from types import SimpleNamespace
+
+    from pybridge.launch import format_failure
+
+    for local_rank, text in ((0, "pb_all_reduce: Connection closed by peer [PB_ERR_COMM]"),
+                             (1, "rank 1: out of memory")):
+        log = tmp_path / "run" / "attempt_0" / str(local_rank)
+        log.mkdir(parents=True)
+        (log / "stderr.log").write_text(text + "\n")
+    fail = lambda lr, code: SimpleNamespace(exitcode=code, local_rank=lr, timestamp=100, error_file_data={})
+    # Same timestamp, and the survivor (rank 0) would sort first by rank.
+    text, status = format_failure(SimpleNamespace(failures={0: fail(0, 1), 1: fail(1, 3)}), str(tmp_path), None)
+    assert status == 3
+    assert text.splitlines()[0] == "pybridge-launch: rank 1 (local rank 1) failed with exit code 3", text
+    assert "out of memory" in text and "rank 0 (local rank 0) failed with exit code 1" in text
