@@ -279,11 +279,7 @@ func ISend[T Numeric](g *Group, b *Buffer[T], dst, tag int) (*Work, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, err := toInt32(name, "destination", dst)
-	if err != nil {
-		return nil, err
-	}
-	tg, err := toInt32(name, "tag", tag)
+	d, tg, err := peerAndTag(name, "destination", dst, tag)
 	if err != nil {
 		return nil, err
 	}
@@ -307,11 +303,7 @@ func IRecv[T Numeric](g *Group, b *Buffer[T], src, tag int) (*Work, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := toInt32(name, "source", src)
-	if err != nil {
-		return nil, err
-	}
-	tg, err := toInt32(name, "tag", tag)
+	s, tg, err := peerAndTag(name, "source", src, tag)
 	if err != nil {
 		return nil, err
 	}

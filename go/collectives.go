@@ -175,11 +175,7 @@ func Send[T Numeric](g *Group, data []T, dst, tag int) error {
 	if err != nil {
 		return err
 	}
-	d, err := toInt32(name, "destination", dst)
-	if err != nil {
-		return err
-	}
-	tg, err := toInt32(name, "tag", tag)
+	d, tg, err := peerAndTag(name, "destination", dst, tag)
 	if err != nil {
 		return err
 	}
@@ -198,15 +194,21 @@ func Recv[T Numeric](g *Group, data []T, src, tag int) error {
 	if err != nil {
 		return err
 	}
-	s, err := toInt32(name, "source", src)
-	if err != nil {
-		return err
-	}
-	tg, err := toInt32(name, "tag", tag)
+	s, tg, err := peerAndTag(name, "source", src, tag)
 	if err != nil {
 		return err
 	}
 	p, n := dataOf(data)
 	var msg *C.char
 	return check(name, C.pbgo_recv(h, p, n, dtypeOf[T](), s, tg, &msg), msg)
+}
+
+// peerAndTag converts a point-to-point call's peer rank and tag for the C ABI.
+func peerAndTag(op, what string, peer, tag int) (C.int32_t, C.int32_t, error) {
+	p, err := toInt32(op, what, peer)
+	if err != nil {
+		return 0, 0, err
+	}
+	t, err := toInt32(op, "tag", tag)
+	return p, t, err
 }
