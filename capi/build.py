@@ -62,6 +62,9 @@ static int pb_not_ready(void) {
  * site-packages as running that interpreter. No signal handlers are installed. */
 static pthread_once_t pb_python_once = PTHREAD_ONCE_INIT;
 static int pb_python_ok = 0;
+static int pb_python_ours = 0;  /* we started the interpreter (not loaded into a running one) */
+
+static int _pb_python_started_here(void) { return pb_python_ours; }
 
 /* cffi (< 2.1) serializes its start-up with a spin lock on PyCapsule_Type.tp_version_tag
  * on Python < 3.12 and spins for ever if that tag is already set, which happens once
@@ -102,6 +105,7 @@ static void pb_start_python(void) {
     }
     pb_unblock_cffi_lock();
     PyEval_SaveThread();  /* release the GIL: every call takes it through cffi */
+    pb_python_ours = 1;
     pb_python_ok = 1;
 }
 
@@ -147,27 +151,33 @@ CFFI_DLLEXPORT const char *pb_status_name(int status) {
 INIT_CODE = r"""
 import json, os, site, sys
 
-_cfg = json.loads(@CONFIG@)
-# The embedded interpreter starts with the base installation's paths only: put any
-# PYBRIDGE_PYTHONPATH override and the checkout this library was built from first,
-# then add the build environment's (a virtual environment's site-packages, editable
-# installs), before importing the core.
-_extra = [p for p in os.environ.get("PYBRIDGE_PYTHONPATH", "").split(os.pathsep) if p]
-for _p in reversed(_extra + [_cfg["pybridge_root"]]):
-    sys.path.insert(0, _p)
-for _p in _cfg["sys_path"]:
-    if _p not in sys.path:
-        sys.path.append(_p)
-for _d in _cfg["site_dirs"]:
-    if os.path.isdir(_d):
-        site.addsitedir(_d)  # processes .pth files, which editable installs rely on
-# multiprocessing's spawn (used by DataLoader workers) re-runs sys.executable: point it
-# at a real interpreter, not at the host program.
-sys.executable = os.environ.get("PYBRIDGE_PYTHON") or _cfg["python"]
-if not sys.argv:
-    sys.argv = [""]
-
 from _pybridge_capi import ffi, lib
+
+_cfg = json.loads(@CONFIG@)
+if lib._pb_python_started_here():
+    # The embedded interpreter starts with the base installation's paths only: put any
+    # PYBRIDGE_PYTHONPATH override and the checkout this library was built from first,
+    # then add the build environment's (a virtual environment's site-packages, editable
+    # installs), before importing the core.
+    _extra = [p for p in os.environ.get("PYBRIDGE_PYTHONPATH", "").split(os.pathsep) if p]
+    for _p in reversed(_extra + [_cfg["pybridge_root"]]):
+        sys.path.insert(0, _p)
+    for _p in _cfg["sys_path"]:
+        if _p not in sys.path:
+            sys.path.append(_p)
+    for _d in _cfg["site_dirs"]:
+        if os.path.isdir(_d):
+            site.addsitedir(_d)  # processes .pth files, which editable installs rely on
+    # multiprocessing's spawn (used by DataLoader workers) re-runs sys.executable: point
+    # it at a real interpreter, not at the host program.
+    sys.executable = os.environ.get("PYBRIDGE_PYTHON") or _cfg["python"]
+    if not sys.argv:
+        sys.argv = [""]
+elif os.environ.get("PYBRIDGE_PYTHONPATH"):
+    # Loaded into a running Python: leave its paths and executable alone, but honour
+    # an explicit override.
+    sys.path[:0] = [p for p in os.environ["PYBRIDGE_PYTHONPATH"].split(os.pathsep) if p]
+
 try:
     import pybridge.capi
     pybridge.capi.install(ffi, lib)
@@ -219,6 +229,7 @@ def cdef_text(header_text):
 void _pb_set_error(const char *msg);
 void _pb_set_ready(void);
 void _pb_set_start_error(const char *msg);
+int _pb_python_started_here(void);
 """)
     for name, args in prototypes(header_text):
         if name not in PURE_C:
@@ -263,7 +274,10 @@ def build(out_dir):
                    C_SOURCE.replace("@VERSION@", pybridge.__version__).replace("@PYTHON@", sys.executable) + wrappers(header),
                    include_dirs=[HERE],
                    extra_compile_args=["-O2"],
-                   extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,-soname,libpybridge.so"])
+                   # nodelete: once the interpreter runs, it holds code and objects of this
+                   # library, so a host's dlclose() must never unmap it.
+                   extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,-soname,libpybridge.so",
+                                    "-Wl,-z,nodelete"])
     ffi.embedding_init_code(INIT_CODE.replace("@CONFIG@", repr(json.dumps(config))))
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".cffi-") as tmp:
         built = ffi.compile(tmpdir=tmp, target="libpybridge.*", verbose=False)

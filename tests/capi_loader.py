@@ -11,8 +11,15 @@ sys.path.insert(0, os.path.join(ROOT, "capi"))
 import build as capi_build  # noqa: E402
 
 
+_loaded = None
+
+
 def load():
-    ffi = cffi.FFI()
-    with open(os.path.join(ROOT, "capi", "pybridge.h")) as f:
-        ffi.cdef(capi_build.public_cdef(f.read()))
-    return ffi, ffi.dlopen(LIB_PATH)
+    """(ffi, lib), opened once per process."""
+    global _loaded
+    if _loaded is None:
+        ffi = cffi.FFI()
+        with open(os.path.join(ROOT, "capi", "pybridge.h")) as f:
+            ffi.cdef(capi_build.public_cdef(f.read()))
+        _loaded = ffi, ffi.dlopen(LIB_PATH)
+    return _loaded

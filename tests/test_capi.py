@@ -165,3 +165,26 @@ def test_core_that_cannot_start_returns_internal_error(tmp_path):
     for line in lines:
         assert line.startswith(f"{load()[1].PB_ERR_INTERNAL} "), line
         assert "deliberately broken pybridge" in line, line
+
+
+
+def test_loading_into_a_running_python_leaves_it_intact():
+    # Regression: loaded into a running interpreter, the start-up code re-ran site.addsitedir
+    # over site-packages and reset sys.executable; a later import of torch's compiler stack
+    # in that process crashed it (SIGSEGV). Now only an interpreter the library started is
+    # configured.
+    code = ("import sys, torch\n"
+            "from capi_loader import load\n"
+            "exe, path = sys.executable, list(sys.path)\n"
+            "ffi, lib = load()\n"
+            "assert lib.pb_barrier(ffi.NULL) == lib.PB_ERR_NOT_INITIALIZED\n"
+            "assert sys.executable == exe and sys.path == path, (sys.executable, sys.path)\n"
+            "import torch._dynamo\n"
+            "p = torch.nn.Parameter(torch.ones(3))\n"
+            "opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)\n"
+            "p.sum().backward(); opt.step()\n"
+            "print('intact', p.tolist())\n")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, (run.returncode, run.stdout, run.stderr[-3000:])
+    assert run.stdout.startswith("intact"), run.stdout
