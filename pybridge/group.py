@@ -1,6 +1,7 @@
 """Process-group setup: one default torch.distributed group per process."""
 
 import datetime
+import gc
 import os
 import threading
 
@@ -147,6 +148,10 @@ def finalize():
                 dist.destroy_process_group()
             except Exception as exc:  # noqa: BLE001
                 raise classify(exc) from exc
+        # Objects caught in reference cycles (autograd hooks, work handles) can still hold
+        # the gloo context: free them now, not during interpreter teardown, where gloo
+        # aborts the process ("terminate called without an active exception").
+        gc.collect()
 
 
 def current() -> Group:
