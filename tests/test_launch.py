@@ -7,28 +7,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
+from launcher import launch
 from ranks import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 60
-
-
-def launch(args, timeout=TIMEOUT, env=None, cwd=ROOT):
-    """Run the launcher; return (exit code, combined output, seconds)."""
-    full_env = {**os.environ, **(env or {})}
-    full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
-    t0 = time.monotonic()
-    try:
-        p = subprocess.run([sys.executable, "-m", "pybridge.launch", *args], cwd=cwd, env=full_env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        pytest.fail(f"launcher did not finish within {timeout}s:\n{out}")
-    return p.returncode, p.stdout, time.monotonic() - t0
 
 
 def write(path, text, mode=0o644):

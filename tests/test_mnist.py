@@ -12,7 +12,6 @@ import struct
 import subprocess
 import sys
 import sysconfig
-import time
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ sys.path.insert(0, MNIST)
 import mnist_format as fmt  # noqa: E402
 import prepare  # noqa: E402
 
+from launcher import launch as _launch  # noqa: E402
 from pybridge import recordio  # noqa: E402
 
 TRAIN_PY = os.path.join(MNIST, "train.py")
@@ -60,19 +60,7 @@ def trainer(request, tmp_path_factory):
 
 
 def launch(args, env=None, timeout=TIMEOUT):
-    full_env = {**os.environ, **(env or {})}
-    full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
-    for k in ("PYBRIDGE_TEST_FAIL_AT_STEP", "PYBRIDGE_TEST_FAIL_MARKER", "PYBRIDGE_TEST_FAIL_RANK"):
-        if not (env and k in env):
-            full_env.pop(k, None)
-    t0 = time.monotonic()
-    try:
-        p = subprocess.run([sys.executable, "-m", "pybridge.launch", *args], cwd=ROOT, env=full_env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        pytest.fail(f"launcher did not finish within {timeout}s:\n{out}")
-    return p.returncode, p.stdout, time.monotonic() - t0
+    return _launch(args, env=env, timeout=timeout)
 
 
 def final_accuracy(out):

@@ -1,0 +1,30 @@
+"""Run pybridge-launch as a subprocess of the tests, bounded in time."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_FAULT_VARS = ("PYBRIDGE_TEST_FAIL_AT_STEP", "PYBRIDGE_TEST_FAIL_MARKER", "PYBRIDGE_TEST_FAIL_RANK")
+
+
+def launch(args, env=None, timeout=60, cwd=ROOT):
+    """Run the launcher with `args`; return (exit code, combined output, seconds).
+
+    This checkout's pybridge comes first on PYTHONPATH, and fault-injection variables
+    reach the ranks only when `env` sets them.
+    """
+    full_env = {k: v for k, v in os.environ.items() if k not in _FAULT_VARS}
+    full_env.update(env or {})
+    full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-m", "pybridge.launch", *args], cwd=cwd, env=full_env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        pytest.fail(f"launcher did not finish within {timeout}s:\n{out}")
+    return p.returncode, p.stdout, time.monotonic() - t0
