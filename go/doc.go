@@ -1,17 +1,18 @@
-// Package pybridge runs data-parallel training collectives over
-// torch.distributed from Go. It wraps the C library libpybridge (capi/pybridge.h),
+// Package pybridge runs data-parallel training over torch.distributed from Go:
+// collectives, bucketed gradient reduction and a sharded RecordIO loader. It wraps the C library libpybridge (capi/pybridge.h),
 // which embeds the Python core; cgo finds it with pkg-config (package name
 // "pybridge"), so build with PKG_CONFIG_PATH pointing at the directory that
 // holds pybridge.pc.
 //
 // # Launching
 //
-// Start one process per rank with a launcher that sets RANK, WORLD_SIZE,
-// LOCAL_RANK, MASTER_ADDR and MASTER_PORT, for example
+// Start one process per rank with pybridge-launch (or torchrun), which sets
+// RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and PYBRIDGE_DEVICE:
 //
-//	python3 -m torch.distributed.run --standalone --nproc-per-node 2 --no-python ./prog
+//	pybridge-launch --nproc-per-node 2 ./prog
 //
 // and call Init with no options; options override the environment.
+// FromLaunchEnv returns the same variables, with the rank's device.
 //
 // # Collectives
 //
@@ -25,6 +26,21 @@
 // Every rank must issue collectives in the same order: they are matched by
 // sequence, not by name. All functions may be called from any goroutine, but
 // goroutines that issue collectives concurrently must be ordered by the program.
+//
+// # Gradient reduction
+//
+// NewReducer creates bucketed gradient reduction over a program's parameters.
+// The library owns the flat buckets; Grad returns a slice over a gradient's
+// place in them. A program writes each gradient during its backward pass and
+// calls MarkReady as soon as it is complete, which starts that bucket's
+// allreduce while backward goes on; Wait returns once every bucket is averaged
+// (or summed). BroadcastParams copies rank 0's initial parameters to all ranks.
+//
+// # Data
+//
+// OpenLoader reads RecordIO shards in batches, each rank its own share (static
+// or dynamic partition), Scanner-style: for l.Next() { b := l.Batch() }, then
+// l.Err(). The sub-package recordio reads and writes the format in pure Go.
 //
 // # Errors
 //
