@@ -18,24 +18,24 @@ MAGIC = 0x01020304
 GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "data", "recordio")
 
 
-def crc32_ieee(data, crc=0):
-    """CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), one bit at a time."""
+def _crc32_reflected(data, poly, crc=0):
+    """A reflected CRC-32 with polynomial `poly`, one bit at a time (no table, no zlib)."""
     crc ^= 0xFFFFFFFF
     for byte in data:
         crc ^= byte
         for _ in range(8):
-            crc = (crc >> 1) ^ 0xEDB88320 if crc & 1 else crc >> 1
+            crc = (crc >> 1) ^ poly if crc & 1 else crc >> 1
     return crc ^ 0xFFFFFFFF
+
+
+def crc32_ieee(data, crc=0):
+    """CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320)."""
+    return _crc32_reflected(data, 0xEDB88320, crc)
 
 
 def crc32c(data):
     """CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as the Snappy framing format uses."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-    return crc ^ 0xFFFFFFFF
+    return _crc32_reflected(data, 0x82F63B78)
 
 
 def snappy_mask(crc):
