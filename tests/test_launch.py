@@ -231,3 +231,26 @@ def test_failure_report_names_the_cause_not_the_ranks_that_lost_it(tmp_path):
     assert status == 3
     assert text.splitlines()[0] == "pybridge-launch: rank 1 (local rank 1) failed with exit code 3", text
     assert "out of memory" in text and "rank 0 (local rank 0) failed with exit code 1" in text
+
+
+@pytest.mark.parametrize("local_rank,gpus,isolate,visible,want", [
+    (0, 0, "0", None, ("cpu", None)),            # CPU machine
+    (1, 2, "0", None, ("cuda:1", None)),         # one GPU per local rank
+    (3, 2, "0", None, ("cuda:1", None)),         # more ranks than GPUs: round robin
+    (1, 2, "1", None, ("cuda:0", "1")),          # --isolate-gpus: only its GPU is visible
+    (1, 2, "1", "5,7", ("cuda:0", "7")),         # ... chosen among the GPUs already visible
+])
+def test_worker_device_choice(local_rank, gpus, isolate, visible, want):
+    """The per-rank device the worker shim sets before exec'ing the target (GPU counts faked:
+    the shim only reads them from the launcher's environment)."""
+    from pybridge import launch as launch_mod
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update({"LOCAL_RANK": str(local_rank), "PYBRIDGE_NUM_GPUS": str(gpus), "PYBRIDGE_ISOLATE_GPUS": isolate})
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    shell = 'echo "$PYBRIDGE_DEVICE ${CUDA_VISIBLE_DEVICES-unset}"'
+    p = subprocess.run([sys.executable, "-c", launch_mod._WORKER_SHIM, "exec", "/bin/sh", "-c", shell],
+                       env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.returncode == 0, p.stderr
+    device, cvd = p.stdout.split()
+    assert (device, None if cvd == "unset" else cvd) == want
