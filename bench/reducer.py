@@ -1,7 +1,7 @@
 """Step time (forward + backward + gradient sync) of pybridge's reducer beside torch DDP,
 a naive per-parameter allreduce and a flatten-then-one-allreduce, on 2 ranks over gloo.
 
-    python bench/reducer.py [--quick]
+    python bench/reducer.py [--quick] [--models a,b] [--rounds N] [--no-go]
 
 Prints a table with ratios against torch DDP measured in the same run and writes
 bench/results/reducer.json. Methods take turns in rounds so that machine noise hits all.
@@ -83,7 +83,7 @@ def make_step(method, model, world):
     return step
 
 
-def rank_main(rank, world, port, threads, rounds, iters, queue):
+def rank_main(rank, world, port, threads, rounds, iters, models, queue):
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "RANK": str(rank), "WORLD_SIZE": str(world)})
     import warnings
@@ -93,7 +93,8 @@ def rank_main(rank, world, port, threads, rounds, iters, queue):
     torch.set_num_threads(threads)
     pybridge.init(backend="gloo", timeout=120)
     out = {}
-    for key, cfg in MODELS.items():
+    for key in models:
+        cfg = MODELS[key]
         x = torch.randn(cfg["batch"], cfg["width"], generator=torch.Generator().manual_seed(rank))
         models = {m: build(cfg) for m in METHODS}
         steps = {m: make_step(m, models[m], world) for m in METHODS}
@@ -148,16 +149,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / ranks)")
+    ap.add_argument("--models", default=",".join(MODELS), help="which models, e.g. 'b' (default a,b)")
+    ap.add_argument("--rounds", type=int, default=0, help="rounds of all methods (default 6, --quick 2)")
+    ap.add_argument("--iters", type=int, default=0, help="timed steps per method per round (default a:10, b:5)")
+    ap.add_argument("--no-go", action="store_true", help="skip the Go rows")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     threads = args.threads or max(1, cores // WORLD)
-    rounds = 2 if args.quick else 6
+    rounds = args.rounds or (2 if args.quick else 6)
+    models = args.models.split(",")
+    if not models or any(m not in MODELS for m in models):
+        ap.error(f"--models: choose from {', '.join(MODELS)}")
     iters = {"a": 3, "b": 2} if args.quick else {"a": 10, "b": 5}
+    if args.iters:
+        iters = {k: args.iters for k in iters}
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, WORLD, port, threads, rounds, iters, queue))
+    procs = [ctx.Process(target=rank_main, args=(r, WORLD, port, threads, rounds, iters, models, queue))
              for r in range(WORLD)]
     start = time.time()
     for p in procs:
@@ -180,7 +190,7 @@ def main():
                 p.kill()
 
     print("Go ranks (plain-Go model (a), Go reducer through the C ABI)...", flush=True)
-    go_results = run_go(threads, rounds, iters["a"])
+    go_results = run_go(threads, rounds, iters["a"]) if "a" in models and not args.no_go else None
 
     # A step ends in a collective, so ranks agree on its duration; take the slower rank.
     import torch
@@ -190,14 +200,15 @@ def main():
               "models": {}}
     print(f"reducer benchmark: {WORLD} ranks, gloo, CPU, {threads} torch thread(s) per rank on "
           f"{cores} cores; median step time (zero_grad + forward + backward + sync)")
-    for key, cfg in MODELS.items():
+    for key in models:
+        cfg = MODELS[key]
         med = {m: max(statistics.median(results[r][key][m]) for r in range(WORLD)) for m in METHODS}
         ddp = med["torch_ddp"]
         rows = {m: {"step_ms": round(med[m] * 1e3, 3), "vs_torch_ddp": round(med[m] / ddp, 3),
                     "naive_over_this": round(med["naive"] / med[m], 3)} for m in METHODS}
         lines = [[LABELS[m], f"{rows[m]['step_ms']:.2f}", f"{rows[m]['vs_torch_ddp']:.2f}x",
                   f"{rows[m]['naive_over_this']:.2f}x"] for m in METHODS]
-        if key == "a":
+        if key == "a" and go_results is not None:
             add_go_rows(go_results, med, rows, lines)
         report["models"][key] = {"desc": cfg["desc"], "batch_per_rank": cfg["batch"], "rows": rows}
         print(f"\n({key}) {cfg['desc']}, batch {cfg['batch']} per rank\n")
@@ -207,7 +218,9 @@ def main():
     print("Go rows: forward and backward are plain scalar Go loops (no BLAS, no SIMD), so the Go "
           "step time mostly measures Go's matmul against torch's; 'exposed sync' is the time "
           "left in Wait after backward, 'sync only' marks all 100 gradients and waits, no compute.")
-    path = save("reducer", report)
+    # A partial run (--models, --no-go) must not overwrite the full results.
+    partial = models != list(MODELS) or go_results is None
+    path = save("reducer" + ("-" + "".join(models) if partial else ""), report)
     print(f"wrote {os.path.relpath(path)} in {time.time() - start:.0f} s")
 
 

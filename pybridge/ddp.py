@@ -65,6 +65,12 @@ class DistributedDataParallel(torch.nn.Module):
         n = len(self._params)
         self._used = bytearray(n)   # got a gradient since the last sync (find_unused only)
         self._fresh = bytearray(n)  # unused, .grad was None: we pointed it at a zeroed view
+        # Autograd's own gradient tensors, kept until the next backward replaces them. Freed
+        # mid-backward (right after the copy into the bucket), a large one often lets glibc trim
+        # the heap, and the next gradient of that size is then built in freshly faulted, zeroed
+        # pages: measured ~4,000-8,000 page faults and ~5% of the step on 3 layers of 2048x2048.
+        # Keeping them matches torch DDP's footprint (parameter + .grad + bucket).
+        self._spare = [None] * len(self._params)
         self._sync = True
         self._queued = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(k))
@@ -98,6 +104,7 @@ class DistributedDataParallel(torch.nn.Module):
             for h in self._hooks:
                 h.remove()
             self._hooks = None
+            self._spare = [None] * len(self._params)
             self.reducer.close()
 
     # ---- hooks --------------------------------------------------------------------------------
@@ -118,6 +125,7 @@ class DistributedDataParallel(torch.nn.Module):
             else:  # a fresh gradient (.grad was None): copy it in, scaled, and adopt the view
                 self.reducer.set_grad(k, g)
                 p.grad = v
+                self._spare[k] = g  # see _spare in __init__
         return hook
 
     def _end_of_backward(self):
