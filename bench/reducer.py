@@ -189,8 +189,10 @@ def main():
             if p.is_alive():
                 p.kill()
 
-    print("Go ranks (plain-Go model (a), Go reducer through the C ABI)...", flush=True)
-    go_results = run_go(threads, rounds, iters["a"]) if "a" in models and not args.no_go else None
+    go_results = None
+    if "a" in models and not args.no_go:
+        print("Go ranks (plain-Go model (a), Go reducer through the C ABI)...", flush=True)
+        go_results = run_go(threads, rounds, iters["a"])
 
     # A step ends in a collective, so ranks agree on its duration; take the slower rank.
     import torch
@@ -215,9 +217,10 @@ def main():
         print(table(["method", "step ms", "vs torch DDP", "naive / this"], lines))
     print("\nvs torch DDP: step time / DDP's (< 1 is faster); naive / this: how many times "
           "faster than the per-parameter loop")
-    print("Go rows: forward and backward are plain scalar Go loops (no BLAS, no SIMD), so the Go "
-          "step time mostly measures Go's matmul against torch's; 'exposed sync' is the time "
-          "left in Wait after backward, 'sync only' marks all 100 gradients and waits, no compute.")
+    if go_results is not None:
+        print("Go rows: forward and backward are plain scalar Go loops (no BLAS, no SIMD), so the Go "
+              "step time mostly measures Go's matmul against torch's; 'exposed sync' is the time "
+              "left in Wait after backward, 'sync only' marks all 100 gradients and waits, no compute.")
     # A partial run (--models, --no-go) must not overwrite the full results.
     partial = models != list(MODELS) or go_results is None
     path = save("reducer" + ("-" + "".join(models) if partial else ""), report)
