@@ -10,6 +10,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
+if ROOT not in sys.path:  # benchmark this checkout, whatever an editable install points at
+    sys.path.insert(1, ROOT)
 
 
 def free_port():

@@ -158,15 +158,46 @@ def test_crc32_combine_matches_zlib():
         assert checksum.crc32_combine(zlib.crc32(a), zlib.crc32(b), lb) == zlib.crc32(a + b)
 
 
-def test_crc_backends_agree(monkeypatch):
-    data = np.frombuffer(np.random.default_rng(2).bytes(100_000), np.uint8)
-    fast = checksum.crc32_update(7, data)
-    monkeypatch.setattr(checksum, "_fast", False)  # force the zlib fallback
-    assert checksum.crc32_update(7, data) == fast == zlib.crc32(data, 7)
+def use_crc(monkeypatch, name):
+    """Start the CRC backend chain at `name` ("" for the default order)."""
+    monkeypatch.setenv("PYBRIDGE_RECORDIO_CRC", name)
+    monkeypatch.setattr(checksum, "_impl", None)
+
+
+@pytest.mark.parametrize("name", checksum._BACKENDS)
+def test_crc_backends_agree(monkeypatch, name):
+    use_crc(monkeypatch, name)
+    if checksum.backend() != name:
+        pytest.skip(f"{name} is not installed")
+    big = np.frombuffer(np.random.default_rng(2).bytes(100_003), np.uint8)
+    # What the reader passes (numpy arrays, memoryview slices), large and small, and bytes.
+    for data in (big, big[5:], memoryview(big)[1:77_777], memoryview(big)[3:7], big[:3], big[:0],
+                 bytes(big[:5000]), bytearray(b"abc")):
+        assert checksum.crc32_update(7, data) == zlib.crc32(data, 7)
+
+
+def test_crc_chain_skips_missing_and_wrong_backends(monkeypatch):
+    def missing():
+        raise ImportError("not installed")
+    monkeypatch.setitem(checksum._LOADERS, "isal", missing)
+    monkeypatch.setitem(checksum._LOADERS, "zlib-ng", lambda: lambda data, crc=0: 0)  # wrong answers
+    monkeypatch.setitem(checksum._LOADERS, "libdeflate", missing)
+    use_crc(monkeypatch, "")
+    assert checksum.backend() == "zlib"
+    assert checksum.crc32_update(7, b"123456789") == zlib.crc32(b"123456789", 7)
+    use_crc(monkeypatch, "no-such-backend")  # an unknown name means the default order
+    assert checksum.backend() == "zlib"
+
+
+def test_crc_env_starts_the_chain_at_the_named_backend(monkeypatch):
+    use_crc(monkeypatch, "zlib")
+    assert checksum.backend() == "zlib"
+    use_crc(monkeypatch, "libdeflate")
+    assert checksum.backend() in ("libdeflate", "zlib")
 
 
 def test_reads_match_with_zlib_crc(tmp_path, monkeypatch):
-    monkeypatch.setattr(checksum, "_fast", False)
+    use_crc(monkeypatch, "zlib")
     path = tmp_path / "z.recordio"
     records = [bytes([i]) * 9000 for i in range(30)]
     rio.write_file(path, records, "none", 50_000)

@@ -187,3 +187,55 @@ def test_piecewise_and_parallel_reads(tmp_path, monkeypatch, threads):
             bad.write_bytes(bytes(data))
             with pytest.raises(CorruptData, match="chunk 0, byte offset 0: checksum mismatch"):
                 rio.read_file(str(bad))
+
+
+@pytest.mark.parametrize("crc", ["", "zlib"])  # the fastest installed backend, and the fallback
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_piecewise_crc_catches_a_flip_anywhere(tmp_path, monkeypatch, crc, where):
+    # Pieces are checksummed as they arrive, on two threads, and the CRCs chained/combined:
+    # a flipped byte in the first piece, in a middle one or in the very last byte of the
+    # payload must fail the chunk before any of its records is returned.
+    from pybridge.recordio import checksum, reader as rd
+    monkeypatch.setenv("PYBRIDGE_RECORDIO_CRC", crc)
+    monkeypatch.setattr(checksum, "_impl", None)
+    monkeypatch.setattr(rd, "_PARALLEL_MIN", 1000)
+    monkeypatch.setattr(rd, "_PIECE", 700)
+    monkeypatch.setattr(rd, "_SCATTER_MIN", 300)
+    monkeypatch.setattr(rd, "_GROUP_BYTES", 1500)
+    monkeypatch.setenv("PYBRIDGE_RECORDIO_THREADS", "2")
+    rng = np.random.default_rng(11)
+    cases = {"uniform": [rng.bytes(400) for _ in range(50)],
+             "variable": [rng.bytes(int(n)) for n in rng.integers(0, 700, 50)]}
+    for name, records in cases.items():
+        path = make(tmp_path, records, limit=1 << 20, name=f"{name}-{where}")  # one chunk
+        with rio.Reader(path) as r:
+            assert r.num_chunks == 1 and r.read(0, len(records)).tolist() == records
+        size = os.path.getsize(path) - 20
+        data = bytearray(open(path, "rb").read())
+        data[20 + {"first": 0, "middle": size // 2, "last": size - 1}[where]] ^= 0x01
+        open(path, "wb").write(bytes(data))
+        with rio.Reader(path) as r:
+            with pytest.raises(CorruptData, match="checksum mismatch"):
+                r.read(len(records) - 1, 1)
+        with rio.Reader(path, skip_corrupt=True) as r:
+            assert len(r.read(0, len(records))) == 0 and r.corrupt_chunks == 1
+
+
+def test_pool_places_data_at_the_requested_page_offset():
+    from pybridge.recordio.reader import _BufferPool
+    pool = _BufferPool()
+    for size, page_offset in [(1, 0), (5000, 20), (3 << 20, 4095), (100, 1348)]:
+        owner, view = pool.take(size, page_offset)
+        assert len(view) == size and view.ctypes.data % 4096 == page_offset
+        assert view.base is owner or view.base is owner.base
+        del view
+        pool.give(owner)
+    # A returned buffer is reused at another page offset when it is large enough.
+    pool = _BufferPool()
+    owner, view = pool.take(10_000, 7)
+    address = owner.ctypes.data
+    del view
+    pool.give(owner)
+    del owner  # the pool hands out only buffers that nothing else refers to
+    again, view = pool.take(9_000, 3000)
+    assert again.ctypes.data == address and view.ctypes.data % 4096 == 3000
