@@ -164,7 +164,7 @@ def _rank_main(rank, world, paths, slow_rank):
         for batch in loader:
             got.extend(batch.tolist())
             if rank == slow_rank:
-                time.sleep(0.15)
+                time.sleep(0.3)
         out["dynamic"] = got
     pybridge.barrier()  # the store lives on rank 0: keep it up until everyone is done
     pybridge.finalize()
@@ -183,5 +183,7 @@ def test_static_and_dynamic_on_real_ranks(tmp_path):
 
     dynamic = [res["dynamic"] for res in results]
     assert sorted(r for d in dynamic for r in d) == everything  # every record exactly once
+    # The slow rank reads less than the even share a static split would give it, the fast ones
+    # make up for it. (Not "less than every fast rank": under load one fast rank can start late.)
     fast = [len(d) for r, d in enumerate(dynamic) if r != slow]
-    assert len(dynamic[slow]) < min(fast), [len(d) for d in dynamic]
+    assert len(dynamic[slow]) < len(everything) // world < max(fast), [len(d) for d in dynamic]
