@@ -2,7 +2,7 @@
 from 1 KiB to 64 MiB, 2 ranks on gloo, three ways in one run:
 raw torch.distributed from Python, pybridge from Python, pybridge from Go (C ABI).
 
-    python bench/collectives.py [--quick]      (make bench runs it)
+    python bench/collectives.py [--quick] [--only latency|bandwidth]      (make bench runs it)
 
 Implementations are interleaved (Python ranks, Go ranks, again) and each figure is the
 median over rounds, so machine noise hits all of them alike. Prints a table of times
@@ -29,12 +29,12 @@ def iterations(nbytes):
     return max(3, min(2000, (48 << 20) // nbytes))
 
 
-def plan(quick):
+def plan(quick, only=None):
     sizes = SIZES[::2] if quick else SIZES
     cases = [("latency", "allreduce", 4, 300 if quick else 3000)]
     for op in ("allreduce", "broadcast"):
         cases += [("bandwidth", op, n, max(2, iterations(n) // (4 if quick else 1))) for n in sizes]
-    return cases
+    return [c for c in cases if only is None or c[0] == only]
 
 
 def worker(cases, rounds, out_path):
@@ -76,9 +76,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and iterations (a smoke run)")
     parser.add_argument("--runs", type=int, default=2, help="times each implementation's ranks are started")
+    parser.add_argument("--only", choices=("latency", "bandwidth"), help="run only these cases")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    cases = plan(args.quick)
+    cases = plan(args.quick, args.only)
     rounds = 1 if args.quick else 2
     if args.worker:
         return worker(cases, rounds, args.worker)
@@ -89,12 +90,13 @@ def main():
     tmp = os.path.join(ROOT, "build", "bench-collectives.json")
     for run in range(args.runs):
         print(f"run {run + 1}/{args.runs}: Python ranks (torch.distributed and pybridge)...", flush=True)
-        launch([sys.executable, __file__, "--worker", tmp] + (["--quick"] if args.quick else []), 2, 900)
+        flags = (["--quick"] if args.quick else []) + (["--only", args.only] if args.only else [])
+        launch([sys.executable, __file__, "--worker", tmp] + flags, 2, 900)
         merge(samples, tmp)
         print(f"run {run + 1}/{args.runs}: Go ranks (pybridge through the C ABI)...", flush=True)
         launch([GO_BIN, tmp, spec, str(rounds)], 2, 900)
         merge(samples, tmp)
-    report(cases, samples, args.quick)
+    report(cases, samples, args.quick, args.only)
 
 
 def merge(samples, path):
@@ -103,7 +105,7 @@ def merge(samples, path):
             samples.setdefault(key, []).extend(values)
 
 
-def report(cases, samples, quick):
+def report(cases, samples, quick, only=None):
     med = {k: statistics.median(v) for k, v in samples.items()}
     rows, records = [], []
     for kind, op, nbytes, _ in cases:
@@ -124,6 +126,8 @@ def report(cases, samples, quick):
     print("2 ranks, gloo, loopback. Latency rows: time per call, ratio = pybridge / torch (goal <= 1.05).")
     print("Bandwidth rows: bytes / time per call, ratio = pybridge / torch (goal >= 0.97 at 16 MiB).")
     print(table(headers, rows))
+    if only:  # a partial run prints its table; bench/results keeps full runs only
+        return
     path = save("collectives", {"quick": quick, "results": records})
     print(f"\nwrote {path}")
 

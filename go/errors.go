@@ -99,7 +99,9 @@ func newError(status int, op, format string, args ...any) error {
 }
 
 // check turns a helper's status and copied message into an error, freeing the copy.
+// Every library call ends here, so it also paces the scheduler (see sched.go).
 func check(op string, st C.int, msg *C.char) error {
+	paceCgo()
 	if st == statusOK {
 		return nil
 	}
