@@ -75,7 +75,7 @@ def build_go():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and iterations (a smoke run)")
-    parser.add_argument("--runs", type=int, default=2, help="times each implementation's ranks are started")
+    parser.add_argument("--runs", type=int, default=4, help="times each implementation's ranks are started (default 4)")
     parser.add_argument("--only", choices=("latency", "bandwidth"), help="run only these cases")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
