@@ -4,7 +4,9 @@ a naive per-parameter allreduce and a flatten-then-one-allreduce, on 2 ranks ove
     python bench/reducer.py [--quick] [--models a,b] [--rounds N] [--no-go]
 
 Prints a table with ratios against torch DDP measured in the same run and writes
-bench/results/reducer.json. Methods take turns in rounds so that machine noise hits all.
+bench/results/reducer.json. Each method runs in its own pair of rank processes (so methods
+cannot disturb each other's heap and caches), and the methods take turns in rounds so that
+machine noise hits all.
 The Go rows (model (a) only) come from bench/reducer_go, run as 2 Go ranks after the
 Python ranks: forward and backward in plain Go loops, the Go reducer (C ABI) marking each
 layer's gradients ready as backward produces them.
@@ -83,43 +85,93 @@ def make_step(method, model, world):
     return step
 
 
-def rank_main(rank, world, port, threads, rounds, iters, models, queue):
+def method_rank(method, key, rank, port, threads, conn):
+    """One rank of one method's own 2-rank job. Answers the parent over `conn`: first rank 0's
+    gradients after one step (to check that every method computes the same thing), then, for
+    each request of n, the times of n steps; None ends it."""
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "RANK": str(rank), "WORLD_SIZE": str(world)})
+                       "RANK": str(rank), "WORLD_SIZE": str(WORLD)})
     import warnings
     warnings.filterwarnings("ignore")
     import torch
     import pybridge
     torch.set_num_threads(threads)
     pybridge.init(backend="gloo", timeout=120)
-    out = {}
-    for key in models:
-        cfg = MODELS[key]
-        x = torch.randn(cfg["batch"], cfg["width"], generator=torch.Generator().manual_seed(rank))
-        models = {m: build(cfg) for m in METHODS}
-        steps = {m: make_step(m, models[m], world) for m in METHODS}
-        # Same work everywhere: after one step every method holds the same averaged gradients.
-        for m in METHODS:
-            steps[m](x)
-        ref = [p.grad for p in models["torch_ddp"].parameters()]
-        for m in METHODS:
-            for g, r in zip((p.grad for p in models[m].parameters()), ref):
-                if not torch.allclose(g, r, rtol=1e-4, atol=1e-6):
-                    raise AssertionError(f"{m} gradients differ from torch DDP's on model {key}")
-        times = {m: [] for m in METHODS}
-        for r in range(rounds):
-            for m in METHODS[r % len(METHODS):] + METHODS[:r % len(METHODS)]:
-                steps[m](x)  # warm-up after switching
-                pybridge.barrier()
-                for _ in range(iters[key]):
-                    t0 = time.perf_counter()
-                    steps[m](x)
-                    times[m].append(time.perf_counter() - t0)
-        out[key] = times
-        del models, steps
+    cfg = MODELS[key]
+    x = torch.randn(cfg["batch"], cfg["width"], generator=torch.Generator().manual_seed(rank))
+    model = build(cfg)
+    step = make_step(method, model, WORLD)
+    step(x)
+    conn.send([p.grad.clone() for p in model.parameters()] if rank == 0 else None)
+    while (n := conn.recv()) is not None:
+        step(x)  # warm-up after the pause
+        pybridge.barrier()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            step(x)
+            times.append(time.perf_counter() - t0)
+        conn.send(times)
     pybridge.barrier()
     pybridge.finalize()
-    queue.put((rank, out))
+
+
+def run_methods(key, threads, rounds, iters, deadline):
+    """{method: [rank 0's step seconds, rank 1's]} for model `key`.
+
+    Each method runs in its own pair of processes, so that one method's heap and caches
+    (freed gradients, trimmed or not; the other models' tensors) cannot slow another down:
+    run in one process, methods moved page faults onto each other. They still take turns,
+    round by round, so machine noise hits all of them; the idle pairs block on their pipes."""
+    import torch
+    ctx = mp.get_context("spawn")
+    pairs = {}
+
+    def recv(method, rank):
+        proc, conn = pairs[method][rank]
+        while not conn.poll(1):
+            if proc.exitcode is not None:
+                sys.exit(f"{method} rank {rank} died (exit {proc.exitcode}); see its traceback above")
+            if time.monotonic() > deadline:
+                sys.exit("benchmark did not finish within its time limit")
+        return conn.recv()
+
+    try:
+        for m in METHODS:
+            port = free_port()
+            pairs[m] = []
+            for r in range(WORLD):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=method_rank, args=(m, key, r, port, threads, child), daemon=True)
+                proc.start()
+                pairs[m].append((proc, parent))
+        grads = {m: recv(m, 0) for m in METHODS}
+        for m in METHODS:
+            recv(m, 1)
+            # Same work everywhere: after one step every method holds the same averaged gradients.
+            for g, ref in zip(grads[m], grads["torch_ddp"]):
+                if not torch.allclose(g, ref, rtol=1e-4, atol=1e-6):
+                    sys.exit(f"{m} gradients differ from torch DDP's on model {key}")
+        del grads
+        times = {m: [[] for _ in range(WORLD)] for m in METHODS}
+        for r in range(rounds):
+            for m in METHODS[r % len(METHODS):] + METHODS[:r % len(METHODS)]:
+                for _, conn in pairs[m]:
+                    conn.send(iters)
+                for rank in range(WORLD):
+                    times[m][rank].extend(recv(m, rank))
+        for m in METHODS:
+            for _, conn in pairs[m]:
+                conn.send(None)
+        for m in METHODS:
+            for proc, _ in pairs[m]:
+                proc.join(timeout=30)
+        return times
+    finally:
+        for pair in pairs.values():
+            for proc, _ in pair:
+                if proc.is_alive():
+                    proc.kill()
 
 
 GO_DIR = os.path.join(ROOT, "bench", "reducer_go")
@@ -164,30 +216,12 @@ def main():
     if args.iters:
         iters = {k: args.iters for k in iters}
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, WORLD, port, threads, rounds, iters, models, queue))
-             for r in range(WORLD)]
     start = time.time()
-    for p in procs:
-        p.start()
+    deadline = time.monotonic() + 900
     results = {}
-    try:
-        while len(results) < WORLD:
-            try:
-                rank, out = queue.get(timeout=5)
-                results[rank] = out
-            except Exception:  # queue.Empty: make sure nobody died
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    sys.exit("a rank failed; see its traceback above")
-                if time.time() - start > 600:
-                    sys.exit("benchmark did not finish within 600 s")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    for key in models:
+        print(f"model ({key}): 4 methods, each in its own pair of ranks, taking turns...", flush=True)
+        results[key] = run_methods(key, threads, rounds, iters[key], deadline)
 
     go_results = None
     if "a" in models and not args.no_go:
@@ -204,7 +238,7 @@ def main():
           f"{cores} cores; median step time (zero_grad + forward + backward + sync)")
     for key in models:
         cfg = MODELS[key]
-        med = {m: max(statistics.median(results[r][key][m]) for r in range(WORLD)) for m in METHODS}
+        med = {m: max(statistics.median(results[key][m][r]) for r in range(WORLD)) for m in METHODS}
         ddp = med["torch_ddp"]
         rows = {m: {"step_ms": round(med[m] * 1e3, 3), "vs_torch_ddp": round(med[m] / ddp, 3),
                     "naive_over_this": round(med["naive"] / med[m], 3)} for m in METHODS}
