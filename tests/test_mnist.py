@@ -5,6 +5,7 @@ Every launcher run is a subprocess bounded by a timeout; the data set is a small
 """
 
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -106,9 +107,14 @@ def test_prepare_says_which_data(tmp_path, capsys):
     assert "SYNTHETIC digits" in capsys.readouterr().out
 
 
-def _idx(path, arr, gz):
+def _idx_bytes(arr):
+    """An unsigned-byte IDX file's bytes for arr."""
     header = struct.pack(">BBBB", 0, 0, 8, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape)
-    raw = header + arr.astype(np.uint8).tobytes()
+    return header + arr.astype(np.uint8).tobytes()
+
+
+def _idx(path, arr, gz):
+    raw = _idx_bytes(arr)
     with open(path, "wb") as f:
         f.write(gzip.compress(raw) if gz else raw)
 
@@ -169,33 +175,33 @@ def _fake_idx_set(rng):
     files = {}
     for prefix, n in (("train", 6), ("t10k", 3)):
         for kind, arr in (("images", rng.integers(0, 256, (n, 28, 28))), ("labels", rng.integers(0, 10, n))):
-            arr = arr.astype(np.uint8)
-            files[f"{prefix}-{kind}-idx{arr.ndim}-ubyte"] = (
-                struct.pack(">BBBB", 0, 0, 8, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape) + arr.tobytes())
+            files[f"{prefix}-{kind}-idx{arr.ndim}-ubyte"] = _idx_bytes(arr)
     return files
 
 
-def _serve_tarball(root, files):
+def _fake_sources(monkeypatch, http_dir, official, served):
+    """Make `official` ({base: bytes}) the checksummed files, serve `served` in the fallback
+    tarball, and point the gzip mirror at http_dir/mirror/ (empty: every file 404s)."""
     import io
     import tarfile
+    root, url = http_dir
+    monkeypatch.setattr(prepare, "IDX_SHA256", {b: hashlib.sha256(r).hexdigest() for b, r in official.items()})
     with tarfile.open(root / "mnist.tgz", "w:gz") as tar:
-        for base, raw in files.items():
+        for base, raw in served.items():
             info = tarfile.TarInfo(prepare.TARBALL_MEMBER.format(base))
             info.size = len(raw)
             tar.addfile(info, io.BytesIO(raw))
+    monkeypatch.setattr(prepare, "MIRRORS", [url + "mirror/"])
+    monkeypatch.setattr(prepare, "TARBALL", url + "mnist.tgz")
+    (root / "mirror").mkdir()
+    return root / "mirror"
 
 
 def test_download_checks_every_file_and_falls_back_to_the_tarball(tmp_path, http_dir, monkeypatch):
-    import hashlib
-    root, url = http_dir
     files = _fake_idx_set(np.random.default_rng(3))
-    monkeypatch.setattr(prepare, "IDX_SHA256", {b: hashlib.sha256(r).hexdigest() for b, r in files.items()})
+    mirror = _fake_sources(monkeypatch, http_dir, files, files)
     # The gzip mirror serves a wrong train-images file and nothing else; the tarball has all four.
-    (root / "mirror").mkdir()
-    (root / "mirror" / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(b"\0\0\x08\x03 not mnist"))
-    _serve_tarball(root, files)
-    monkeypatch.setattr(prepare, "MIRRORS", [url + "mirror/"])
-    monkeypatch.setattr(prepare, "TARBALL", url + "mnist.tgz")
+    (mirror / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(b"\0\0\x08\x03 not mnist"))
     raw = tmp_path / "raw"
     prepare.download(str(raw))
     assert sorted(os.listdir(raw)) == sorted(files)  # no .part files, no unchecked .gz
@@ -208,14 +214,10 @@ def test_download_checks_every_file_and_falls_back_to_the_tarball(tmp_path, http
 
 
 def test_download_rejects_a_file_with_the_wrong_checksum(tmp_path, http_dir, monkeypatch):
-    import hashlib
-    root, url = http_dir
     files = _fake_idx_set(np.random.default_rng(4))
-    monkeypatch.setattr(prepare, "IDX_SHA256", {b: hashlib.sha256(r).hexdigest() for b, r in files.items()})
-    files["t10k-labels-idx1-ubyte"] = files["t10k-labels-idx1-ubyte"][:-1] + b"\x09"  # one byte off
-    _serve_tarball(root, files)
-    monkeypatch.setattr(prepare, "MIRRORS", [url + "missing/"])
-    monkeypatch.setattr(prepare, "TARBALL", url + "mnist.tgz")
+    served = dict(files)
+    served["t10k-labels-idx1-ubyte"] = files["t10k-labels-idx1-ubyte"][:-1] + b"\x09"  # one byte off
+    _fake_sources(monkeypatch, http_dir, files, served)
     raw = tmp_path / "raw"
     with pytest.raises(SystemExit, match="t10k-labels-idx1-ubyte: SHA-256 [0-9a-f]{64} is not the official"):
         prepare.download(str(raw))
