@@ -221,12 +221,12 @@ def test_piecewise_crc_catches_a_flip_anywhere(tmp_path, monkeypatch, crc, where
             assert len(r.read(0, len(records))) == 0 and r.corrupt_chunks == 1
 
 
-def test_pool_places_data_at_the_requested_page_offset():
+def test_pool_places_data_at_the_file_offset_within_a_page():
     from pybridge.recordio.reader import _BufferPool
     pool = _BufferPool()
-    for size, page_offset in [(1, 0), (5000, 20), (3 << 20, 4095), (100, 1348)]:
-        owner, view = pool.take(size, page_offset)
-        assert len(view) == size and view.ctypes.data % 4096 == page_offset
+    for size, file_offset in [(1, 0), (5000, 20), (3 << 20, 4095), (100, 1348), (100, 5 * 4096 + 1348)]:
+        owner, view = pool.take(size, file_offset)
+        assert len(view) == size and view.ctypes.data % 4096 == file_offset % 4096
         assert view.base is owner or view.base is owner.base
         del view
         pool.give(owner)

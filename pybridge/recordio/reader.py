@@ -166,11 +166,11 @@ class _BufferPool:
         self._bufs = []
         self._keep = keep
 
-    def take(self, size, page_offset=0):
-        """(owner, view): a pooled array, and a `size`-byte view of it whose address is
-        `page_offset` modulo 4096. Give back the owner; each live view keeps it from reuse."""
+    def take(self, size, file_offset=0):
+        """(owner, view): a pooled array, and a `size`-byte view of it whose address equals
+        `file_offset` modulo 4096. Give back the owner; each live view keeps it from reuse."""
         def fit(buf):
-            skip = (page_offset - buf.ctypes.data) % _PAGE
+            skip = (file_offset - buf.ctypes.data) % _PAGE
             return skip if skip + size <= len(buf) else None
         with self._lock:
             best = None
@@ -330,7 +330,7 @@ class Reader:
             return None
         # Record 0 lands at its source's page offset; later ones drift 4 bytes back per record,
         # out of the slow window for the first 1016 records (see _BufferPool).
-        buf, out = _buffers.take(n * length, (start + 4) % _PAGE)
+        buf, out = _buffers.take(n * length, start + 4)
         prefixes = np.empty(n, "<u4")
         ranges = _split(n, _workers()) if size >= _PARALLEL_MIN else [(0, n)]
         work = lambda r: _read_uniform(fd, out, prefixes, start, length, r[0], r[1],  # noqa: E731
@@ -356,7 +356,7 @@ class Reader:
             dec = self._try_uniform(info)
             if dec is not None:
                 return dec
-            buf, payload = _buffers.take(info.size, (info.offset + HEADER_SIZE) % _PAGE)
+            buf, payload = _buffers.take(info.size, info.offset + HEADER_SIZE)
             self._check_crc(info, self._read(info, payload))
         else:
             payload, buf = self._decompressed(info)
@@ -368,7 +368,7 @@ class Reader:
 
     def _decompressed(self, info):
         """(payload, pooled buffer holding it or None) of a compressed chunk."""
-        scratch, raw = _buffers.take(info.size, (info.offset + HEADER_SIZE) % _PAGE)  # the compressed bytes
+        scratch, raw = _buffers.take(info.size, info.offset + HEADER_SIZE)  # the compressed bytes
         taken = []
 
         def alloc(n):
