@@ -3,12 +3,13 @@
     python bench/mnist.py [--epochs 2] [--batch-size 64] [--mnist-dir DIR | --download] [--target 0.97]
 
 Prepares a data set in a temporary folder (synthetic 10000 + 2000 digits, or real MNIST with
---mnist-dir / MNIST_DIR, or --download to fetch it into build/mnist-raw once), runs each trainer under `python -m pybridge.launch --nproc-per-node N`
-and reads its per-epoch "samples/s" lines (training time only, global samples). Prints a table
-with the speed-up over 1 rank and the scaling efficiency (samples/s with N ranks divided by
-N x samples/s with 1 rank), the first epoch whose test accuracy reaches --target and the
-wall time from launch to the end of that epoch (evaluation included), and writes bench/results/mnist.json. Both rank counts run with
-OMP_NUM_THREADS=1 (one core per rank), so the comparison is per core.
+--mnist-dir / MNIST_DIR, or --download to fetch it into build/mnist-raw once), runs each
+trainer under `python -m pybridge.launch --nproc-per-node N` and reads its per-epoch
+"samples/s" lines (training time only, global samples). Prints a table with the speed-up over
+1 rank, the scaling efficiency (samples/s with N ranks divided by N x samples/s with 1 rank),
+the first epoch whose test accuracy reaches --target and the wall time from launch to the end
+of that epoch (evaluation included), and writes bench/results/mnist.json. Both rank counts run
+with OMP_NUM_THREADS=1 (one core per rank), so the comparison is per core.
 
 The Go trainer (examples/mnist/*.go) is built first into build/mnist.
 """
@@ -53,7 +54,8 @@ def run_trainer(target, ranks, data, opts):
     wall = time.monotonic() - t0
     text = "".join(out)
     if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{text}")
+        why = f"did not finish within {opts.timeout:g} s" if wall >= opts.timeout else f"failed ({p.returncode})"
+        raise SystemExit(f"{' '.join(cmd)} {why}:\n{text}")
     epochs = EPOCH.findall(text)
     final = FINAL.search(text)
     if not epochs or not final:
