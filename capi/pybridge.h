@@ -240,6 +240,13 @@ int pb_loader_next(pb_loader *loader, const uint8_t **data, const int64_t **offs
  * partition's counters. Takes effect when the next pass starts. */
 int pb_loader_set_epoch(pb_loader *loader, int64_t epoch);
 
+/* Batches prepared ahead on the loader's background thread (default 2; 0: each
+ * pb_loader_next reads on the calling thread). Prefetching overlaps reading with the
+ * caller's work; when the caller does little between batches on a machine with few cores,
+ * 0 can be faster (see the README's RecordIO benchmark). Takes effect when the next pass
+ * starts. Errors: PB_ERR_INVALID_ARGUMENT for a negative count. */
+int pb_loader_set_prefetch(pb_loader *loader, int32_t batches);
+
 /* Batches per pass on this rank: the same on every rank under PB_PARTITION_STATIC;
  * -1 under PB_PARTITION_DYNAMIC, where it depends on timing. */
 int pb_loader_num_batches(pb_loader *loader, int64_t *out);

@@ -30,6 +30,7 @@ type loaderConfig struct {
 	seed        int64
 	dropLast    bool
 	skipCorrupt bool
+	prefetch    *int
 }
 
 // LoaderOption configures OpenLoader.
@@ -52,6 +53,13 @@ func WithDropLast() LoaderOption { return func(c *loaderConfig) { c.dropLast = t
 // WithSkipCorrupt skips corrupt chunks and counts them (CorruptChunks) instead
 // of failing with ErrCorrupt.
 func WithSkipCorrupt() LoaderOption { return func(c *loaderConfig) { c.skipCorrupt = true } }
+
+// WithPrefetch sets how many batches the core prepares ahead on its background
+// thread (default 2). 0 reads on the goroutine that calls Next: faster when
+// little work happens between batches on a machine with few cores.
+func WithPrefetch(batches int) LoaderOption {
+	return func(c *loaderConfig) { c.prefetch = &batches }
+}
 
 // Loader reads this rank's batches of a RecordIO dataset through the Python
 // core, which prefetches on a background thread. Use it Scanner-style:
@@ -144,6 +152,9 @@ func OpenLoader(g *Group, files []string, batchSize int, opts ...LoaderOption) (
 	if batchSize < 1 {
 		return nil, newError(statusInvalidArgument, op, "batch size must be positive, got %d", batchSize)
 	}
+	if c.prefetch != nil && (*c.prefetch < 0 || *c.prefetch > math.MaxInt32) {
+		return nil, newError(statusInvalidArgument, op, "prefetch must be in 0..%d, got %d", math.MaxInt32, *c.prefetch)
+	}
 	var gh *C.pb_group // NULL: a single process
 	if g != nil {
 		if g.h == nil {
@@ -172,6 +183,12 @@ func OpenLoader(g *Group, files []string, batchSize int, opts ...LoaderOption) (
 		return nil, err
 	}
 	l := &Loader{h: h}
+	if c.prefetch != nil {
+		if err := check(op, C.pbgo_loader_set_prefetch(h, C.int32_t(*c.prefetch), &msg), msg); err != nil {
+			C.pbgo_loader_close(h, nil)
+			return nil, err
+		}
+	}
 	info, err := l.info(op)
 	if err != nil {
 		C.pbgo_loader_close(h, nil)

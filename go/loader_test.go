@@ -296,3 +296,21 @@ func roleLoader() error {
 	}
 	return g.Close()
 }
+
+func TestLoaderPrefetchOption(t *testing.T) {
+	files, all := writeDataset(t, t.TempDir(), 2, 20)
+	for _, n := range []int{0, 1, 5} {
+		l, err := pybridge.OpenLoader(nil, files, 6, pybridge.WithPrefetch(n))
+		if err != nil {
+			t.Fatalf("WithPrefetch(%d): %v", n, err)
+		}
+		got, _, err := readPass(l, 6)
+		l.Close()
+		if err != nil || !slices.Equal(got, all) {
+			t.Fatalf("WithPrefetch(%d): %v, records %v", n, err, got)
+		}
+	}
+	if _, err := pybridge.OpenLoader(nil, files, 6, pybridge.WithPrefetch(-1)); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		t.Fatalf("WithPrefetch(-1): %v", err)
+	}
+}

@@ -118,6 +118,20 @@ def test_shuffle_and_epochs(abi, dataset):
     assert ld.close() == 0
 
 
+def test_prefetch_setting(abi, dataset):
+    ffi, lib = abi
+    paths, records = dataset
+    ld = Loader(ffi, lib, paths, 16)
+    assert ld.rc == 0, ld.msg
+    for batches in (0, 3):  # 0: read on the calling thread
+        assert lib.pb_loader_set_prefetch(ld.h, batches) == 0
+        assert [r for b in ld.run_pass() for r in b] == records
+    assert lib.pb_loader_set_prefetch(ld.h, -1) == lib.PB_ERR_INVALID_ARGUMENT
+    assert b"prefetch must be a non-negative integer, got -1" in ffi.string(lib.pb_last_error())
+    assert ld.close() == 0
+    assert lib.pb_loader_set_prefetch(ld.h, 1) == lib.PB_ERR_CLOSED
+
+
 def test_batch_pointers_stay_valid_until_the_next_call(abi, tmp_path):
     ffi, lib = abi
     path = str(tmp_path / "big.recordio")

@@ -15,6 +15,13 @@ B = [b"third"]
 C = [b"fourth", b"fifth", b"sixth"]
 
 
+@pytest.fixture(autouse=True, params=["mmap", "pread"])
+def read_path(request, monkeypatch):
+    """Every test here runs over both read paths: the memory map (default) and pread."""
+    monkeypatch.setenv("PYBRIDGE_RECORDIO_MMAP", "1" if request.param == "mmap" else "0")
+    return request.param
+
+
 def layout():
     """Three uncompressed chunks and the byte offset of each."""
     chunks = [chunk(A), chunk(B), chunk(C)]
@@ -229,3 +236,39 @@ def test_no_single_byte_corruption_goes_unnoticed(tmp_path, compressor):
         except CorruptData:
             continue
         assert got == records, f"byte {i} flipped: wrong records returned silently"
+
+
+def test_file_truncated_after_it_was_indexed(tmp_path, read_path):
+    # A memory-mapped read past the end of a file that shrank would kill the process with
+    # SIGBUS: each chunk's extent is checked against the file's size first, on both paths.
+    chunks, offs = layout()
+    path = write(tmp_path, b"".join(chunks))
+    with rio.Reader(path) as r:
+        assert r.use_mmap == (read_path == "mmap")
+        with open(path, "r+b") as f:
+            f.truncate(offs[1] + 25)  # chunk 1 loses the end of its payload, chunk 2 all of it
+        assert r.read(0, 2).tolist() == A
+        for start, chunk_no in ((2, 1), (3, 2)):
+            with pytest.raises(CorruptData) as info:
+                r.read(start, 1)
+            assert (info.value.chunk, info.value.offset) == (chunk_no, offs[chunk_no])
+            assert "truncated chunk" in str(info.value) and "did the file change" in str(info.value)
+
+
+def test_checksummed_ahead_chunk_still_fails_when_read(tmp_path, read_path):
+    # Reading sequentially, the next chunk's CRC is computed in advance (memory map): a bad
+    # one must fail exactly when that chunk is read, and only then.
+    chunks, offs = layout()
+    bad = bytearray(chunks[1])
+    bad[-1] ^= 0x01
+    path = write(tmp_path, chunks[0] + bytes(bad) + chunks[2])
+    with rio.Reader(path) as r:
+        assert r.read(0, 2).tolist() == A
+        if read_path == "mmap":
+            assert r._ahead is not None and r._ahead[0] == 1  # the path under test was taken
+        with pytest.raises(CorruptData, match="checksum mismatch") as info:
+            r.read(2, 1)
+        assert info.value.chunk == 1
+        assert r.read(3, 3).tolist() == C
+    with rio.Reader(path, skip_corrupt=True) as r:
+        assert [x for b in r.batches(2) for x in b.tolist()] == A + C and r.corrupt_chunks == 1

@@ -99,6 +99,27 @@ def test_close_stops_prefetch_thread(dataset):
         loader.next_batch()
 
 
+def test_set_prefetch_applies_from_the_next_pass(dataset):
+    paths, records = dataset
+
+    def prefetch_threads():
+        return [t for t in threading.enumerate() if t.name == "pybridge-recordio-prefetch"]
+    with rio.Loader(paths, 4, prefetch=2) as loader:
+        assert loader.next_batch() is not None and len(prefetch_threads()) == 1
+        loader.set_prefetch(0)  # the running pass keeps its thread
+        rest = []
+        while (b := loader.next_batch()) is not None:
+            rest += b.tolist()
+        assert rest == records[4:]
+        got = []
+        while (b := loader.next_batch()) is not None:  # the next pass: read on this thread
+            assert prefetch_threads() == []
+            got += b.tolist()
+        assert got == records
+        with pytest.raises(InvalidArgument, match="prefetch"):
+            loader.set_prefetch(-1)
+
+
 def test_errors_surface_in_the_consumer(tmp_path):
     good = chunk([b"a", b"b"])
     bad = bytearray(chunk([b"c", b"d"]))

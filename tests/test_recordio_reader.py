@@ -10,6 +10,13 @@ from pybridge.errors import CorruptData
 from pybridge.recordio import index as rindex
 
 
+@pytest.fixture(autouse=True, params=["mmap", "pread"])
+def read_path(request, monkeypatch):
+    """Every test here runs over both read paths: the memory map (default) and pread."""
+    monkeypatch.setenv("PYBRIDGE_RECORDIO_MMAP", "1" if request.param == "mmap" else "0")
+    return request.param
+
+
 def make(tmp_path, records, compressor="none", limit=2000, name="data.recordio"):
     path = str(tmp_path / name)
     rio.write_file(path, records, compressor, limit)
@@ -111,10 +118,15 @@ def test_sidecar_custom_path_and_unwritable_location(tmp_path):
         assert list(r) == [b"a", b"b"]  # a cache that cannot be written is no error
 
 
-def test_held_batches_stay_valid(tmp_path):
-    # Large equal records are served as views of pooled chunk buffers: a buffer must never be
-    # reused while a batch still views it.
-    records = [bytes([i % 251]) * 9000 + i.to_bytes(4, "little") for i in range(120)]
+@pytest.mark.parametrize("sizes", ["equal", "varied"])
+def test_held_batches_stay_valid(tmp_path, monkeypatch, sizes):
+    # Batches live in pooled buffers (large equal records read with pread: views of pooled
+    # chunk buffers; large batches: pooled batch buffers): a buffer must never be reused while
+    # a batch still uses it. The pooling threshold is lowered so these small batches hit it.
+    from pybridge.recordio import reader as rd
+    monkeypatch.setattr(rd, "_POOLED_BATCH_MIN", 1000)
+    extra = [0] * 120 if sizes == "equal" else np.random.default_rng(3).integers(0, 500, 120).tolist()
+    records = [bytes([i % 251]) * (9000 + extra[i]) + i.to_bytes(4, "little") for i in range(120)]
     path = make(tmp_path, records, limit=50_000)
     held = []
     with rio.Reader(path, cache_chunks=1) as r:

@@ -111,6 +111,10 @@ def pb_loader_set_epoch(loader, epoch):
     _loader(loader).live().set_epoch(epoch)
 
 
+def pb_loader_set_prefetch(loader, batches):
+    _loader(loader).live().set_prefetch(batches)
+
+
 def pb_loader_num_batches(loader, out):
     n = _loader(loader).live().num_batches
     put(out, -1 if n is None else n)

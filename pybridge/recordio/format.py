@@ -246,25 +246,27 @@ def _walk(payload, size, n) -> Records:
     return Records(np.array(starts, np.int64), np.array(lengths, np.int64), 0)
 
 
-def gather(payload, recs: Records, a, b):
+def gather(payload, recs: Records, a, b, out=None):
     """Copy records [a, b) out of a payload without their length prefixes.
 
+    out: a uint8 array of exactly their total size to copy into (default: a new one).
     Returns (data, lengths): one contiguous uint8 array and the int64 record sizes.
     """
-    k = b - a
-    if k <= 0:
-        return np.zeros(0, np.uint8), np.zeros(0, np.int64)
+    lengths = recs.lengths[a:b]
+    k = len(lengths)
+    if out is None:
+        out = np.empty(int(lengths.sum()), np.uint8)
+    if k == 0:
+        return out, lengths
     if recs.stride:
         n = len(recs.starts)
         rows = payload[:n * recs.stride].reshape(n, recs.stride)[a:b, 4:]
-        # Always a copy: the payload buffer is reused for the next chunk.
-        return rows.copy().reshape(-1), recs.lengths[a:b]
-    starts, lengths = recs.starts[a:b], recs.lengths[a:b]
+        np.copyto(out.reshape(rows.shape), rows)
+        return out, lengths
+    starts = recs.starts[a:b]
     lo, hi = int(starts[0]) - 4, int(starts[-1] + lengths[-1])
-    total = hi - lo - 4 * k
-    if total >= 512 * k:
+    if len(out) >= 512 * k:
         # Large records: a slice copy each costs less than building a byte mask.
-        out = np.empty(total, np.uint8)
         pos = 0
         for s, n_ in zip(starts.tolist(), lengths.tolist()):
             out[pos:pos + n_] = payload[s:s + n_]
@@ -272,4 +274,5 @@ def gather(payload, recs: Records, a, b):
         return out, lengths
     keep = np.ones(hi - lo, bool)
     keep[(starts - 4 - lo)[:, None] + np.arange(4)] = False  # drop the length prefixes
-    return payload[lo:hi][keep], lengths
+    np.compress(keep, payload[lo:hi], out=out)
+    return out, lengths

@@ -17,7 +17,7 @@ from .batch import Batch, decode_fixed  # noqa: F401 - decode_fixed is part of t
 from .index import SIDECAR_SUFFIX
 from .partition import (DynamicPartition, LocalStore, chunk_tasks, dataset_name, num_batches,
                         static_shard)
-from .reader import Reader
+from .reader import Reader, join
 
 PARTITIONS = ("static", "dynamic")
 _OPEN_FILES = 8  # readers keeping a file descriptor at once
@@ -160,14 +160,12 @@ class Loader:
             raise InvalidArgument(f"batch_size must be a positive integer, got {batch_size!r}")
         if partition not in PARTITIONS:
             raise InvalidArgument(f"partition must be 'static' or 'dynamic', got {partition!r}")
-        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
-            raise InvalidArgument(f"prefetch must be a non-negative integer, got {prefetch!r}")
         self.batch_size = int(batch_size)
         self.partition = partition
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
-        self.prefetch = int(prefetch)
+        self.prefetch = _prefetch_count(prefetch)
         group = _live_group()
         if num_replicas is None:
             num_replicas = group.size if group else 1
@@ -224,6 +222,10 @@ class Loader:
             raise InvalidArgument(f"epoch must be a non-negative integer, got {epoch!r}")
         self.epoch = int(epoch)
 
+    def set_prefetch(self, batches):
+        """Batches prepared ahead on the background thread from the next pass on (0: none)."""
+        self.prefetch = _prefetch_count(batches)
+
     @property
     def num_batches(self):
         """Batches per pass on this rank (static partition; None for dynamic)."""
@@ -276,13 +278,13 @@ class Loader:
             first, left = task.first, task.count
             while left:
                 n = min(left, want)
-                batch.extend(self._reader(task.file).pieces(first, n))
+                batch.extend(self._reader(task.file).spans(first, n))
                 first, left, want = first + n, left - n, want - n
                 if want == 0:
-                    yield Batch.from_pieces(batch)
+                    yield join(batch)
                     batch, want = [], self.batch_size
         if want < self.batch_size and not (self.drop_last and self._dynamic is not None):
-            yield Batch.from_pieces(batch)
+            yield join(batch)
 
     def __iter__(self):
         """Start a pass over this rank's share for the current epoch."""
@@ -306,7 +308,7 @@ class Loader:
         try:
             return next(self._pass)
         except StopIteration:
-            self._pass = None
+            self._end_pass()  # joins the finished prefetch thread
             return None
         except BaseException:
             self._end_pass()
@@ -339,6 +341,12 @@ class Loader:
     def __repr__(self):
         return (f"<recordio.Loader files={len(self.files)} records={self.num_records} "
                 f"batch_size={self.batch_size} {self.partition} rank={self.rank}/{self.num_replicas}>")
+
+
+def _prefetch_count(n):
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise InvalidArgument(f"prefetch must be a non-negative integer, got {n!r}")
+    return int(n)
 
 
 def _live_group():

@@ -4,22 +4,34 @@ A chunk is the unit of I/O, checksum and compression, so reading one record read
 chunk; decoded chunks are kept in a small LRU cache so that consecutive ranges (batches) in
 one chunk decode it once.
 
-Speed (see bench/recordio.py): payloads are read in cache-sized pieces and checksummed while
-the piece is still in cache, large chunks on several threads (pread and the CRC release the
-GIL). Uncompressed chunks of equal-sized large records are read with preadv straight into one
-contiguous record buffer (the length prefixes go to a side array), so batches are views of it
-and no copy strips the prefixes; such a buffer is reused only once no batch views it. Buffers
-are placed at the file data's offset within a page, which keeps the kernel's copy at full speed
-(see _BufferPool).
+Speed (see bench/recordio.py): by default the file is memory-mapped, so a chunk is checksummed
+and decompressed straight from the page cache, and the only copy an uncompressed record sees is
+the one into its batch (which then owns its memory). That copy lands in a batch-sized buffer
+that stays in cache; reading whole chunks into memory first cannot (a 32 MiB chunk does not fit).
+The CRC of a large chunk runs on several threads (it releases the GIL).
+
+Without the map (mmap=False, PYBRIDGE_RECORDIO_MMAP=0, or a file that cannot be mapped),
+payloads are pread in cache-sized pieces and checksummed while the piece is still in cache.
+Uncompressed chunks of equal-sized large records are then read with preadv straight into one
+contiguous record buffer (the length prefixes go to a side array), so batches are views of it;
+such a buffer is reused only once no batch views it. Buffers are placed at the file data's
+offset within a page, which keeps the kernel's copy at full speed (see _BufferPool).
+
+A mapped file that shrinks while it is read would raise SIGBUS on access past its new end, so
+each chunk's extent is checked against the file's current size just before it is touched: a
+file truncated since it was indexed gives CorruptData, like the read path. (A truncation racing
+with that one chunk's read is not caught; use mmap=False for files that other processes rewrite.)
 
 Not thread-safe: use one Reader per thread (the Loader does).
 """
 
+import mmap as _mmap
 import os
 import sys
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor, wait
+from typing import NamedTuple
 
 import numpy as np
 
@@ -104,13 +116,33 @@ def _read_verified(fd, arr, offset, verify):
         return _read_piecewise(fd, arr, offset, verify)
     ranges = _split(n, _workers())
     results = _run_split(lambda r: _read_piecewise(fd, arr[r[0]:r[1]], offset + r[0], verify), ranges)
-    got, crc = 0, 0
-    for (lo, hi), (g, c) in zip(ranges, results):
+    got = 0
+    for (lo, hi), (g, _) in zip(ranges, results):
         if g < hi - lo:  # a short piece: the file ends early
             return got + g, 0
         got += g
+    return got, _combine(ranges, [c for _, c in results])
+
+
+def _combine(ranges, crcs):
+    """CRC-32 of consecutive byte ranges joined, from the CRC of each."""
+    crc = 0
+    for (lo, hi), c in zip(ranges, crcs):
         crc = crc32_combine(crc, c, hi - lo) if lo else c
-    return got, crc
+    return crc
+
+
+def _checksum(arr):
+    """CRC-32 of a uint8 array in memory; a large one is split over the I/O threads."""
+    if len(arr) < _PARALLEL_MIN:
+        return crc32_update(0, arr)
+    ranges = _split(len(arr), _workers())
+    return _combine(ranges, _run_split(lambda r: crc32_update(0, arr[r[0]:r[1]]), ranges))
+
+
+def _mmap_default():
+    """Map files unless PYBRIDGE_RECORDIO_MMAP is 0/false/no/off."""
+    return os.environ.get("PYBRIDGE_RECORDIO_MMAP", "").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _read_uniform(fd, out, prefixes, offset, length, lo, hi, verify):
@@ -195,7 +227,12 @@ class _BufferPool:
             del self._bufs[:-self._keep]
 
 
-_buffers = _BufferPool()
+_buffers = _BufferPool()  # chunk payloads (read path) and decompressed chunks
+# Batch data. Pooled rather than allocated per batch: glibc serves a large allocation with a
+# fresh mmap (until its threshold adapts), and faulting in a fresh 1.6 MiB costs more than the
+# copy itself. A reused buffer is also still in cache.
+_batch_buffers = _BufferPool(keep=8)
+_POOLED_BATCH_MIN = 256 << 10
 
 
 class _Decoded:
@@ -207,10 +244,59 @@ class _Decoded:
     def __init__(self, payload, records, buffer, length=None):
         self.payload, self.records, self.buffer, self.length = payload, records, buffer, length
 
-    def gather(self, a, b):
+    def lengths(self, a, b):
         if self.length is None:
-            return gather(self.payload, self.records, a, b)
-        return self.payload[a * self.length:b * self.length], np.full(b - a, self.length, np.int64)
+            return self.records.lengths[a:b]
+        return np.full(b - a, self.length, np.int64)
+
+    def view(self, a, b):
+        """Records [a, b) without a copy when they lie back to back, else None."""
+        if self.length is None:
+            return None
+        return self.payload[a * self.length:b * self.length]
+
+    def address(self, a):
+        """Memory address of record a (to place its copy at the same page offset)."""
+        start = a * self.length if self.length is not None else int(self.records.starts[a])
+        return self.payload.ctypes.data + start
+
+    def copy_into(self, out, a, b):
+        if self.length is None:
+            gather(self.payload, self.records, a, b, out)
+        else:
+            np.copyto(out, self.payload[a * self.length:b * self.length])
+
+
+class Span(NamedTuple):
+    """Records [a, b) of a decoded chunk: what Reader.spans() returns, join() assembles."""
+    chunk: _Decoded
+    a: int
+    b: int
+
+
+def join(spans) -> Batch:
+    """One Batch of the records of `spans`, in order: viewed in place when a single span's
+    records lie back to back, else copied once into one buffer."""
+    spans = [s for s in spans if s.b > s.a]
+    if not spans:
+        return Batch.from_pieces([])
+    lengths = [s.chunk.lengths(s.a, s.b) for s in spans]
+    if len(spans) == 1:
+        data = spans[0].chunk.view(spans[0].a, spans[0].b)
+        if data is not None:
+            return Batch.from_pieces([(data, lengths[0])])
+    sizes = [int(n.sum()) for n in lengths]
+    total = sum(sizes)
+    if total >= _POOLED_BATCH_MIN:
+        owner, data = _batch_buffers.take(total, spans[0].chunk.address(spans[0].a))
+        _batch_buffers.give(owner)  # the batch's view keeps it from reuse until dropped
+    else:
+        data = np.empty(total, np.uint8)
+    pos = 0
+    for s, size in zip(spans, sizes):
+        s.chunk.copy_into(data[pos:pos + size], s.a, s.b)
+        pos += size
+    return Batch.from_pieces([(data, lengths[0] if len(lengths) == 1 else np.concatenate(lengths))])
 
 
 class Reader:
@@ -224,17 +310,20 @@ class Reader:
     index_cache: False, True (sidecar `<path>.rioidx`) or a sidecar path.
     allow_empty: accept an empty (zero-byte) file as zero records instead of raising.
     cache_chunks: decoded chunks kept for reuse by later reads.
+    mmap: read through a memory map of the file (default: on unless PYBRIDGE_RECORDIO_MMAP=0;
+        files that cannot be mapped are read with pread). See the module docstring.
     """
 
     def __init__(self, path, *, skip_corrupt=False, verify_checksums=True, index_cache=False,
-                 allow_empty=False, cache_chunks=2):
+                 allow_empty=False, cache_chunks=2, mmap=None):
         self.path = os.fspath(path)
+        self.use_mmap = _mmap_default() if mmap is None else bool(mmap)
         self.skip_corrupt = bool(skip_corrupt)
         self.verify_checksums = bool(verify_checksums)
         if int(cache_chunks) < 1:
             raise InvalidArgument(f"cache_chunks must be at least 1, got {cache_chunks!r}")
         self._cache_max = int(cache_chunks)
-        self._f = None
+        self._f = self._map = self._mapped = None
         self._open()
         try:
             self.index = build_index(self._f, self.path, self.skip_corrupt, allow_empty, index_cache)
@@ -243,6 +332,8 @@ class Reader:
             raise
         self.corrupt_errors = list(self.index.corrupt_errors)  # every chunk skipped so far
         self._bad = set()  # index positions found corrupt on read
+        self._last = None  # index position decoded last (to spot sequential reading)
+        self._ahead = None  # (index position, future of its CRC-32) being checksummed in advance
         self.skipped_records = 0
         self._cache = OrderedDict()  # index position -> _Decoded
         self.closed = False
@@ -254,14 +345,30 @@ class Reader:
             self._f = open(self.path, "rb", buffering=0)
         except OSError as exc:
             raise io_failure(self.path, None, None, f"cannot open: {exc.strerror or exc}") from exc
+        if self.use_mmap:
+            try:
+                size = os.fstat(self._f.fileno()).st_size
+                if size:  # an empty file cannot be mapped (and holds nothing to read)
+                    self._map = _mmap.mmap(self._f.fileno(), size, prot=_mmap.PROT_READ)
+                    self._mapped = np.frombuffer(self._map, np.uint8)
+            except (OSError, ValueError):
+                self._map = self._mapped = None  # e.g. a filesystem without mmap: pread instead
 
     def release(self):
         """Close the file descriptor and drop cached chunks; the next read reopens (for many shards)."""
+        self._take_ahead(None)
+        while self._cache:
+            _buffers.give(self._cache.popitem()[1].buffer)
+        self._mapped = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # a view of it is still alive (e.g. in a traceback): unmapped when that goes
+            self._map = None
         if self._f is not None:
             self._f.close()
             self._f = None
-        while self._cache:
-            _buffers.give(self._cache.popitem()[1].buffer)
 
     def close(self):
         self.release()
@@ -342,33 +449,82 @@ class Reader:
         if not all(ok for ok, _ in results) or (prefixes != length).any():
             _buffers.give(buf)
             return None  # not what it looked like: the general path decodes (or reports) it
-        crc = 0
-        for (lo, hi), (_, c) in zip(ranges, results):
-            crc = crc32_combine(crc, c, (hi - lo) * (4 + length)) if lo else c
-        self._check_crc(info, crc)
+        stride = 4 + length
+        self._check_crc(info, _combine([(lo * stride, hi * stride) for lo, hi in ranges],
+                                       [c for _, c in results]))
         return _Decoded(out, None, buf, length)
 
     def _decode(self, pos):
         info = self.index.chunk(pos)
         if self._f is None:
             self._open()
-        if info.compressor == NONE:
+        if self._mapped is None and info.compressor == NONE:
             dec = self._try_uniform(info)
             if dec is not None:
                 return dec
-            buf, payload = _buffers.take(info.size, info.offset + HEADER_SIZE)
-            self._check_crc(info, self._read(info, payload))
+        scratch, raw = self._raw(pos, info)
+        if info.compressor == NONE:
+            payload, buf = raw, scratch
         else:
-            payload, buf = self._decompressed(info)
+            try:
+                payload, buf = self._decompressed(info, raw)
+            finally:
+                raw = None  # drop the view so the pool can hand the scratch out again
+                _buffers.give(scratch)
         try:
             records = parse_records(payload, info.num_records)
         except FormatError as exc:
             raise self._fail(info, str(exc)) from None
         return _Decoded(payload, records, buf)
 
-    def _decompressed(self, info):
-        """(payload, pooled buffer holding it or None) of a compressed chunk."""
-        scratch, raw = _buffers.take(info.size, info.offset + HEADER_SIZE)  # the compressed bytes
+    def _raw(self, pos, info):
+        """(pooled buffer or None, the chunk's payload bytes as stored, checksum verified)."""
+        if self._mapped is None:
+            buf, raw = _buffers.take(info.size, info.offset + HEADER_SIZE)
+            self._check_crc(info, self._read(info, raw))
+            return buf, raw
+        raw = self._mapped_payload(info)
+        if raw is None:
+            have = os.fstat(self._f.fileno()).st_size - info.offset - HEADER_SIZE
+            raise self._fail(info, f"truncated chunk: {max(0, have)} of {info.size} payload bytes are in "
+                                   "the file (did the file change since it was indexed?)")
+        if self.verify_checksums:
+            crc = self._take_ahead(pos)
+            self._check_crc(info, _checksum(raw) if crc is None else crc)
+        return None, raw
+
+    def _mapped_payload(self, info):
+        """View of a chunk's payload in the map, or None when the file no longer holds all of it:
+        pages past the end of a file that shrank would raise SIGBUS, so check before touching."""
+        start, end = info.offset + HEADER_SIZE, info.offset + HEADER_SIZE + info.size
+        if end > min(len(self._mapped), os.fstat(self._f.fileno()).st_size):
+            return None
+        return self._mapped[start:end]
+
+    def _checksum_ahead(self, pos):
+        """While records are copied out of chunk pos, checksum chunk pos+1 on the I/O pool when
+        reading looks sequential: the two memory-bound passes then run on two cores."""
+        sequential = pos == 0 or (self._last is not None and pos == self._last + 1)
+        self._last = pos
+        nxt = pos + 1
+        if not (sequential and self.verify_checksums and self._mapped is not None and self._ahead is None) \
+                or nxt >= self.num_chunks or nxt in self._cache or nxt in self._bad:
+            return
+        raw = self._mapped_payload(self.index.chunk(nxt))
+        if raw is not None:  # (a truncated chunk is reported when it is read)
+            self._ahead = (nxt, _io_pool().submit(crc32_update, 0, raw))
+
+    def _take_ahead(self, pos):
+        """The CRC-32 computed in advance for chunk pos, else None; waits for any pending one, so
+        that nothing reads the map once this returns."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        crc = ahead[1].result()
+        return crc if ahead[0] == pos else None
+
+    def _decompressed(self, info, raw):
+        """(payload, pooled buffer holding it or None) of a compressed chunk's verified bytes."""
         taken = []
 
         def alloc(n):
@@ -376,13 +532,9 @@ class Reader:
             taken.append(owner)
             return view
         try:
-            self._check_crc(info, self._read(info, raw))
             payload = decompress(info.compressor, raw, alloc)
         except FormatError as exc:
             raise self._fail(info, str(exc)) from None
-        finally:
-            raw = None  # drop the view so the pool can hand the scratch out again
-            _buffers.give(scratch)
         return payload, (taken[0] if taken else None)
 
     def _chunk(self, pos):
@@ -396,6 +548,7 @@ class Reader:
         self._evict()
         try:
             dec = self._decode(pos)
+            self._checksum_ahead(pos)
         except CorruptData as exc:
             if not self.skip_corrupt:
                 raise
@@ -418,8 +571,8 @@ class Reader:
             raise InvalidArgument(f"{self.path}: records [{start}, {start + count}) are out of range; "
                                   f"the file holds {self.num_records}")
 
-    def pieces(self, start, count):
-        """(data, lengths) pieces for records [start, start + count), one per chunk touched."""
+    def spans(self, start, count):
+        """Spans of records [start, start + count), one per chunk touched (see join())."""
         self._check_range(start, count)
         start, left = int(start), int(count)
         first, out = self.index.first, []
@@ -429,7 +582,7 @@ class Reader:
             b = min(int(first[pos + 1] - first[pos]), a + left)
             dec = self._chunk(pos)
             if dec is not None:
-                out.append(dec.gather(a, b))
+                out.append(Span(dec, a, b))
             start += b - a
             left -= b - a
             pos += 1
@@ -437,7 +590,7 @@ class Reader:
 
     def read(self, start, count) -> Batch:
         """Records [start, start + count) as one Batch (contiguous data + offsets)."""
-        return Batch.from_pieces(self.pieces(start, count))
+        return join(self.spans(start, count))
 
     def batches(self, batch_size, start=0, count=None):
         """Sequential scan in batches of `batch_size` records (the last may be shorter)."""
