@@ -246,33 +246,26 @@ def _walk(payload, size, n) -> Records:
     return Records(np.array(starts, np.int64), np.array(lengths, np.int64), 0)
 
 
-def gather(payload, recs: Records, a, b, out=None):
-    """Copy records [a, b) out of a payload without their length prefixes.
-
-    out: a uint8 array of exactly their total size to copy into (default: a new one).
-    Returns (data, lengths): one contiguous uint8 array and the int64 record sizes.
-    """
+def gather_into(out, payload, recs: Records, a, b):
+    """Copy records [a, b) of a payload, without their length prefixes, into `out`: a uint8
+    array of exactly their total size."""
+    if b <= a:
+        return
     lengths = recs.lengths[a:b]
-    k = len(lengths)
-    if out is None:
-        out = np.empty(int(lengths.sum()), np.uint8)
-    if k == 0:
-        return out, lengths
     if recs.stride:
         n = len(recs.starts)
         rows = payload[:n * recs.stride].reshape(n, recs.stride)[a:b, 4:]
         np.copyto(out.reshape(rows.shape), rows)
-        return out, lengths
+        return
     starts = recs.starts[a:b]
-    lo, hi = int(starts[0]) - 4, int(starts[-1] + lengths[-1])
-    if len(out) >= 512 * k:
+    if len(out) >= 512 * (b - a):
         # Large records: a slice copy each costs less than building a byte mask.
         pos = 0
         for s, n_ in zip(starts.tolist(), lengths.tolist()):
             out[pos:pos + n_] = payload[s:s + n_]
             pos += n_
-        return out, lengths
+        return
+    lo, hi = int(starts[0]) - 4, int(starts[-1] + lengths[-1])
     keep = np.ones(hi - lo, bool)
     keep[(starts - 4 - lo)[:, None] + np.arange(4)] = False  # drop the length prefixes
     np.compress(keep, payload[lo:hi], out=out)
-    return out, lengths

@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import Closed, CorruptData, InvalidArgument
 from .batch import Batch
 from .checksum import crc32_combine, crc32_update
-from .format import (HEADER_SIZE, NONE, FormatError, corrupt, decompress, gather, io_failure,
+from .format import (HEADER_SIZE, NONE, FormatError, corrupt, decompress, gather_into, io_failure,
                      parse_records)
 from .index import build_index
 
@@ -262,7 +262,7 @@ class _Decoded:
 
     def copy_into(self, out, a, b):
         if self.length is None:
-            gather(self.payload, self.records, a, b, out)
+            gather_into(out, self.payload, self.records, a, b)
         else:
             np.copyto(out, self.payload[a * self.length:b * self.length])
 
