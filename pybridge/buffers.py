@@ -43,7 +43,8 @@ def as_tensor(obj, dtype=None) -> torch.Tensor:
             if t.element_size() != want.itemsize:
                 raise InvalidArgument(f"cannot view {t.dtype} data as {want}: element sizes differ")
             t = t.view(want)
-    dtypes.torch_dtype(t.dtype)  # rejects unsupported dtypes such as complex or bool
+    if t.dtype not in dtypes.CODE_OF:
+        dtypes.torch_dtype(t.dtype)  # raises: unsupported, such as complex or bool
     return t
 
 
@@ -87,11 +88,14 @@ class PointerViews:
 
     A view holds no ownership, so reusing one for the same address and size is exactly
     as safe as making it anew; the cache only saves the wrapping cost on hot paths.
+    Addresses may be any hashable stand-in (a cffi pointer, say) that `address_of`
+    turns into an int when a view must be made.
     """
 
-    def __init__(self, capacity=256):
+    def __init__(self, capacity=256, address_of=int):
         self._cache = OrderedDict()
         self._capacity = capacity
+        self._address_of = address_of
 
     def get(self, address: int, count: int, dtype, device: int = CPU) -> torch.Tensor:
         key = (address, count, dtype, device)
@@ -99,7 +103,7 @@ class PointerViews:
         if t is not None:
             self._cache.move_to_end(key)
             return t
-        t = from_pointer(address, count, dtype, device)
+        t = from_pointer(self._address_of(address), count, dtype, device)
         self._cache[key] = t
         if len(self._cache) > self._capacity:
             self._cache.popitem(last=False)

@@ -33,6 +33,8 @@ _ALLREDUCE_OPTS = {code: _allreduce_options(rop) for code, rop in OPS.items()}
 
 
 def _op_code(op, dtype):
+    if type(op) is int and SUM <= op <= PRODUCT and (op != AVG or dtype.is_floating_point):
+        return op  # the hot path: a valid code (bool, a subclass of int, is not one)
     code = OP_NAMES.get(op.lower()) if isinstance(op, str) else op
     if isinstance(code, bool) or code not in OPS:
         raise InvalidArgument(f"unknown reduce op {op!r}; valid: sum, avg, min, max, product (codes 0..4)")
@@ -44,12 +46,6 @@ def _op_code(op, dtype):
 def reduce_op(op, dtype):
     """The torch ReduceOp for an op code or name, checked against the element type."""
     return OPS[_op_code(op, dtype)]
-
-
-def _maybe_wait(work, async_op):
-    if not async_op:
-        work.wait()
-    return work
 
 
 class Work:
@@ -112,16 +108,19 @@ class Work:
         return None
 
 
-def _run(fn, async_op, *buffers):
+def _run(start, async_op, *buffers):
+    """Start an operation (`start()` returns torch's work object) and wait for it, or
+    wrap it in a Work that keeps `buffers` alive while it is in flight."""
     try:
-        work = fn(async_op)
+        work = start()
+        if not async_op:
+            work.wait()
+            return None
     except (InvalidArgument, Timeout):
         raise
     except Exception as exc:  # noqa: BLE001
         raise classify(exc) from exc
-    if async_op:
-        return Work(work, *buffers)
-    return None
+    return Work(work, *buffers)
 
 
 def _prepare(buf, group, dtype=None):
@@ -152,20 +151,45 @@ def broadcast(buf, root, *, group=None, async_op=False, dtype=None):
     g.check_rank("root", root)
     opts = dist.BroadcastOptions()
     opts.rootRank = root
-    return _run(lambda a: _maybe_wait(g.pg.broadcast([t], opts), a), async_op, t)
+    return _run(lambda: g.pg.broadcast([t], opts), async_op, t)
 
 
 def all_reduce(buf, op=SUM, *, group=None, async_op=False, dtype=None):
     """Reduce `buf` element-wise over all ranks (sum, avg, min, max, product), in place."""
     g, t = _prepare(buf, group, dtype)
     opts = _ALLREDUCE_OPTS[_op_code(op, t.dtype)]
-    return _run(lambda a: _maybe_wait(g.pg.allreduce([t], opts), a), async_op, t)
+    return _run(lambda: g.pg.allreduce([t], opts), async_op, t)
+
+
+def prepare_broadcast(buf, root, *, group=None, dtype=None):
+    """Check a synchronous broadcast's arguments once and return a function that runs it
+    each time it is called: for callers that send the same buffer again and again."""
+    g, t = _prepare(buf, group, dtype)
+    g.check_rank("root", root)
+    opts = dist.BroadcastOptions()
+    opts.rootRank = root
+    return _prepared(g, lambda: g.pg.broadcast([t], opts))
+
+
+def prepare_all_reduce(buf, op=SUM, *, group=None, dtype=None):
+    """Check a synchronous all_reduce's arguments once and return a function that runs it
+    each time it is called: for callers that reduce the same buffer again and again."""
+    g, t = _prepare(buf, group, dtype)
+    opts = _ALLREDUCE_OPTS[_op_code(op, t.dtype)]
+    return _prepared(g, lambda: g.pg.allreduce([t], opts))
+
+
+def _prepared(g, start):
+    def run():
+        g.check_open()  # the group may have been finalized since
+        _run(start, False)
+    return run
 
 
 def all_gather(input, output, *, group=None, async_op=False, dtype=None):
     """Concatenate every rank's `input` in rank order into `output` (world size x input)."""
     g, t_in, t_out = _pair(input, output, group, dtype, _group_size(group), 1, "all_gather")
-    return _run(lambda a: dist.all_gather_single(t_out, t_in, group=g.pg, async_op=a),
+    return _run(lambda: dist.all_gather_single(t_out, t_in, group=g.pg, async_op=True),
                 async_op, t_in, t_out)
 
 
@@ -173,7 +197,7 @@ def reduce_scatter(input, output, op=SUM, *, group=None, async_op=False, dtype=N
     """Reduce `input` (world size x output) over ranks; rank r keeps block r in `output`."""
     g, t_in, t_out = _pair(input, output, group, dtype, 1, _group_size(group), "reduce_scatter")
     rop = reduce_op(op, t_in.dtype)
-    return _run(lambda a: dist.reduce_scatter_single(t_out, t_in, rop, group=g.pg, async_op=a),
+    return _run(lambda: dist.reduce_scatter_single(t_out, t_in, rop, group=g.pg, async_op=True),
                 async_op, t_in, t_out)
 
 
@@ -181,7 +205,7 @@ def barrier(*, group=None):
     """Block until every rank reaches the barrier."""
     g = group or _group.current()
     g.check_open()
-    _run(lambda a: dist.barrier(group=g.pg), False)
+    _run(lambda: dist.barrier(group=g.pg, async_op=True), False)
 
 
 def send(buf, dst, tag=0, *, group=None, dtype=None):
@@ -197,7 +221,7 @@ def isend(buf, dst, tag=0, *, group=None, dtype=None) -> Work:
     g, t = _prepare(buf, group, dtype)
     g.check_rank("destination", dst, allow_self=False)
     _check_tag(tag)
-    return _run(lambda a: dist.isend(t, dst, group=g.pg, tag=tag), True, t)
+    return _run(lambda: dist.isend(t, dst, group=g.pg, tag=tag), True, t)
 
 
 def irecv(buf, src, tag=0, *, group=None, dtype=None) -> Work:
@@ -205,7 +229,7 @@ def irecv(buf, src, tag=0, *, group=None, dtype=None) -> Work:
     g, t = _prepare(buf, group, dtype)
     g.check_rank("source", src, allow_self=False)
     _check_tag(tag)
-    return _run(lambda a: dist.irecv(t, src, group=g.pg, tag=tag), True, t)
+    return _run(lambda: dist.irecv(t, src, group=g.pg, tag=tag), True, t)
 
 
 def _check_tag(tag):
@@ -218,4 +242,5 @@ def _group_size(group):
 
 
 __all__ = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "Work", "broadcast", "all_reduce",
+           "prepare_broadcast", "prepare_all_reduce",
            "all_gather", "reduce_scatter", "barrier", "send", "recv", "isend", "irecv"]

@@ -59,6 +59,23 @@ def abi_collectives(rank, world):
     y = np.full(3, rank, dtype=np.int64)
     assert lib.pb_broadcast(g, _tensor(ffi, lib, y), world - 1) == 0
     assert y.tolist() == [world - 1] * 3
+    # The same buffer again and again (the library prepares each call once): every call
+    # works on the buffer's current contents, also with a new op or root, or a prefix.
+    desc = _tensor(ffi, lib, x)
+    for step in range(3):
+        x[:] = rank + step
+        assert lib.pb_all_reduce(g, desc, lib.PB_SUM) == 0
+        assert x.tolist() == [sum(r + step for r in range(world))] * 5
+        x[:] = rank * 10 + step
+        assert lib.pb_all_reduce(g, desc, lib.PB_MIN) == 0
+        assert x.tolist() == [step] * 5
+        x[:] = rank + step
+        assert lib.pb_broadcast(g, desc, step % world) == 0
+        assert x.tolist() == [step % world + step] * 5
+    x[:] = rank + 1
+    desc.count = 2
+    assert lib.pb_all_reduce(g, desc, lib.PB_SUM) == 0
+    assert x.tolist() == [sum(r + 1 for r in range(world))] * 2 + [rank + 1] * 3
     gathered = np.zeros(2 * world, dtype=np.int32)
     assert lib.pb_all_gather(g, _tensor(ffi, lib, np.full(2, rank, np.int32)), _tensor(ffi, lib, gathered)) == 0
     assert gathered.tolist() == [r for r in range(world) for _ in range(2)]

@@ -108,3 +108,57 @@ def test_buffer_kinds_are_zero_copy():
     results = run_ranks(buffer_kinds, 2, timeout=60)
     for a, b, m, raw, bf in results:
         assert a == [3] * 4 and b == [2.5] * 3 and m == [1, 1] and raw == [3.0] * 5 and bf == [2.0, 2.0]
+
+
+def prepared_collectives(rank, world):
+    """prepare_all_reduce / prepare_broadcast check once and then reduce the buffer's
+    current contents on every run; a finalized group fails them with Closed."""
+    pybridge.init(timeout=30)
+    a = np.zeros(3, dtype=np.float32)
+    reduce_sum = pybridge.collectives.prepare_all_reduce(a, "sum")
+    reduce_max = pybridge.collectives.prepare_all_reduce(a, "max")
+    got = []
+    for step in range(3):
+        a[:] = rank + step
+        reduce_sum()
+        got.append(a.tolist())
+        a[:] = rank * 10 + step
+        reduce_max()
+        got.append(a.tolist())
+    b = torch.full((2,), float(rank))
+    from_last = pybridge.collectives.prepare_broadcast(b, world - 1)
+    from_last()
+    got.append(b.tolist())
+    b.fill_(rank + 7)
+    from_last()
+    got.append(b.tolist())
+    errors = []
+    for bad in (lambda: pybridge.collectives.prepare_all_reduce(a, "median"),
+                lambda: pybridge.collectives.prepare_all_reduce(np.zeros(2, np.int32), "avg"),
+                lambda: pybridge.collectives.prepare_broadcast(b, world)):
+        try:
+            bad()
+        except pybridge.InvalidArgument as err:
+            errors.append(str(err))
+    pybridge.finalize()
+    try:
+        reduce_sum()
+    except pybridge.Closed as err:
+        errors.append(str(err))
+    return got, errors
+
+
+def test_prepared_collectives_reduce_current_contents():
+    world = 2
+    for got, errors in run_ranks(prepared_collectives, world, timeout=60):
+        want = []
+        for step in range(3):
+            want.append([float(sum(r + step for r in range(world)))] * 3)
+            want.append([float((world - 1) * 10 + step)] * 3)
+        want += [[float(world - 1)] * 2, [float(world - 1 + 7)] * 2]
+        assert got == want
+        assert len(errors) == 4, errors
+        assert "unknown reduce op 'median'" in errors[0]
+        assert "avg needs a floating-point dtype" in errors[1]
+        assert f"root rank {world} is out of range" in errors[2]
+        assert "finalized" in errors[3]

@@ -6,7 +6,7 @@ from .. import capi, collectives, dtypes
 from .. import group as _group
 from ..buffers import CPU
 from ..errors import InvalidArgument, PyBridgeError
-from . import handles, live_group, put, tensor, text
+from . import descriptor_key, handles, live_group, put, tensor, text
 
 
 class Buffer:
@@ -37,6 +37,7 @@ def pb_init(init_method, backend, rank, world_size, local_rank, timeout, out):
 
 def pb_finalize(group):
     g = handles.get(group, _group.Group, "group")
+    _prepared.clear()
     if not g.closed:
         _group.finalize()
 
@@ -64,12 +65,33 @@ def pb_barrier(group):
 
 # ---- synchronous collectives ---------------------------------------------------------
 
+# Broadcast and all_reduce prepared once per (group, buffer, op or root): a Go or C
+# training loop passes the same buffers every step, and checking and wrapping them anew
+# cost more than the rest of the call into torch. A bad argument raises before anything
+# is remembered. Cleared when full and on pb_finalize.
+_prepared = {}
+_MAX_PREPARED = 256
+
+
+def _remember(key, run):
+    if len(_prepared) >= _MAX_PREPARED:
+        _prepared.clear()
+    _prepared[key] = run
+    return run
+
+
 def pb_broadcast(group, t, root):
-    collectives.broadcast(tensor(t), root, group=live_group(group))
+    key = (group, *descriptor_key(t), root, "broadcast")
+    run = _prepared.get(key) or _remember(
+        key, collectives.prepare_broadcast(tensor(t), root, group=live_group(group)))
+    run()
 
 
 def pb_all_reduce(group, t, op):
-    collectives.all_reduce(tensor(t), op, group=live_group(group))
+    key = (group, *descriptor_key(t), op)
+    run = _prepared.get(key) or _remember(
+        key, collectives.prepare_all_reduce(tensor(t), op, group=live_group(group)))
+    run()
 
 
 def pb_all_gather(group, inp, out):

@@ -81,8 +81,13 @@ int main(int argc, char **argv) {
     expect("unknown op", pb_all_reduce(g, &t, 99), PB_ERR_INVALID_ARGUMENT);
     int32_t ints[2] = {1, 2};
     pb_tensor it = {ints, 2, PB_INT32, PB_CPU};
+    /* A call that succeeded before (and was prepared once) must not let a bad op or root
+     * for the same buffer through. */
+    expect("sum on integers", pb_all_reduce(g, &it, PB_SUM), PB_OK);
     expect("avg on integers", pb_all_reduce(g, &it, PB_AVG), PB_ERR_INVALID_ARGUMENT);
+    expect("broadcast from root 0", pb_broadcast(g, &t, 0), PB_OK);
     expect("broadcast root out of range", pb_broadcast(g, &t, 1), PB_ERR_INVALID_ARGUMENT);
+    expect("broadcast from root 0 again", pb_broadcast(g, &t, 0), PB_OK);
     expect("broadcast negative root", pb_broadcast(g, &t, -1), PB_ERR_INVALID_ARGUMENT);
     float out[3];
     pb_tensor small = {out, 3, PB_FLOAT32, PB_CPU};
