@@ -4,9 +4,16 @@ raw torch.distributed from Python, pybridge from Python, pybridge from Go (C ABI
 
     python bench/collectives.py [--quick] [--only latency|bandwidth]      (make bench runs it)
 
-Implementations are interleaved (Python ranks, Go ranks, again) and each figure is the
-median over rounds, so machine noise hits all of them alike. Prints a table of times
-and ratios and writes bench/results/collectives.json.
+The Python ranks (which time torch.distributed and pybridge) and the Go ranks are all
+started once and take turns sample by sample: every sample of every case is timed for
+torch, then pybridge from Python, then pybridge from Go, while the other ranks wait on a
+pipe without using the CPU. On a shared machine the noise comes in bursts of seconds;
+interleaving this finely makes each burst hit all three alike, and each figure is the
+median over many short samples (32 of 500 calls for latency). Ranks that have just waited
+run slower for a few hundred milliseconds (on the 2-core VM this was written on, 1-element
+latencies were ~20% high after a 50-call warm-up and back to the one-program-at-a-time
+figure after 2000), so every sample starts with a warm-up that long. Prints a table of
+times and ratios and writes bench/results/collectives.json.
 """
 
 import argparse
@@ -18,10 +25,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, human_bytes, launch, save, table  # noqa: E402
+from common import ROOT, Ranks, human_bytes, save, table  # noqa: E402
 
 SIZES = [1 << k for k in range(10, 27, 2)]  # 1 KiB ... 64 MiB
 GO_BIN = os.path.join(ROOT, "build", "bench_collectives_go")
+IMPLS = ("torch", "pybridge-py", "pybridge-go")
 
 
 def iterations(nbytes):
@@ -30,40 +38,42 @@ def iterations(nbytes):
 
 
 def plan(quick, only=None):
+    """(kind, op, bytes, calls per sample, samples, warm-up calls per sample) per case."""
     sizes = SIZES[::2] if quick else SIZES
-    cases = [("latency", "allreduce", 4, 300 if quick else 3000)]
+    cases = [("latency", "allreduce", 4, 100, 4, 100) if quick else ("latency", "allreduce", 4, 500, 32, 2000)]
     for op in ("allreduce", "broadcast"):
-        cases += [("bandwidth", op, n, max(2, iterations(n) // (4 if quick else 1))) for n in sizes]
+        for n in sizes:
+            calls = max(2, iterations(n) // (4 if quick else 1))
+            cases.append(("bandwidth", op, n, calls, 2 if quick else 8, calls))
     return [c for c in cases if only is None or c[0] == only]
 
 
-def worker(cases, rounds, out_path):
-    """One rank: time raw torch.distributed and pybridge, interleaved per round."""
+def worker(cases):
+    """One Python rank: on each command "IMPL CASE" from stdin, time one sample of that
+    case with raw torch.distributed or pybridge and print "sample SECONDS"."""
     import torch
     import torch.distributed as dist
 
     import pybridge
 
     pybridge.init(backend="gloo", timeout=120)
-    raw = {"allreduce": lambda t: dist.all_reduce(t), "broadcast": lambda t: dist.broadcast(t, 0)}
-    bridged = {"allreduce": lambda t: pybridge.all_reduce(t), "broadcast": lambda t: pybridge.broadcast(t, 0)}
-    results = {}
-    for _ in range(rounds):
-        for kind, op, nbytes, iters in cases:
-            t = torch.ones(nbytes // 4)
-            for impl, fns in (("torch", raw), ("pybridge-py", bridged)):
-                fn = fns[op]
-                for _ in range(max(1, iters // 10)):  # warm-up
-                    fn(t)
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(iters):
-                    fn(t)
-                elapsed = (time.perf_counter() - start) / iters
-                results.setdefault(f"{impl}|{op}|{nbytes}", []).append(elapsed)
-    if pybridge.rank() == 0:
-        with open(out_path, "w") as f:
-            json.dump(results, f)
+    calls = {("torch", "allreduce"): lambda t: dist.all_reduce(t),
+             ("torch", "broadcast"): lambda t: dist.broadcast(t, 0),
+             ("pybridge-py", "allreduce"): lambda t: pybridge.all_reduce(t),
+             ("pybridge-py", "broadcast"): lambda t: pybridge.broadcast(t, 0)}
+    for line in sys.stdin:
+        if line.strip() == "quit":
+            break
+        impl, index = line.split()
+        _, op, nbytes, iters, _, warmup = cases[int(index)]
+        fn, t = calls[impl, op], torch.ones(nbytes // 4)
+        for _ in range(warmup):
+            fn(t)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn(t)
+        print(f"sample {(time.perf_counter() - start) / iters!r}", flush=True)
     pybridge.finalize()
 
 
@@ -74,42 +84,34 @@ def build_go():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer sizes and iterations (a smoke run)")
-    parser.add_argument("--runs", type=int, default=4, help="times each implementation's ranks are started (default 4)")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, samples and iterations (a smoke run)")
     parser.add_argument("--only", choices=("latency", "bandwidth"), help="run only these cases")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     cases = plan(args.quick, args.only)
-    rounds = 1 if args.quick else 2
     if args.worker:
-        return worker(cases, rounds, args.worker)
+        return worker(json.loads(args.worker))
 
     build_go()
-    spec = json.dumps([[k, o, n, i] for k, o, n, i in cases])
+    spec = json.dumps(cases)
     samples = {}
-    tmp = os.path.join(ROOT, "build", "bench-collectives.json")
-    for run in range(args.runs):
-        print(f"run {run + 1}/{args.runs}: Python ranks (torch.distributed and pybridge)...", flush=True)
-        flags = (["--quick"] if args.quick else []) + (["--only", args.only] if args.only else [])
-        launch([sys.executable, __file__, "--worker", tmp] + flags, 2, 900)
-        merge(samples, tmp)
-        print(f"run {run + 1}/{args.runs}: Go ranks (pybridge through the C ABI)...", flush=True)
-        launch([GO_BIN, tmp, spec, str(rounds)], 2, 900)
-        merge(samples, tmp)
+    rounds = max(c[4] for c in cases)
+    with Ranks([sys.executable, __file__, "--worker", spec], 2, 900) as py, Ranks([GO_BIN, spec], 2, 900) as go:
+        for r in range(rounds):
+            print(f"round {r + 1}/{rounds}: a sample of each case from torch, pybridge-py, pybridge-go", flush=True)
+            for index, (_, op, nbytes, _, n, _) in enumerate(cases):
+                if r < n:
+                    for impl in IMPLS:
+                        ranks = go if impl == "pybridge-go" else py
+                        samples.setdefault(f"{impl}|{op}|{nbytes}", []).append(ranks.sample(f"{impl} {index}"))
     report(cases, samples, args.quick, args.only)
-
-
-def merge(samples, path):
-    with open(path) as f:
-        for key, values in json.load(f).items():
-            samples.setdefault(key, []).extend(values)
 
 
 def report(cases, samples, quick, only=None):
     med = {k: statistics.median(v) for k, v in samples.items()}
     rows, records = [], []
-    for kind, op, nbytes, _ in cases:
-        t = {impl: med[f"{impl}|{op}|{nbytes}"] for impl in ("torch", "pybridge-py", "pybridge-go")}
+    for kind, op, nbytes, *_ in cases:
+        t = {impl: med[f"{impl}|{op}|{nbytes}"] for impl in IMPLS}
         if kind == "latency":
             what = f"{op} 1 element"
             cells = [f"{t[i] * 1e6:.1f} us" for i in t]
