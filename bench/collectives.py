@@ -4,16 +4,13 @@ raw torch.distributed from Python, pybridge from Python, pybridge from Go (C ABI
 
     python bench/collectives.py [--quick] [--only latency|bandwidth]      (make bench runs it)
 
-The Python ranks (which time torch.distributed and pybridge) and the Go ranks are all
-started once and take turns sample by sample: every sample of every case is timed for
-torch, then pybridge from Python, then pybridge from Go, while the other ranks wait on a
-pipe without using the CPU. On a shared machine the noise comes in bursts of seconds;
-interleaving this finely makes each burst hit all three alike, and each figure is the
-median over many short samples (32 of 500 calls for latency). Ranks that have just waited
-run slower for a few hundred milliseconds (on the 2-core VM this was written on, 1-element
-latencies were ~20% high after a 50-call warm-up and back to the one-program-at-a-time
-figure after 2000), so every sample starts with a warm-up that long. Prints a table of
-times and ratios and writes bench/results/collectives.json.
+Each implementation runs as a program would, alone and continuously: the Python ranks
+(torch.distributed and pybridge, alternating sample by sample) and the Go ranks are
+launched in turn, --runs times each, Python first in odd runs and Go first in even ones.
+Each figure is the median over all samples; latency takes 12 samples of 500 calls per
+launch, since on a shared machine noise comes in bursts and a median over many short
+samples is steadier than one over a few long ones. Prints a table of times and ratios
+and writes bench/results/collectives.json.
 """
 
 import argparse
@@ -25,11 +22,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, Ranks, human_bytes, save, table  # noqa: E402
+from common import ROOT, human_bytes, launch, save, table  # noqa: E402
 
 SIZES = [1 << k for k in range(10, 27, 2)]  # 1 KiB ... 64 MiB
 GO_BIN = os.path.join(ROOT, "build", "bench_collectives_go")
-IMPLS = ("torch", "pybridge-py", "pybridge-go")
 
 
 def iterations(nbytes):
@@ -38,42 +34,44 @@ def iterations(nbytes):
 
 
 def plan(quick, only=None):
-    """(kind, op, bytes, calls per sample, samples, warm-up calls per sample) per case."""
+    """(kind, op, bytes, calls per sample, samples per launch) for each case."""
     sizes = SIZES[::2] if quick else SIZES
-    cases = [("latency", "allreduce", 4, 100, 4, 100) if quick else ("latency", "allreduce", 4, 500, 32, 2000)]
+    cases = [("latency", "allreduce", 4, 100, 3) if quick else ("latency", "allreduce", 4, 500, 12)]
     for op in ("allreduce", "broadcast"):
-        for n in sizes:
-            calls = max(2, iterations(n) // (4 if quick else 1))
-            cases.append(("bandwidth", op, n, calls, 2 if quick else 8, calls))
+        cases += [("bandwidth", op, n, max(2, iterations(n) // (4 if quick else 1)), 1 if quick else 2)
+                  for n in sizes]
     return [c for c in cases if only is None or c[0] == only]
 
 
-def worker(cases):
-    """One Python rank: on each command "IMPL CASE" from stdin, time one sample of that
-    case with raw torch.distributed or pybridge and print "sample SECONDS"."""
+def worker(cases, out_path):
+    """One rank: time raw torch.distributed and pybridge, alternating sample by sample."""
     import torch
     import torch.distributed as dist
 
     import pybridge
 
     pybridge.init(backend="gloo", timeout=120)
-    calls = {("torch", "allreduce"): lambda t: dist.all_reduce(t),
-             ("torch", "broadcast"): lambda t: dist.broadcast(t, 0),
-             ("pybridge-py", "allreduce"): lambda t: pybridge.all_reduce(t),
-             ("pybridge-py", "broadcast"): lambda t: pybridge.broadcast(t, 0)}
-    for line in sys.stdin:
-        if line.strip() == "quit":
-            break
-        impl, index = line.split()
-        _, op, nbytes, iters, _, warmup = cases[int(index)]
-        fn, t = calls[impl, op], torch.ones(nbytes // 4)
-        for _ in range(warmup):
-            fn(t)
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn(t)
-        print(f"sample {(time.perf_counter() - start) / iters!r}", flush=True)
+    raw = {"allreduce": lambda t: dist.all_reduce(t), "broadcast": lambda t: dist.broadcast(t, 0)}
+    bridged = {"allreduce": lambda t: pybridge.all_reduce(t), "broadcast": lambda t: pybridge.broadcast(t, 0)}
+    results = {}
+    for sample in range(max(c[4] for c in cases)):
+        for kind, op, nbytes, iters, samples in cases:
+            if sample >= samples:
+                continue
+            t = torch.ones(nbytes // 4)
+            for impl, fns in (("torch", raw), ("pybridge-py", bridged)):
+                fn = fns[op]
+                for _ in range(max(1, iters // 10)):  # warm-up
+                    fn(t)
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(iters):
+                    fn(t)
+                elapsed = (time.perf_counter() - start) / iters
+                results.setdefault(f"{impl}|{op}|{nbytes}", []).append(elapsed)
+    if pybridge.rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
     pybridge.finalize()
 
 
@@ -84,34 +82,41 @@ def build_go():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer sizes, samples and iterations (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and iterations (a smoke run)")
+    parser.add_argument("--runs", type=int, default=4, help="times each implementation's ranks are started (default 4)")
     parser.add_argument("--only", choices=("latency", "bandwidth"), help="run only these cases")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     cases = plan(args.quick, args.only)
     if args.worker:
-        return worker(json.loads(args.worker))
+        return worker(cases, args.worker)
 
     build_go()
     spec = json.dumps(cases)
     samples = {}
-    rounds = max(c[4] for c in cases)
-    with Ranks([sys.executable, __file__, "--worker", spec], 2, 900) as py, Ranks([GO_BIN, spec], 2, 900) as go:
-        for r in range(rounds):
-            print(f"round {r + 1}/{rounds}: a sample of each case from torch, pybridge-py, pybridge-go", flush=True)
-            for index, (_, op, nbytes, _, n, _) in enumerate(cases):
-                if r < n:
-                    for impl in IMPLS:
-                        ranks = go if impl == "pybridge-go" else py
-                        samples.setdefault(f"{impl}|{op}|{nbytes}", []).append(ranks.sample(f"{impl} {index}"))
+    tmp = os.path.join(ROOT, "build", "bench-collectives.json")
+    flags = (["--quick"] if args.quick else []) + (["--only", args.only] if args.only else [])
+    programs = [("Python ranks (torch.distributed and pybridge)", [sys.executable, __file__, "--worker", tmp] + flags),
+                ("Go ranks (pybridge through the C ABI)", [GO_BIN, tmp, spec])]
+    for run in range(args.runs):
+        for what, cmd in programs if run % 2 == 0 else programs[::-1]:
+            print(f"run {run + 1}/{args.runs}: {what}...", flush=True)
+            launch(cmd, 2, 900)
+            merge(samples, tmp)
     report(cases, samples, args.quick, args.only)
+
+
+def merge(samples, path):
+    with open(path) as f:
+        for key, values in json.load(f).items():
+            samples.setdefault(key, []).extend(values)
 
 
 def report(cases, samples, quick, only=None):
     med = {k: statistics.median(v) for k, v in samples.items()}
     rows, records = [], []
     for kind, op, nbytes, *_ in cases:
-        t = {impl: med[f"{impl}|{op}|{nbytes}"] for impl in IMPLS}
+        t = {impl: med[f"{impl}|{op}|{nbytes}"] for impl in ("torch", "pybridge-py", "pybridge-go")}
         if kind == "latency":
             what = f"{op} 1 element"
             cells = [f"{t[i] * 1e6:.1f} us" for i in t]

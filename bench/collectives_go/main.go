@@ -1,77 +1,77 @@
 // Command collectives_go is the Go side of bench/collectives.py: it times
-// AllReduce and Broadcast through the C ABI, one sample at a time, when told to.
+// AllReduce and Broadcast through the C ABI with the same cases as the Python
+// ranks and writes rank 0's timings as JSON.
 //
 // Usage (as each of 2 ranks, with the launcher environment set):
 //
-//	collectives_go CASES.json
+//	collectives_go OUT.json CASES.json
 //
-// CASES is a JSON list of [kind, op, bytes, calls per sample, samples, warm-up
-// calls per sample]. Each line
-// "IMPL INDEX" on stdin times one sample of case INDEX and answers
-// "sample SECONDS" (seconds per call) on stdout; "quit" or end of input exits.
+// CASES is a JSON list of [kind, op, bytes, calls per sample, samples].
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"log"
 	"os"
-	"strings"
 	"time"
 
 	pybridge "github.com/pybridge/pybridge/go"
 )
 
 func main() {
-	if len(os.Args) != 2 {
-		log.Fatalf("usage: %s CASES.json", os.Args[0])
+	if len(os.Args) != 3 {
+		log.Fatalf("usage: %s OUT.json CASES.json", os.Args[0])
 	}
-	var cases [][6]any
-	if err := json.Unmarshal([]byte(os.Args[1]), &cases); err != nil {
+	var cases [][5]any
+	if err := json.Unmarshal([]byte(os.Args[2]), &cases); err != nil {
 		log.Fatalf("bad cases: %v", err)
+	}
+	rounds := 0
+	for _, c := range cases {
+		rounds = max(rounds, int(c[4].(float64)))
 	}
 	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(120*time.Second))
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer g.Close()
-	in := bufio.NewScanner(os.Stdin)
-	for in.Scan() {
-		line := strings.TrimSpace(in.Text())
-		if line == "quit" {
-			break
+	results := map[string][]float64{}
+	for r := 0; r < rounds; r++ {
+		for _, c := range cases {
+			if r >= int(c[4].(float64)) {
+				continue
+			}
+			op := c[1].(string)
+			nbytes := int(c[2].(float64))
+			iters := int(c[3].(float64))
+			data := make([]float32, nbytes/4)
+			for i := range data {
+				data[i] = 1
+			}
+			call := func() error { return pybridge.AllReduce(g, data, pybridge.Sum) }
+			if op == "broadcast" {
+				call = func() error { return pybridge.Broadcast(g, data, 0) }
+			}
+			for i := 0; i < max(1, iters/10); i++ { // warm-up
+				must(call())
+			}
+			must(g.Barrier())
+			start := time.Now()
+			for i := 0; i < iters; i++ {
+				must(call())
+			}
+			elapsed := time.Since(start).Seconds() / float64(iters)
+			key := fmt.Sprintf("pybridge-go|%s|%d", op, nbytes)
+			results[key] = append(results[key], elapsed)
 		}
-		var impl string
-		var index int
-		if _, err := fmt.Sscan(line, &impl, &index); err != nil || index < 0 || index >= len(cases) {
-			log.Fatalf("bad command %q", line)
+	}
+	if g.Rank() == 0 {
+		out, _ := json.Marshal(results)
+		if err := os.WriteFile(os.Args[1], out, 0o644); err != nil {
+			log.Fatal(err)
 		}
-		c := cases[index]
-		fmt.Printf("sample %g\n", sample(g, c[1].(string), int(c[2].(float64)), int(c[3].(float64)), int(c[5].(float64))))
 	}
-}
-
-// sample times iters calls of op on a buffer of nbytes, after warmup calls and a
-// barrier, and returns the seconds per call.
-func sample(g *pybridge.Group, op string, nbytes, iters, warmup int) float64 {
-	data := make([]float32, nbytes/4)
-	for i := range data {
-		data[i] = 1
-	}
-	call := func() error { return pybridge.AllReduce(g, data, pybridge.Sum) }
-	if op == "broadcast" {
-		call = func() error { return pybridge.Broadcast(g, data, 0) }
-	}
-	for i := 0; i < warmup; i++ {
-		must(call())
-	}
-	must(g.Barrier())
-	start := time.Now()
-	for i := 0; i < iters; i++ {
-		must(call())
-	}
-	return time.Since(start).Seconds() / float64(iters)
 }
 
 func must(err error) {
