@@ -145,12 +145,17 @@ def _pair(inp, out, group, dtype, factor_in, factor_out, what):
     return g, t_in, t_out
 
 
-def broadcast(buf, root, *, group=None, async_op=False, dtype=None):
-    """Copy `buf` from rank `root` into `buf` on every rank."""
-    g, t = _prepare(buf, group, dtype)
+def _broadcast_options(g, root):
     g.check_rank("root", root)
     opts = dist.BroadcastOptions()
     opts.rootRank = root
+    return opts
+
+
+def broadcast(buf, root, *, group=None, async_op=False, dtype=None):
+    """Copy `buf` from rank `root` into `buf` on every rank."""
+    g, t = _prepare(buf, group, dtype)
+    opts = _broadcast_options(g, root)
     return _run(lambda: g.pg.broadcast([t], opts), async_op, t)
 
 
@@ -165,9 +170,7 @@ def prepare_broadcast(buf, root, *, group=None, dtype=None):
     """Check a synchronous broadcast's arguments once and return a function that runs it
     each time it is called: for callers that send the same buffer again and again."""
     g, t = _prepare(buf, group, dtype)
-    g.check_rank("root", root)
-    opts = dist.BroadcastOptions()
-    opts.rootRank = root
+    opts = _broadcast_options(g, root)
     return _prepared(g, lambda: g.pg.broadcast([t], opts))
 
 
