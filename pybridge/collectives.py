@@ -171,7 +171,7 @@ def prepare_broadcast(buf, root, *, group=None, dtype=None):
     each time it is called: for callers that send the same buffer again and again."""
     g, t = _prepare(buf, group, dtype)
     opts = _broadcast_options(g, root)
-    return _prepared(g, lambda: g.pg.broadcast([t], opts))
+    return _runner(g, lambda: g.pg.broadcast([t], opts))
 
 
 def prepare_all_reduce(buf, op=SUM, *, group=None, dtype=None):
@@ -179,10 +179,10 @@ def prepare_all_reduce(buf, op=SUM, *, group=None, dtype=None):
     each time it is called: for callers that reduce the same buffer again and again."""
     g, t = _prepare(buf, group, dtype)
     opts = _ALLREDUCE_OPTS[_op_code(op, t.dtype)]
-    return _prepared(g, lambda: g.pg.allreduce([t], opts))
+    return _runner(g, lambda: g.pg.allreduce([t], opts))
 
 
-def _prepared(g, start):
+def _runner(g, start):
     def run():
         g.check_open()  # the group may have been finalized since
         _run(start, False)
