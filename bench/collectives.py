@@ -6,11 +6,14 @@ raw torch.distributed from Python, pybridge from Python, pybridge from Go (C ABI
 
 Each implementation runs as a program would, alone and continuously: the Python ranks
 (torch.distributed and pybridge, alternating sample by sample) and the Go ranks are
-launched in turn, --runs times each, Python first in odd runs and Go first in even ones.
-Each figure is the median over all samples; latency takes 12 samples of 500 calls per
-launch, since on a shared machine noise comes in bursts and a median over many short
-samples is steadier than one over a few long ones. Prints a table of times and ratios
-and writes bench/results/collectives.json.
+launched in turn, Python first in odd runs and Go first in even ones: 3 x --runs times
+each for the latency case, then --runs times each for the bandwidth cases.
+Every call is timed, and each row is computed from the median call: latency takes 12
+samples of 500 calls per launch (its rows add the 99th percentile call and the median
+over samples of the mean call), bandwidth 4 samples of 10-500 calls per size. On a
+shared machine 1-2% of calls stall for milliseconds, whichever program makes them, and
+a mean moves with how many stalls it happens to catch; the median call does not. Every rank allocates one buffer per case and reuses it, as a training loop
+does. Prints a table of times and ratios and writes bench/results/collectives.json.
 """
 
 import argparse
@@ -26,11 +29,14 @@ from common import ROOT, human_bytes, launch, save, table  # noqa: E402
 
 SIZES = [1 << k for k in range(10, 27, 2)]  # 1 KiB ... 64 MiB
 GO_BIN = os.path.join(ROOT, "build", "bench_collectives_go")
+KINDS = ("latency", "bandwidth")
 
 
 def iterations(nbytes):
-    """Deterministic per size, so every rank runs the same number of collectives."""
-    return max(3, min(2000, (48 << 20) // nbytes))
+    """Calls per bandwidth sample: deterministic per size, so every rank runs the same
+    number of collectives, and at least 10, so that a large size's sample is not a
+    handful of calls that one burst of noise decides."""
+    return max(10, min(500, (64 << 20) // nbytes))
 
 
 def plan(quick, only=None):
@@ -38,7 +44,7 @@ def plan(quick, only=None):
     sizes = SIZES[::2] if quick else SIZES
     cases = [("latency", "allreduce", 4, 100, 3) if quick else ("latency", "allreduce", 4, 500, 12)]
     for op in ("allreduce", "broadcast"):
-        cases += [("bandwidth", op, n, max(2, iterations(n) // (4 if quick else 1)), 1 if quick else 2)
+        cases += [("bandwidth", op, n, max(2, iterations(n) // (4 if quick else 1)), 1 if quick else 4)
                   for n in sizes]
     return [c for c in cases if only is None or c[0] == only]
 
@@ -53,22 +59,27 @@ def worker(cases, out_path):
     pybridge.init(backend="gloo", timeout=120)
     raw = {"allreduce": lambda t: dist.all_reduce(t), "broadcast": lambda t: dist.broadcast(t, 0)}
     bridged = {"allreduce": lambda t: pybridge.all_reduce(t), "broadcast": lambda t: pybridge.broadcast(t, 0)}
-    results = {}
+    clock = time.perf_counter
+    results, buffers = {}, {}  # one buffer per case, reused by every sample (as in the Go ranks)
     for sample in range(max(c[4] for c in cases)):
-        for kind, op, nbytes, iters, samples in cases:
+        for case, (kind, op, nbytes, iters, samples) in enumerate(cases):
             if sample >= samples:
                 continue
-            t = torch.ones(nbytes // 4)
+            if case not in buffers:
+                buffers[case] = torch.empty(nbytes // 4)
+            t = buffers[case]
             for impl, fns in (("torch", raw), ("pybridge-py", bridged)):
+                t.fill_(1)
                 fn = fns[op]
                 for _ in range(max(1, iters // 10)):  # warm-up
                     fn(t)
                 dist.barrier()
-                start = time.perf_counter()
-                for _ in range(iters):
+                calls = [0.0] * iters
+                for i in range(iters):
+                    start = clock()
                     fn(t)
-                elapsed = (time.perf_counter() - start) / iters
-                results.setdefault(f"{impl}|{op}|{nbytes}", []).append(elapsed)
+                    calls[i] = clock() - start
+                results.setdefault(f"{impl}|{op}|{nbytes}", []).append(calls)
     if pybridge.rank() == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
@@ -83,27 +94,37 @@ def build_go():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and iterations (a smoke run)")
-    parser.add_argument("--runs", type=int, default=4, help="times each implementation's ranks are started (default 4)")
-    parser.add_argument("--only", choices=("latency", "bandwidth"), help="run only these cases")
+    parser.add_argument("--runs", type=int, default=4,
+                        help="times each implementation's ranks are started for the bandwidth cases (default 4); "
+                             "the latency case, whose launches are short, gets three times as many")
+    parser.add_argument("--only", choices=KINDS, help="run only these cases")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    cases = plan(args.quick, args.only)
+    if args.runs < 1:
+        parser.error(f"--runs must be at least 1, not {args.runs}")
     if args.worker:
-        return worker(cases, args.worker)
+        return worker(plan(args.quick, args.only), args.worker)
 
     build_go()
-    spec = json.dumps(cases)
     samples = {}
+    for kind in KINDS if args.only is None else (args.only,):
+        runs = args.runs * (3 if kind == "latency" else 1)
+        launch_in_turns(plan(args.quick, kind), kind, runs, args.quick, samples)
+    report(plan(args.quick, args.only), samples, args.quick, args.only)
+
+
+def launch_in_turns(cases, kind, runs, quick, samples):
+    """Start the Python ranks and the Go ranks `runs` times each, alternating which
+    goes first, and add rank 0's samples to `samples`."""
     tmp = os.path.join(ROOT, "build", "bench-collectives.json")
-    flags = (["--quick"] if args.quick else []) + (["--only", args.only] if args.only else [])
+    flags = (["--quick"] if quick else []) + ["--only", kind]
     programs = [("Python ranks (torch.distributed and pybridge)", [sys.executable, __file__, "--worker", tmp] + flags),
-                ("Go ranks (pybridge through the C ABI)", [GO_BIN, tmp, spec])]
-    for run in range(args.runs):
+                ("Go ranks (pybridge through the C ABI)", [GO_BIN, tmp, json.dumps(cases)])]
+    for run in range(runs):
         for what, cmd in programs if run % 2 == 0 else programs[::-1]:
-            print(f"run {run + 1}/{args.runs}: {what}...", flush=True)
+            print(f"{kind} run {run + 1}/{runs}: {what}...", flush=True)
             launch(cmd, 2, 900)
             merge(samples, tmp)
-    report(cases, samples, args.quick, args.only)
 
 
 def merge(samples, path):
@@ -113,29 +134,41 @@ def merge(samples, path):
 
 
 def report(cases, samples, quick, only=None):
-    med = {k: statistics.median(v) for k, v in samples.items()}
+    impls = ("torch", "pybridge-py", "pybridge-go")
     rows, records = [], []
     for kind, op, nbytes, *_ in cases:
-        t = {impl: med[f"{impl}|{op}|{nbytes}"] for impl in ("torch", "pybridge-py", "pybridge-go")}
+        runs = {i: samples[f"{i}|{op}|{nbytes}"] for i in impls}
+        calls = {i: [c for sample in runs[i] for c in sample] for i in impls}
+        median = {i: statistics.median(calls[i]) for i in impls}
         if kind == "latency":
-            what = f"{op} 1 element"
-            cells = [f"{t[i] * 1e6:.1f} us" for i in t]
-            ratio = lambda i: t[i] / t["torch"]  # time ratio: lower is better, 1.05 is the goal
+            stats = {"median": median,
+                     # the median over samples of the sample's mean call, stalls included
+                     "mean": {i: statistics.median(statistics.fmean(s) for s in runs[i]) for i in impls},
+                     "p99": {i: statistics.quantiles(calls[i], n=100)[98] for i in impls}}
+            for what, t in stats.items():
+                ratio = {i: t[i] / t["torch"] for i in impls}  # time ratio: lower is better
+                rows.append([f"{op} 1 element, {what}", *(f"{t[i] * 1e6:.1f} us" for i in impls),
+                             f"{ratio['pybridge-py']:.3f}", f"{ratio['pybridge-go']:.3f}"])
+            records.append({"kind": kind, "op": op, "bytes": nbytes, "calls": len(calls["torch"]),
+                            **{f"seconds_{what}": t for what, t in stats.items()},
+                            "ratio_py": median["pybridge-py"] / median["torch"],
+                            "ratio_go": median["pybridge-go"] / median["torch"]})
         else:
-            what = f"{op} {human_bytes(nbytes)}"
-            cells = [f"{nbytes / t[i] / 1e9:.3f} GB/s" for i in t]
-            ratio = lambda i: t["torch"] / t[i]  # bandwidth ratio: higher is better, 0.97 is the goal
-        rows.append([what, *cells, f"{ratio('pybridge-py'):.3f}", f"{ratio('pybridge-go'):.3f}"])
-        records.append({"kind": kind, "op": op, "bytes": nbytes, "seconds": t,
-                        "ratio_py": ratio("pybridge-py"), "ratio_go": ratio("pybridge-go")})
+            ratio = {i: median["torch"] / median[i] for i in impls}  # bandwidth ratio: higher is better
+            rows.append([f"{op} {human_bytes(nbytes)}", *(f"{nbytes / median[i] / 1e9:.3f} GB/s" for i in impls),
+                         f"{ratio['pybridge-py']:.3f}", f"{ratio['pybridge-go']:.3f}"])
+            records.append({"kind": kind, "op": op, "bytes": nbytes, "seconds_median": median,
+                            "ratio_py": ratio["pybridge-py"], "ratio_go": ratio["pybridge-go"]})
     headers = ["case", "torch.distributed", "pybridge (Python)", "pybridge (Go)", "ratio Py", "ratio Go"]
     print()
-    print("2 ranks, gloo, loopback. Latency rows: time per call, ratio = pybridge / torch (goal <= 1.05).")
-    print("Bandwidth rows: bytes / time per call, ratio = pybridge / torch (goal >= 0.97 at 16 MiB).")
+    print("2 ranks, gloo, loopback. Latency rows: time per call, the median and 99th percentile (p99) of")
+    print("every timed call and the median over samples of the mean call; ratio = pybridge / torch")
+    print("(goal <= 1.05 on the median).")
+    print("Bandwidth rows: bytes / median time per call, ratio = pybridge / torch (goal >= 0.97 at 16 MiB).")
     print(table(headers, rows))
-    if only:  # a partial run prints its table; bench/results keeps full runs only
+    if only or quick:  # a partial or smoke run prints its table; bench/results keeps full runs only
         return
-    path = save("collectives", {"quick": quick, "results": records})
+    path = save("collectives", {"results": records})
     print(f"\nwrote {path}")
 
 

@@ -1,6 +1,7 @@
 // Command collectives_go is the Go side of bench/collectives.py: it times
 // AllReduce and Broadcast through the C ABI with the same cases as the Python
-// ranks and writes rank 0's timings as JSON.
+// ranks and writes rank 0's time for every timed call as JSON (per case, a list
+// of samples, each a list of call times in seconds).
 //
 // Usage (as each of 2 ranks, with the launcher environment set):
 //
@@ -36,18 +37,25 @@ func main() {
 		log.Fatal(err)
 	}
 	defer g.Close()
-	results := map[string][]float64{}
+	results := map[string][][]float64{}
+	// One buffer per case, reused by every sample, as a training loop reuses its
+	// tensors: fresh 64 MiB buffers per sample left the garbage collector and the
+	// scavenger running during the next latency sample.
+	buffers := make([][]float32, len(cases))
 	for r := 0; r < rounds; r++ {
-		for _, c := range cases {
+		for i, c := range cases {
 			if r >= int(c[4].(float64)) {
 				continue
 			}
 			op := c[1].(string)
 			nbytes := int(c[2].(float64))
 			iters := int(c[3].(float64))
-			data := make([]float32, nbytes/4)
-			for i := range data {
-				data[i] = 1
+			if buffers[i] == nil {
+				buffers[i] = make([]float32, nbytes/4)
+			}
+			data := buffers[i]
+			for j := range data {
+				data[j] = 1
 			}
 			call := func() error { return pybridge.AllReduce(g, data, pybridge.Sum) }
 			if op == "broadcast" {
@@ -57,13 +65,14 @@ func main() {
 				must(call())
 			}
 			must(g.Barrier())
-			start := time.Now()
-			for i := 0; i < iters; i++ {
+			calls := make([]float64, iters)
+			for j := range calls {
+				start := time.Now()
 				must(call())
+				calls[j] = time.Since(start).Seconds()
 			}
-			elapsed := time.Since(start).Seconds() / float64(iters)
 			key := fmt.Sprintf("pybridge-go|%s|%d", op, nbytes)
-			results[key] = append(results[key], elapsed)
+			results[key] = append(results[key], calls)
 		}
 	}
 	if g.Rank() == 0 {
