@@ -10,7 +10,7 @@ launched in turn, Python first in odd runs and Go first in even ones: 3 x --runs
 each for the latency case, then --runs times each for the bandwidth cases.
 Every call is timed, and each row is computed from the median call: latency takes 12
 samples of 500 calls per launch (its rows add the 99th percentile call and the median
-over samples of the mean call), bandwidth 4 samples of 10-500 calls per size. On a
+over samples of the mean call), bandwidth 4 samples of 40-500 calls per size. On a
 shared machine 1-2% of calls stall for milliseconds, whichever program makes them, and
 a mean moves with how many stalls it happens to catch; the median call does not. Every rank allocates one buffer per case and reuses it, as a training loop
 does. Prints a table of times and ratios and writes bench/results/collectives.json.
@@ -34,9 +34,10 @@ KINDS = ("latency", "bandwidth")
 
 def iterations(nbytes):
     """Calls per bandwidth sample: deterministic per size, so every rank runs the same
-    number of collectives, and at least 10, so that a large size's sample is not a
-    handful of calls that one burst of noise decides."""
-    return max(10, min(500, (64 << 20) // nbytes))
+    number of collectives, and at least 40: single calls of one size spread by +-30%
+    here, so a large size needs a few hundred calls over its launches for a median
+    within a few percent."""
+    return max(40, min(500, (256 << 20) // nbytes))
 
 
 def plan(quick, only=None):
