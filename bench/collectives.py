@@ -8,12 +8,14 @@ Each implementation runs as a program would, alone and continuously: the Python 
 (torch.distributed and pybridge, alternating sample by sample) and the Go ranks are
 launched in turn, Python first in odd runs and Go first in even ones: 3 x --runs times
 each for the latency case, then --runs times each for the bandwidth cases.
+
 Every call is timed, and each row is computed from the median call: latency takes 12
 samples of 500 calls per launch (its rows add the 99th percentile call and the median
 over samples of the mean call), bandwidth 4 samples of 40-500 calls per size. On a
 shared machine 1-2% of calls stall for milliseconds, whichever program makes them, and
-a mean moves with how many stalls it happens to catch; the median call does not. Every rank allocates one buffer per case and reuses it, as a training loop
-does. Prints a table of times and ratios and writes bench/results/collectives.json.
+a mean moves with how many stalls it happens to catch; the median call does not.
+Every rank allocates one buffer per case and reuses it, as a training loop does.
+Prints a table of times and ratios and writes bench/results/collectives.json.
 """
 
 import argparse

@@ -39,8 +39,8 @@ func main() {
 	defer g.Close()
 	results := map[string][][]float64{}
 	// One buffer per case, reused by every sample, as a training loop reuses its
-	// tensors: fresh 64 MiB buffers per sample left the garbage collector and the
-	// scavenger running during the next latency sample.
+	// tensors (and as the Python ranks do): no timing then follows the allocation
+	// of up to 64 MiB, nor shares the process with its garbage.
 	buffers := make([][]float32, len(cases))
 	for r := 0; r < rounds; r++ {
 		for i, c := range cases {
