@@ -145,41 +145,46 @@ def _pair(inp, out, group, dtype, factor_in, factor_out, what):
     return g, t_in, t_out
 
 
-def _broadcast_options(g, root):
+def _broadcast_call(buf, root, group, dtype):
+    """Check a broadcast's arguments; return the group, the tensor and what starts it."""
+    g, t = _prepare(buf, group, dtype)
     g.check_rank("root", root)
     opts = dist.BroadcastOptions()
     opts.rootRank = root
-    return opts
+    return g, t, lambda: g.pg.broadcast([t], opts)
+
+
+def _all_reduce_call(buf, op, group, dtype):
+    """Check an all_reduce's arguments; return the group, the tensor and what starts it."""
+    g, t = _prepare(buf, group, dtype)
+    opts = _ALLREDUCE_OPTS[_op_code(op, t.dtype)]
+    return g, t, lambda: g.pg.allreduce([t], opts)
 
 
 def broadcast(buf, root, *, group=None, async_op=False, dtype=None):
     """Copy `buf` from rank `root` into `buf` on every rank."""
-    g, t = _prepare(buf, group, dtype)
-    opts = _broadcast_options(g, root)
-    return _run(lambda: g.pg.broadcast([t], opts), async_op, t)
+    _, t, start = _broadcast_call(buf, root, group, dtype)
+    return _run(start, async_op, t)
 
 
 def all_reduce(buf, op=SUM, *, group=None, async_op=False, dtype=None):
     """Reduce `buf` element-wise over all ranks (sum, avg, min, max, product), in place."""
-    g, t = _prepare(buf, group, dtype)
-    opts = _ALLREDUCE_OPTS[_op_code(op, t.dtype)]
-    return _run(lambda: g.pg.allreduce([t], opts), async_op, t)
+    _, t, start = _all_reduce_call(buf, op, group, dtype)
+    return _run(start, async_op, t)
 
 
 def prepare_broadcast(buf, root, *, group=None, dtype=None):
     """Check a synchronous broadcast's arguments once and return a function that runs it
     each time it is called: for callers that send the same buffer again and again."""
-    g, t = _prepare(buf, group, dtype)
-    opts = _broadcast_options(g, root)
-    return _runner(g, lambda: g.pg.broadcast([t], opts))
+    g, _, start = _broadcast_call(buf, root, group, dtype)
+    return _runner(g, start)
 
 
 def prepare_all_reduce(buf, op=SUM, *, group=None, dtype=None):
     """Check a synchronous all_reduce's arguments once and return a function that runs it
     each time it is called: for callers that reduce the same buffer again and again."""
-    g, t = _prepare(buf, group, dtype)
-    opts = _ALLREDUCE_OPTS[_op_code(op, t.dtype)]
-    return _runner(g, lambda: g.pg.allreduce([t], opts))
+    g, _, start = _all_reduce_call(buf, op, group, dtype)
+    return _runner(g, start)
 
 
 def _runner(g, start):
