@@ -202,6 +202,16 @@ def test_missing_and_corrupt_files(abi, tmp_path):
     assert ld.rc == lib.PB_ERR_CORRUPT
     assert f"{magic}: chunk 2, byte offset {off2}" in ld.msg and "magic" in ld.msg
 
+    # A header that says 0 records (the count is not covered by the checksum): refused at
+    # open, never read as an empty chunk that drops its records with PB_OK.
+    bad = bytearray(data)
+    bad[off1 + 16:off1 + 20] = b"\0\0\0\0"
+    zero = tmp_path / "zero.recordio"
+    zero.write_bytes(bad)
+    ld = Loader(ffi, lib, [str(zero)], 4)
+    assert ld.rc == lib.PB_ERR_CORRUPT, ld.msg
+    assert f"{zero}: chunk 1, byte offset {off1}" in ld.msg and "0 records" in ld.msg
+
     # Checksum mismatch: found when the chunk is read; no record of it is returned.
     bad = bytearray(data)
     bad[off1 + 20 + 6] ^= 0xFF

@@ -111,6 +111,20 @@ def test_fewer_records_than_the_header_says(tmp_path):
     expect_corrupt(path, 0, 0, "holds at most")
 
 
+def test_header_that_says_zero_records(tmp_path):
+    # The record count is outside the checksum: a chunk whose header says 0 records must not
+    # be indexed as empty (its records would vanish and later ones shift).
+    chunks, offs = layout()
+    bad = bytearray(chunks[1])
+    bad[16:20] = struct.pack("<I", 0)
+    path = write(tmp_path, chunks[0] + bytes(bad) + chunks[2])
+    expect_corrupt(path, 1, offs[1], "says 0 records")
+    with pytest.raises(CorruptData, match="says 0 records"):
+        list(rio.Loader([path], 2))
+    with rio.Reader(path, skip_corrupt=True) as r:  # skipping it is explicit, and counted
+        assert list(r) == A + C and r.corrupt_chunks == 1
+
+
 def test_bytes_after_the_last_record(tmp_path):
     body = raw_payload(A) + b"junk"
     path = write(tmp_path, header(body, 0, 2) + body)

@@ -22,7 +22,7 @@ from .format import (COMPRESSOR_NAMES, HEADER_SIZE, MAGIC, MAGIC_BYTES, corrupt,
 SIDECAR_SUFFIX = ".rioidx"
 _SIDECAR_MAGIC = b"PBRIOIDX"
 _SIDECAR_HEAD = struct.Struct("<8sIQqQI")  # magic, version, file size, mtime_ns, chunks, crc
-_SIDECAR_VERSION = 1
+_SIDECAR_VERSION = 2  # 2: chunks whose header says 0 records are refused (1 indexed them)
 
 CHUNK_DTYPE = np.dtype([("offset", "<i8"), ("size", "<i8"), ("records", "<i8"),
                         ("compressor", "<u4"), ("checksum", "<u4"), ("ordinal", "<i8")])
@@ -142,6 +142,13 @@ def scan(f, path, skip_corrupt=False, allow_empty=False) -> Index:
             elif h.compressor not in COMPRESSOR_NAMES:
                 problem = f"unknown compressor {h.compressor} (known: 0 none, 1 snappy, 2 gzip)"
                 skip_to = end  # the extent is plausible: skip exactly this chunk
+            elif h.num_records == 0:
+                # Writers never write empty chunks, and the count is outside the checksum:
+                # indexed as empty, the chunk's records would vanish without an error.
+                problem = (f"the header says 0 records but the chunk has a {h.size}-byte payload "
+                           "(writers never write empty chunks; the record count is not covered by "
+                           "the checksum)")
+                skip_to = end
             else:
                 rows.append((offset, h.size, h.num_records, h.compressor, h.checksum, ordinal))
                 offset, ordinal = end, ordinal + 1
