@@ -211,7 +211,10 @@ typedef struct pb_loader pb_loader; /* an open loader */
  *                same number of batches (drop_last drops the tail, else the last rank's
  *                share is padded by wrapping around). PB_PARTITION_DYNAMIC: a faster rank
  *                reads more; every record is read exactly once per epoch; drop_last drops
- *                each rank's final partial batch.
+ *                each rank's final partial batch. Each dynamic loader claims through
+ *                counters of its own, so loaders over the same data (open at once or one
+ *                after another) each read everything; every rank must open its dynamic
+ *                loaders in the same order.
  *   shuffle      1: shuffle the task order with the same permutation on every rank, from
  *                seed and the epoch; 0: file order.
  *   skip_corrupt 1: skip corrupt chunks and count them (pb_loader_corrupt_chunks) instead

@@ -21,6 +21,9 @@ const (
 	// DynamicPartition lets ranks claim the next task on demand through the
 	// group's store: a faster rank reads more, every record is still read
 	// exactly once per epoch. Every rank must read each pass to its end.
+	// Each dynamic loader has claim counters of its own, so loaders over the
+	// same data each read everything; every rank must open its dynamic
+	// loaders in the same order.
 	DynamicPartition Partition = 1
 )
 

@@ -228,7 +228,7 @@ func TestLoader2Ranks(t *testing.T) {
 			}
 		}
 	}
-	for _, mode := range []string{"static", "dynamic"} {
+	for _, mode := range []string{"static", "dynamic", "dynamic again"} {
 		s := shares[mode]
 		if len(s) != 2 {
 			t.Fatalf("%s: got %d ranks' results", mode, len(s))
@@ -256,7 +256,9 @@ func roleLoader() error {
 	if err != nil || len(files) != 3 {
 		return fmt.Errorf("dataset files: %v %v", files, err)
 	}
-	for _, mode := range []pybridge.Partition{pybridge.StaticPartition, pybridge.DynamicPartition} {
+	// The dynamic loader is opened twice over the same files, batch size and epoch: the
+	// second must read its full share, not find the first one's claim counters used up.
+	for pass, mode := range []pybridge.Partition{pybridge.StaticPartition, pybridge.DynamicPartition, pybridge.DynamicPartition} {
 		opts := []pybridge.LoaderOption{pybridge.WithPartition(mode), pybridge.WithShuffle(3)}
 		if mode == pybridge.StaticPartition {
 			// 60 records, 2 ranks, batches of 5: nothing is dropped. (The dynamic
@@ -278,7 +280,7 @@ func roleLoader() error {
 		if err != nil {
 			return err
 		}
-		name := map[pybridge.Partition]string{pybridge.StaticPartition: "static", pybridge.DynamicPartition: "dynamic"}[mode]
+		name := []string{"static", "dynamic", "dynamic again"}[pass]
 		if mode == pybridge.StaticPartition && (nb != 6 || batches != 6) {
 			return fmt.Errorf("static: %d batches, NumBatches %d, want 6", batches, nb)
 		}

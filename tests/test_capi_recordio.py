@@ -253,9 +253,16 @@ def abi_ranks(rank, world, paths, partition, batch):
     batches = ld.run_pass()
     nb = ld.info("pb_loader_num_batches")[1]
     assert ld.close() == 0
+    # A second loader over the same files, batch size and epoch reads its own full share.
+    again = Loader(ffi, lib, paths, batch, group=gp[0], partition=partition, shuffle=1, seed=7,
+                   drop_last=int(partition == 0))
+    assert again.rc == 0, again.msg
+    assert lib.pb_loader_set_epoch(again.h, 3) == 0
+    second = [r for b in again.run_pass() for r in b]
+    assert again.close() == 0
     assert lib.pb_barrier(gp[0]) == 0
     assert lib.pb_finalize(gp[0]) == 0
-    return nb, [r for b in batches for r in b], [len(b) for b in batches]
+    return nb, [r for b in batches for r in b], [len(b) for b in batches], second
 
 
 @pytest.mark.parametrize("partition", [0, 1], ids=["static", "dynamic"])
@@ -267,6 +274,7 @@ def test_ranks_get_disjoint_covering_shares(tmp_path, partition):
     union = [rec for s in shares for rec in s]
     assert len(set(union)) == len(union), "shares overlap"
     assert sorted(union) == sorted(records), "shares do not cover the dataset"
+    assert sorted(rec for r in results for rec in r[3]) == sorted(records), "the second loader"
     if partition == 0:  # equal batch counts, as announced
         assert [r[0] for r in results] == [4] * world
         assert [r[2] for r in results] == [[batch] * 4] * world

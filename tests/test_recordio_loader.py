@@ -156,7 +156,8 @@ def test_glob_and_argument_checks(dataset, tmp_path):
     with rio.Loader(pattern, 100) as loader:
         assert loader.files == sorted(paths) and flatten(loader) == records
     for kw in [dict(batch_size=0), dict(partition="random"), dict(prefetch=-1),
-               dict(num_replicas=2, rank=2), dict(partition="dynamic", num_replicas=2, rank=0)]:
+               dict(num_replicas=2, rank=2), dict(partition="dynamic", num_replicas=2, rank=0),
+               dict(shuffle=True, seed=-1), dict(seed=-1)]:  # a bad seed fails at open
         with pytest.raises(InvalidArgument):
             rio.Loader(paths, **{"batch_size": 4, **kw})
     with pytest.raises(InvalidArgument, match="no files match"):

@@ -166,6 +166,18 @@ def _rank_main(rank, world, paths, slow_rank):
             if rank == slow_rank:
                 time.sleep(0.3)
         out["dynamic"] = got
+    # The same data, batch size and epoch again: a second loader one after the other, then
+    # two open at once (read in turns); each must see every record once, not find the first
+    # loader's counters exhausted.
+    with rio.Loader(paths, 8, partition="dynamic", task_records=8, prefetch=1) as loader:
+        out["again"] = [r for b in loader for r in b.tolist()]
+    with rio.Loader(paths, 8, partition="dynamic", task_records=8, prefetch=0) as a, \
+            rio.Loader(paths, 8, partition="dynamic", task_records=8, prefetch=0) as b:
+        out["pair"] = [[], []]
+        for ba, bb in itertools.zip_longest(a, b):
+            for k, batch in enumerate((ba, bb)):
+                if batch is not None:
+                    out["pair"][k].extend(batch.tolist())
     pybridge.barrier()  # the store lives on rank 0: keep it up until everyone is done
     pybridge.finalize()
     return out
@@ -187,3 +199,6 @@ def test_static_and_dynamic_on_real_ranks(tmp_path):
     # make up for it. (Not "less than every fast rank": under load one fast rank can start late.)
     fast = [len(d) for r, d in enumerate(dynamic) if r != slow]
     assert len(dynamic[slow]) < len(everything) // world < max(fast), [len(d) for d in dynamic]
+    assert sorted(r for res in results for r in res["again"]) == everything
+    for k in range(2):
+        assert sorted(r for res in results for r in res["pair"][k]) == everything

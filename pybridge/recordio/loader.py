@@ -15,8 +15,8 @@ import numpy as np
 from ..errors import Closed, InvalidArgument
 from .batch import Batch, decode_fixed  # noqa: F401 - decode_fixed is part of the loader API
 from .index import SIDECAR_SUFFIX
-from .partition import (DynamicPartition, LocalStore, chunk_tasks, dataset_name, num_batches,
-                        static_shard)
+from .partition import (DynamicPartition, LocalStore, _positive_int, chunk_tasks, dataset_name,
+                        next_instance, num_batches, static_shard)
 from .reader import Reader, join
 
 PARTITIONS = ("static", "dynamic")
@@ -140,7 +140,9 @@ class Loader:
     task_records: split tasks to at most this many records (default: one task per chunk).
     store, name: dynamic only; the store defaults to the group's rendezvous store (a local
         counter in a single process), name keys the counters (default: derived from the
-        dataset, so two loaders over different data do not collide).
+        dataset and settings). Each dynamic loader has its own counters, so loaders over the
+        same data, open at once or one after another, each read every record once per
+        epoch; every rank must open its dynamic loaders in the same order.
     prefetch: batches prepared ahead on a background thread (0: read on the caller's thread).
     skip_corrupt, verify_checksums, index_cache: passed to each Reader.
 
@@ -163,7 +165,7 @@ class Loader:
         self.batch_size = int(batch_size)
         self.partition = partition
         self.shuffle = bool(shuffle)
-        self.seed = int(seed)
+        self.seed = _positive_int("seed", seed, 0)  # checked now, not at the first shuffled batch
         self.drop_last = bool(drop_last)
         self.prefetch = _prefetch_count(prefetch)
         group = _live_group()
@@ -209,8 +211,9 @@ class Loader:
                     self.close()
                     raise InvalidArgument(f"a dynamic partition over {self.num_replicas} ranks needs a "
                                           "store: call pybridge.init() first or pass store=")
+            name = name or dataset_name(self.tasks, self.batch_size, self.shuffle, self.seed)
             self._dynamic = DynamicPartition(self.tasks, store, shuffle=self.shuffle, seed=self.seed,
-                                             name=name or dataset_name(self.tasks, self.batch_size))
+                                             name=name, instance=next_instance(name))
         self.epoch = 0
         self.set_epoch(epoch)
 

@@ -168,31 +168,50 @@ class LocalStore:
             return self._values[key]
 
 
-def dataset_name(tasks, batch_size=0):
-    """A name that is the same on every rank for the same dataset (keys the store counters)."""
-    h = hashlib.sha1(repr((list(tasks), batch_size)).encode()).hexdigest()
+def dataset_name(tasks, *settings):
+    """A name that is the same on every rank for the same dataset and settings."""
+    h = hashlib.sha1(repr((list(tasks), settings)).encode()).hexdigest()
     return h[:16]
+
+
+_instances_lock = threading.Lock()
+_instances = {}  # name -> dynamic partitions this process has numbered under that name
+
+
+def next_instance(name):
+    """0 for the first dynamic partition this process opens under `name`, then 1, 2, ...:
+    the same sequence on every rank that opens its loaders in the same order."""
+    with _instances_lock:
+        n = _instances.get(name, 0)
+        _instances[name] = n + 1
+        return n
 
 
 class DynamicPartition:
     """Tasks claimed on demand through an atomic counter in a store shared by all ranks.
 
     store: anything with add(key, amount) -> new value (torch.distributed Store, LocalStore).
-    Every rank must build it from the same tasks, seed and shuffle, and use the same
-    (epoch, pass_no) for the same pass; each pass has its own counter key.
+    Every rank must build it from the same tasks, seed, shuffle and instance, and use the
+    same (epoch, pass_no) for the same pass; each pass has its own counter key.
+
+    instance: a store keeps its counters for the life of the group, so a second partition of
+    the same data (an evaluation loader reopened every epoch, two loaders at once) would find
+    the first one's counters exhausted and read nothing. Give each its own instance number
+    (next_instance(name), as the Loader does) and it gets counters of its own.
     """
 
-    def __init__(self, tasks, store, *, name=None, shuffle=False, seed=0):
+    def __init__(self, tasks, store, *, name=None, shuffle=False, seed=0, instance=0):
         if not hasattr(store, "add"):
             raise InvalidArgument("store must have an add(key, amount) method (a torch.distributed Store)")
         self.tasks = list(tasks)
         self.store = store
         self.shuffle = bool(shuffle)
         self.seed = _positive_int("seed", seed, 0)
-        self.name = name or dataset_name(self.tasks)
+        self.name = name or dataset_name(self.tasks, self.shuffle, self.seed)
+        self.instance = _positive_int("instance", instance, 0)
 
     def key(self, epoch, pass_no=0):
-        return f"pybridge/recordio/{self.name}/epoch{epoch}/pass{pass_no}"
+        return f"pybridge/recordio/{self.name}/{self.instance}/epoch{epoch}/pass{pass_no}"
 
     def claims(self, epoch=0, pass_no=0):
         """Yield the tasks this rank claims, until every task of the pass is claimed."""
