@@ -197,7 +197,7 @@ def _runner(g, start):
 def all_gather(input, output, *, group=None, async_op=False, dtype=None):
     """Concatenate every rank's `input` in rank order into `output` (world size x input)."""
     g, t_in, t_out = _pair(input, output, group, dtype, _group_size(group), 1, "all_gather")
-    return _run(lambda: dist.all_gather_single(t_out, t_in, group=g.pg, async_op=True),
+    return _run(lambda: dist.all_gather_into_tensor(t_out, t_in, group=g.pg, async_op=True),
                 async_op, t_in, t_out)
 
 
@@ -205,7 +205,7 @@ def reduce_scatter(input, output, op=SUM, *, group=None, async_op=False, dtype=N
     """Reduce `input` (world size x output) over ranks; rank r keeps block r in `output`."""
     g, t_in, t_out = _pair(input, output, group, dtype, 1, _group_size(group), "reduce_scatter")
     rop = reduce_op(op, t_in.dtype)
-    return _run(lambda: dist.reduce_scatter_single(t_out, t_in, rop, group=g.pg, async_op=True),
+    return _run(lambda: dist.reduce_scatter_tensor(t_out, t_in, rop, group=g.pg, async_op=True),
                 async_op, t_in, t_out)
 
 

@@ -232,7 +232,7 @@ class Reducer:
         dev = self._group.device
         out = torch.zeros(self._world * 3, dtype=torch.int64, device=dev)
         try:
-            dist.all_gather_single(out, torch.tensor(mine, dtype=torch.int64, device=dev),
+            dist.all_gather_into_tensor(out, torch.tensor(mine, dtype=torch.int64, device=dev),
                                    group=self._pg)
         except Exception as exc:  # noqa: BLE001
             raise classify(exc) from exc
