@@ -61,6 +61,10 @@ def save(name, payload):
     path = os.path.join(RESULTS, f"{name}.json")
     with open(path, "w") as f:
         json.dump(payload, f, indent=1)
+    import charts  # bench/ is on sys.path: benchmarks run as scripts from it
+    chart = charts.draw(name, payload)
+    if chart:
+        print("chart:", chart)
     return path
 
 

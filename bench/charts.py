@@ -1,0 +1,145 @@
+"""Charts of the benchmark results: one SVG next to each bench/results/NAME.json.
+
+Every benchmark calls draw() when it saves its JSON (bench/common.py), so its chart is
+always from the same run as its table. matplotlib is optional (`pip install
+'pybridge[plot]'`): without it no chart is drawn and the benchmark says so once.
+
+Usage: python bench/charts.py [NAME ...]   redraw from the saved JSON (default: all)
+"""
+
+import json
+import os
+import sys
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+COLORS = {"torch": "#7f7f7f", "torch DDP": "#7f7f7f", "pybridge-py": "#1f77b4", "pybridge": "#1f77b4",
+          "pybridge-go": "#2ca02c", "Go": "#2ca02c", "plain read": "#7f7f7f"}
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    plt.rcParams.update({"svg.hashsalt": "pybridge", "figure.dpi": 100, "font.size": 9})
+    return plt
+
+
+def _finish(plt, fig, name):
+    path = os.path.join(RESULTS, f"{name}.svg")
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Date": None})  # no timestamp: redrawing the same data changes nothing
+    plt.close(fig)
+    return path
+
+
+def collectives(plt, data):
+    """Bandwidth against message size, one panel per operation."""
+    rows = [r for r in data["results"] if r["kind"] == "bandwidth"]
+    ops = sorted({r["op"] for r in rows})
+    fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 3.6), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        mine = sorted((r for r in rows if r["op"] == op), key=lambda r: r["bytes"])
+        for impl in mine[0]["seconds_median"]:
+            xs = [r["bytes"] for r in mine if r["seconds_median"].get(impl)]
+            ys = [r["bytes"] / r["seconds_median"][impl] / 1e9 for r in mine if r["seconds_median"].get(impl)]
+            ax.plot(xs, ys, marker="o", ms=3, label=impl, color=COLORS.get(impl))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("GB/s (bytes / median call)")
+        ax.set_title(f"{op}, 2 ranks, gloo")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return fig
+
+
+def reducer(plt, data):
+    """Step time per method, one group of bars per model."""
+    models = data["models"]
+    methods = []
+    for m in models.values():
+        methods += [k for k in m["rows"] if k not in methods]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / len(methods)
+    for j, method in enumerate(methods):
+        xs = [i + j * width for i, m in enumerate(models.values()) if method in m["rows"]]
+        ys = [m["rows"][method]["step_ms"] for m in models.values() if method in m["rows"]]
+        ax.bar(xs, ys, width, label=method.replace("_", " "))
+    ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(models))])
+    ax.set_xticklabels([f"({k}) {m['desc']}" for k, m in models.items()])
+    ax.set_ylabel("ms per training step (lower is better)")
+    ax.set_title(f"gradient reduction, {data.get('world', 2)} ranks, {data.get('backend', 'gloo')}")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def recordio(plt, data):
+    """Read throughput against record size: plain file read, pybridge reader and loader, Go."""
+    rows = data["results"]
+    comps = sorted({r["compressor"] for r in rows})
+    fig, axes = plt.subplots(1, len(comps), figsize=(5 * len(comps), 3.6), squeeze=False)
+    for ax, comp in zip(axes[0], comps):
+        mine = [r for r in rows if r["compressor"] == comp]
+        sizes = sorted({r["record_bytes"] for r in mine})
+        plain = [next(r["plain_MBps"] for r in mine if r["record_bytes"] == s) for s in sizes]
+        ax.plot(sizes, plain, marker="o", ms=3, label="plain read", color=COLORS["plain read"], ls="--")
+        for api in ("reader", "loader"):
+            pts = [(r["record_bytes"], r["pybridge_MBps"]) for r in mine if r["api"] == api]
+            ax.plot(*zip(*pts), marker="o", ms=3, label=f"pybridge {api}")
+        go = [(r["record_bytes"], r["go_bridge_MBps"]) for r in mine if r["api"] == "loader" and r.get("go_bridge_MBps")]
+        if go:
+            ax.plot(*zip(*go), marker="o", ms=3, label="Go loader (via the C ABI)", color=COLORS["Go"])
+        ax.set_xscale("log")
+        ax.set_xlabel("record size (bytes)")
+        ax.set_ylabel("MB/s")
+        ax.set_title(f"RecordIO read, compressor {comp}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def mnist(plt, data):
+    """Test accuracy against wall time, per trainer and rank count."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for lang, runs in data["results"].items():
+        for run in runs:
+            ax.plot(run["epoch_end_s"], run["epoch_test_accuracy"], marker="o", ms=3,
+                    label=f"{lang}, {run['ranks']} rank{'s' if run['ranks'] > 1 else ''}")
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("MNIST, accuracy per epoch")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+DRAW = {"collectives": collectives, "reducer": reducer, "recordio": recordio, "mnist": mnist}
+
+
+def draw(name, data):
+    """Write bench/results/NAME.svg for a benchmark's results; returns the path, or None when
+    matplotlib is missing or the benchmark has no chart."""
+    if name not in DRAW:
+        return None
+    try:
+        plt = _plt()
+    except ImportError:
+        print("charts: matplotlib is not installed (pip install 'pybridge[plot]'); no chart drawn")
+        return None
+    return _finish(plt, DRAW[name](plt, data), name)
+
+
+def main(names):
+    for name in names or sorted(DRAW):
+        path = os.path.join(RESULTS, f"{name}.json")
+        if name not in DRAW:
+            raise SystemExit(f"no chart for {name!r}; charts exist for: {', '.join(sorted(DRAW))}")
+        if not os.path.exists(path):
+            print(f"{name}: no results yet ({path})")
+            continue
+        with open(path) as f:
+            print(draw(name, json.load(f)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
