@@ -5,6 +5,7 @@ Every launcher run is a subprocess bounded by a timeout; the data set is a small
 """
 
 import gzip
+import importlib.util
 import hashlib
 import json
 import os
@@ -24,6 +25,7 @@ MNIST = os.path.join(ROOT, "examples", "mnist")
 sys.path.insert(0, MNIST)
 import mnist_format as fmt  # noqa: E402
 import prepare  # noqa: E402
+from plot import main as plot_main  # noqa: E402
 
 from launcher import launch as _launch  # noqa: E402
 from pybridge import recordio  # noqa: E402
@@ -300,10 +302,21 @@ def test_two_ranks_equal_one_process_on_the_same_global_batch(data, tmp_path, tr
 
 
 def test_end_to_end_two_ranks_reach_accuracy(data, tmp_path, trainer):
+    metrics = tmp_path / "metrics.jsonl"
     rc, out, _ = launch(["--nproc-per-node", "2", *trainer, "--data", data, "--epochs", "3",
-                         "--batch-size", "32", "--checkpoint", str(tmp_path / "ck")])
+                         "--batch-size", "32", "--checkpoint", str(tmp_path / "ck"), "--metrics", str(metrics)])
     assert rc == 0, out
     lines = EPOCH_LINE.findall(out)
+    # --metrics: rank 0's JSON line per epoch says what the epoch line says; plot.py draws it.
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [(r["epoch"], r["ranks"]) for r in rows] == [(1, 2), (2, 2), (3, 2)]
+    assert [f"{r['loss']:.4f}" for r in rows] == [l[2] for l in lines]
+    assert [f"{r['test_accuracy']:.4f}" for r in rows] == [l[3] for l in lines]
+    assert rows[0]["seconds"] < rows[1]["seconds"] < rows[2]["seconds"]
+    if importlib.util.find_spec("matplotlib"):
+        svg = tmp_path / "curves.svg"
+        assert plot_main([str(metrics), "--out", str(svg)]) == 0
+        assert "test accuracy" in svg.read_text()
     assert [(e, n, w) for e, n, _, _, _, w in lines] == [("1", "3", "2"), ("2", "3", "2"), ("3", "3", "2")], out
     losses = [float(l[2]) for l in lines]
     assert losses[-1] < losses[0]

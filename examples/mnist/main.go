@@ -30,6 +30,7 @@ const (
 
 type options struct {
 	data, checkpoint, initWeights, saveWeights string
+	metrics                                    string
 	epochs, batchSize, steps                   int
 	lr, momentum                               float64
 	seed                                       int64
@@ -50,6 +51,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.steps, "steps", -1, "stop after this many global steps in all (-1: no limit)")
 	fs.StringVar(&o.initWeights, "init-weights", "", "start from these parameters (checkpoint format)")
 	fs.StringVar(&o.saveWeights, "save-weights", "", "rank 0 writes the final parameters and momentum here")
+	fs.StringVar(&o.metrics, "metrics", "", "rank 0 writes one JSON line per epoch here (plot with plot.py)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -162,6 +164,12 @@ func run(opts options) error {
 		dataKind(opts.data), train.NumRecords(), test.NumRecords(), world, opts.batchSize, perRank,
 		stepsPerEpoch, opts.lr, opts.momentum)
 
+	metrics, err := newMetricsLog(opts.metrics, rank)
+	if err != nil {
+		return err
+	}
+	defer metrics.Close()
+	runStart := time.Now()
 	acc := -1.0
 	for epoch < opts.epochs && (opts.steps < 0 || step < opts.steps) {
 		if err := train.SetEpoch(epoch); err != nil {
@@ -202,8 +210,13 @@ func run(opts options) error {
 				return err
 			}
 		}
+		loss, rate := totals[0]/max(totals[1], 1), float64(done*opts.batchSize)/max(elapsed, 1e-9)
 		say("epoch %d/%d  loss %.4f  test-acc %.4f  samples/s %.0f  (rank %d of %d)", epoch, opts.epochs,
-			totals[0]/max(totals[1], 1), acc, float64(done*opts.batchSize)/max(elapsed, 1e-9), rank, world)
+			loss, acc, rate, rank, world)
+		if err := metrics.Write(epochMetrics{Epoch: epoch, Step: step, Loss: loss, TestAccuracy: acc,
+			SamplesPerSecond: rate, Seconds: time.Since(runStart).Seconds(), Ranks: world}); err != nil {
+			return err
+		}
 	}
 	if acc < 0 { // nothing left to train (a finished run was resumed): just evaluate
 		correct, counted, err := t.evaluate(test)

@@ -62,6 +62,8 @@ def parse_args(argv=None):
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
     p.add_argument("--steps", type=int, default=None,
                    help="stop after this many global steps in all (counted across epochs and resumes)")
+    p.add_argument("--metrics", default=None,
+                   help="rank 0 writes one JSON line per epoch here (plot with plot.py)")
     p.add_argument("--init-weights", default=None, help="start from these parameters (checkpoint format)")
     p.add_argument("--save-weights", default=None,
                    help="rank 0 writes the final parameters and momentum here (checkpoint format)")
@@ -222,6 +224,8 @@ def main(argv=None):
         f"{world} ranks, global batch {opts.batch_size} ({per_rank} per rank), "
         f"{steps_per_epoch} steps/epoch, lr {opts.lr}, momentum {opts.momentum}")
 
+    metrics = open(opts.metrics, "w", buffering=1) if opts.metrics and rank == 0 else None
+    run_start = time.perf_counter()
     acc = None
     epoch = start_epoch
     while epoch < opts.epochs and (opts.steps is None or step < opts.steps):
@@ -250,8 +254,13 @@ def main(argv=None):
         epoch += 1
         if rank == 0 and opts.checkpoint:
             fmt.write_checkpoint(opts.checkpoint, epoch, step, state_arrays(model, opt))
-        say(f"epoch {epoch}/{opts.epochs}  loss {loss_sum / max(loss_n, 1):.4f}  test-acc {acc:.4f}  "
-            f"samples/s {done * opts.batch_size / max(train_time, 1e-9):.0f}  (rank {rank} of {world})")
+        loss, rate = loss_sum / max(loss_n, 1), done * opts.batch_size / max(train_time, 1e-9)
+        say(f"epoch {epoch}/{opts.epochs}  loss {loss:.4f}  test-acc {acc:.4f}  "
+            f"samples/s {rate:.0f}  (rank {rank} of {world})")
+        if metrics:  # the same fields as the Go trainer's --metrics lines
+            metrics.write(json.dumps({"epoch": epoch, "step": step, "loss": loss, "test_accuracy": acc,
+                                      "samples_per_s": rate, "seconds": time.perf_counter() - run_start,
+                                      "ranks": world}) + "\n")
 
     if acc is None:  # nothing left to train (resumed a finished run): just evaluate
         correct, counted = evaluate(model, test, device, group)
@@ -261,6 +270,8 @@ def main(argv=None):
     if rank == 0 and opts.save_weights:
         fmt.write_checkpoint(opts.save_weights, epoch, step, state_arrays(model, opt))
     say(f"final test accuracy: {acc:.4f}")
+    if metrics:
+        metrics.close()
     train.close()
     test.close()
     ddp.close()
