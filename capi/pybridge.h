@@ -118,10 +118,40 @@ int pb_init(const char *init_method, const char *backend, int32_t rank, int32_t 
  * PB_ERR_CLOSED; a second pb_finalize on it is a no-op returning PB_OK. */
 int pb_finalize(pb_group *group);
 
-/* This process's rank, the world size, the rank on this node. */
+/* This process's rank in the group, the group's size, the rank on this node. */
 int pb_rank(pb_group *group, int32_t *out);
 int pb_size(pb_group *group, int32_t *out);
 int pb_local_rank(pb_group *group, int32_t *out);
+
+/* ---- Subgroups ------------------------------------------------------------------
+ * A subgroup is a pb_group like the world: every function that takes a group takes a
+ * subgroup, and ranks passed with it (roots, peers, member lists) are ranks WITHIN that
+ * group, 0 .. size-1. Free subgroups with pb_group_free; pb_finalize on the world closes
+ * them all (their handles then return PB_ERR_CLOSED). */
+
+/* MPI_Comm_split: COLLECTIVE over `parent`, every member calls it. Members passing the
+ * same color form one subgroup, ranked by (key, rank in parent). A negative color joins
+ * no group: *out is set to NULL and PB_OK returned. */
+int pb_group_split(pb_group *parent, int32_t color, int32_t key, pb_group **out);
+
+/* The subgroup of the `n` members of `parent` whose parent ranks are listed, in that
+ * order. Called by those members (others may call it and get *out = NULL at once);
+ * members must create their groups in the same order. */
+int pb_group_new(pb_group *parent, const int32_t *ranks, int32_t n, pb_group **out);
+
+/* This rank's intra-node group and cross-node group (members with the same local rank on
+ * every node). Nodes are consecutive blocks of ranks_per_node ranks of `parent`; <= 0
+ * reads LOCAL_WORLD_SIZE (set by pybridge-launch and torchrun). COLLECTIVE over parent. */
+int pb_group_nodes(pb_group *parent, int32_t ranks_per_node, pb_group **intra, pb_group **cross);
+
+/* The global rank of member `group_rank`, and the group rank of global rank `global_rank`
+ * (PB_ERR_INVALID_ARGUMENT naming the members when it is not one). */
+int pb_group_global_rank(pb_group *group, int32_t group_rank, int32_t *out);
+int pb_group_rank_of(pb_group *group, int32_t global_rank, int32_t *out);
+
+/* Free a subgroup (and its own subgroups); the handle is then unknown. The world group
+ * is left with pb_finalize, not freed here (PB_ERR_INVALID_ARGUMENT). */
+int pb_group_free(pb_group *group);
 
 /* The device this rank should compute on: its CUDA index under nccl, PB_CPU under gloo. */
 int pb_device(pb_group *group, int32_t *out);
@@ -305,6 +335,14 @@ typedef struct pb_reducer pb_reducer; /* buckets, views and in-flight allreduces
 #define PB_COMPRESS_FP16 1
 #define PB_COMPRESS_BF16 2
 
+/* Communication hooks (pb_reducer_set_hook): how a full bucket travels. The reducer
+ * keeps readiness, launch order and rebuilds; the hook is torch's DDP comm-hook contract. */
+#define PB_HOOK_ALLREDUCE 0   /* sum over the group (divided first for PB_AVG) */
+#define PB_HOOK_FP16 1        /* float32 buckets travel as half, decompressed in place */
+#define PB_HOOK_BF16 2        /* float32 buckets travel as bfloat16 */
+#define PB_HOOK_POWERSGD 3    /* torch's PowerSGD low-rank compression (averages) */
+#define PB_HOOK_NO_WARM_START 1 /* pb_reducer_set_hook flag: PowerSGD redraws Q every step */
+
 /* Create a reducer over `nparams` gradients: gradient i has counts[i] elements of
  * floating-point type dtypes[i] (PB_FLOAT32, PB_FLOAT64, PB_FLOAT16 or PB_BFLOAT16).
  * The buckets live on the group's device (pb_device: host memory under gloo).
@@ -354,6 +392,24 @@ int pb_reducer_mark_ready(pb_reducer *reducer, int32_t index);
  * them as #index; the iteration is abandoned and the next one starts); PB_ERR_TIMEOUT
  * or PB_ERR_COMM when the reduction fails. */
 int pb_reducer_wait(pb_reducer *reducer, double timeout_seconds);
+
+/* Choose how buckets travel, before the first gradient is marked (as torch's
+ * register_comm_hook). hook: PB_HOOK_*; for PB_HOOK_POWERSGD, `rank` is the matrix
+ * approximation rank (>= 1; 1 to 4 are typical) and the first 2 iterations run plain
+ * allreduce (torch's start_powerSGD_iter); other hooks ignore `rank`. flags: 0 or
+ * PB_HOOK_NO_WARM_START. COLLECTIVE in the sense that every rank must pick the same hook.
+ * Replaces the compression chosen at pb_reducer_new. PB_HOOK_ALLREDUCE honours the
+ * reducer's op; the others average.
+ * Errors: PB_ERR_INVALID_ARGUMENT for an unknown hook, a bad rank, or a call after the
+ * first mark. */
+int pb_reducer_set_hook(pb_reducer *reducer, int32_t hook, int32_t rank, int32_t flags);
+
+/* Give the gradients shapes (row-major; same element counts as at pb_reducer_new), between
+ * iterations: hooks that compress matrices (PB_HOOK_POWERSGD) need them. Gradient i has
+ * ndims[i] dimensions (0 keeps it flat), read in turn from `dims`. Views keep their memory.
+ * Errors: PB_ERR_INVALID_ARGUMENT when a shape's element count differs, or NULL arrays. */
+int pb_reducer_set_shapes(pb_reducer *reducer, int32_t nparams, const int32_t *ndims,
+                          const int64_t *dims);
 
 /* Set every gradient view to zero (for callers that accumulate into the views). */
 int pb_reducer_zero(pb_reducer *reducer);

@@ -7,10 +7,10 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from . import dtypes
+from . import abi, dtypes
 from .errors import InvalidArgument
 
-CPU = -1  # device code for host memory; >= 0 is a CUDA device index
+CPU = abi.PB_CPU  # device code for host memory; >= 0 is a CUDA device index
 
 
 def as_tensor(obj, dtype=None) -> torch.Tensor:

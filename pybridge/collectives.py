@@ -1,5 +1,7 @@
 """Collectives and point-to-point messages, in place, on anything `as_tensor` accepts.
 
+Every call takes `group=` (default: the world); roots and peers are ranks within that group.
+
 Every rank must issue collectives in the same order: torch.distributed matches them
 by sequence, not by name. Calls that may run concurrently (threads, goroutines) must
 therefore be ordered by the caller.
@@ -9,12 +11,13 @@ import threading
 
 import torch.distributed as dist
 
+from . import abi
 from . import group as _group
 from .buffers import as_tensor
 from .errors import InvalidArgument, Timeout, classify
 
-# Codes are part of the C ABI (pb_op in capi/pybridge.h): never renumber.
-SUM, AVG, MIN, MAX, PRODUCT = range(5)
+# The C ABI's op codes (PB_SUM ... in capi/pybridge.h).
+SUM, AVG, MIN, MAX, PRODUCT = abi.PB_SUM, abi.PB_AVG, abi.PB_MIN, abi.PB_MAX, abi.PB_PRODUCT
 OPS = {SUM: dist.ReduceOp.SUM, AVG: dist.ReduceOp.AVG, MIN: dist.ReduceOp.MIN,
        MAX: dist.ReduceOp.MAX, PRODUCT: dist.ReduceOp.PRODUCT}
 OP_NAMES = {"sum": SUM, "avg": AVG, "mean": AVG, "min": MIN, "max": MAX,
@@ -194,6 +197,17 @@ def _runner(g, start):
     return run
 
 
+def all_reduce_future(buf, op=SUM, *, group=None, dtype=None):
+    """Start an all_reduce and return a torch.futures.Future of [buf] (what DDP comm hooks
+    return). Argument errors raise at once; a failure of the operation raises from the
+    future's wait()."""
+    _, t, start = _all_reduce_call(buf, op, group, dtype)
+    try:
+        return start().get_future()
+    except Exception as exc:  # noqa: BLE001
+        raise classify(exc) from exc
+
+
 def all_gather(input, output, *, group=None, async_op=False, dtype=None):
     """Concatenate every rank's `input` in rank order into `output` (world size x input)."""
     g, t_in, t_out = _pair(input, output, group, dtype, _group_size(group), 1, "all_gather")
@@ -225,19 +239,20 @@ def recv(buf, src, tag=0, *, group=None, dtype=None):
 
 
 def isend(buf, dst, tag=0, *, group=None, dtype=None) -> Work:
-    """Start sending `buf` to rank `dst`; matched by a recv/irecv with the same tag."""
+    """Start sending `buf` to rank `dst` (a rank within `group`); matched by a recv/irecv
+    with the same tag."""
     g, t = _prepare(buf, group, dtype)
     g.check_rank("destination", dst, allow_self=False)
     _check_tag(tag)
-    return _run(lambda: dist.isend(t, dst, group=g.pg, tag=tag), True, t)
+    return _run(lambda: g.pg.send([t], dst, tag), True, t)  # the group's own ranks
 
 
 def irecv(buf, src, tag=0, *, group=None, dtype=None) -> Work:
-    """Start receiving into `buf` from rank `src`."""
+    """Start receiving into `buf` from rank `src` (a rank within `group`)."""
     g, t = _prepare(buf, group, dtype)
     g.check_rank("source", src, allow_self=False)
     _check_tag(tag)
-    return _run(lambda: dist.irecv(t, src, group=g.pg, tag=tag), True, t)
+    return _run(lambda: g.pg.recv([t], src, tag), True, t)
 
 
 def _check_tag(tag):
@@ -250,5 +265,5 @@ def _group_size(group):
 
 
 __all__ = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "Work", "broadcast", "all_reduce",
-           "prepare_broadcast", "prepare_all_reduce",
+           "prepare_broadcast", "prepare_all_reduce", "all_reduce_future",
            "all_gather", "reduce_scatter", "barrier", "send", "recv", "isend", "irecv"]

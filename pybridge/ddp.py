@@ -14,6 +14,7 @@ import contextlib
 
 import torch
 
+from . import collectives
 from . import group as _group
 from .errors import Closed
 from .reducer import (DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_CAP_MB, Reducer,
@@ -101,6 +102,14 @@ class DistributedDataParallel(torch.nn.Module):
         finally:
             self._sync = old
 
+    def register_comm_hook(self, state, hook):
+        """Communicate gradient buckets with `hook(state, bucket) -> torch.futures.Future`, as
+        torch's DistributedDataParallel.register_comm_hook: torch's hooks run unmodified, e.g.
+        `register_comm_hook(None, default_hooks.fp16_compress_hook)` or PowerSGD with
+        `powerSGD_hook.PowerSGDState(process_group=None, ...)`. Call before training (or
+        between iterations); every rank registers the same hook."""
+        self.reducer.register_comm_hook(state, hook)
+
     def close(self):
         """Remove the hooks and release the buckets; .grad tensors stay usable."""
         if self._hooks is not None:
@@ -162,8 +171,7 @@ class DistributedDataParallel(torch.nn.Module):
         # collectives is the same on every rank.
         used = torch.tensor(list(self._used), dtype=torch.uint8, device=self._pb_group.device)
         if self._pb_group.size > 1:
-            torch.distributed.all_reduce(used, torch.distributed.ReduceOp.MAX,
-                                         group=self._pb_group.pg)
+            collectives.all_reduce(used, collectives.MAX, group=self._pb_group)
         for k, u in enumerate(used.tolist()):
             if not u and self._fresh[k]:
                 self._params[k].grad = None

@@ -2,10 +2,12 @@
 
 import torch
 
+from . import abi
 from .errors import InvalidArgument
 
-# Codes are part of the C ABI (pb_dtype in capi/pybridge.h): never renumber.
-FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT8, UINT8, INT32, INT64 = range(8)
+# The C ABI's dtype codes (PB_FLOAT32 ... in capi/pybridge.h).
+FLOAT32, FLOAT64, FLOAT16, BFLOAT16 = abi.PB_FLOAT32, abi.PB_FLOAT64, abi.PB_FLOAT16, abi.PB_BFLOAT16
+INT8, UINT8, INT32, INT64 = abi.PB_INT8, abi.PB_UINT8, abi.PB_INT32, abi.PB_INT64
 
 BY_CODE = {
     FLOAT32: torch.float32,

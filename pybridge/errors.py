@@ -1,16 +1,18 @@
 """Error types of the core. Each carries the status code the C ABI returns for it."""
 
-# Status codes, mirrored by capi/pybridge.h (PB_OK, PB_ERR_*). Keep the two in step.
-OK = 0
-INVALID_ARGUMENT = -1
-NOT_INITIALIZED = -2
-ALREADY_INITIALIZED = -3
-TIMEOUT = -4
-COMM = -5
-IO = -6
-CORRUPT = -7
-INTERNAL = -8
-CLOSED = -9
+from . import abi
+
+# Status codes: the header's PB_OK and PB_ERR_* (pybridge/abi.py is generated from it).
+OK = abi.PB_OK
+INVALID_ARGUMENT = abi.PB_ERR_INVALID_ARGUMENT
+NOT_INITIALIZED = abi.PB_ERR_NOT_INITIALIZED
+ALREADY_INITIALIZED = abi.PB_ERR_ALREADY_INITIALIZED
+TIMEOUT = abi.PB_ERR_TIMEOUT
+COMM = abi.PB_ERR_COMM
+IO = abi.PB_ERR_IO
+CORRUPT = abi.PB_ERR_CORRUPT
+INTERNAL = abi.PB_ERR_INTERNAL
+CLOSED = abi.PB_ERR_CLOSED
 
 
 class PyBridgeError(Exception):

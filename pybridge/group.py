@@ -1,4 +1,4 @@
-"""Process-group setup: one default torch.distributed group per process."""
+"""Process groups: the world (created by init() or adopted from torch) and its subgroups."""
 
 import datetime
 import gc
@@ -18,37 +18,173 @@ _current = None  # the live Group, or None
 
 
 class Group:
-    """The initialized process group: who we are, and the torch objects behind it."""
+    """A process group: this process's rank in it, its members, and the torch group behind it.
 
-    def __init__(self, rank, size, local_rank, backend, timeout):
-        self.rank = rank
-        self.size = size
+    The world group comes from init() (or is adopted from torch, see current()); subgroups
+    come from new_group() and split(). Ranks given to any call that takes a group (roots,
+    peers, new_group's list) are ranks WITHIN that group, 0..size-1, as torch's group_src /
+    group_dst; `ranks` maps them to global ranks.
+    """
+
+    def __init__(self, pg, ranks, global_rank, local_rank, backend, timeout, *, owned, parent=None):
+        self.pg = pg
+        self.ranks = tuple(ranks)  # the global rank of each group rank
+        self._rank_of = {r: i for i, r in enumerate(self.ranks)}
+        self.rank = self._rank_of[global_rank]
+        self.size = len(self.ranks)
+        self.global_rank = global_rank
         self.local_rank = local_rank
         self.backend = backend
         self.timeout = timeout
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
             else torch.device("cpu")
-        self.pg = dist.group.WORLD
+        self.parent = parent
         self.closed = False
+        self._owned = owned  # pybridge created the torch group, so pybridge destroys it
+        self._children = []
+        self._store = None
 
     @property
     def store(self):
-        """The rendezvous key-value store (used e.g. for dynamic data partitioning)."""
-        return dist.distributed_c10d._get_default_store()
+        """A key-value store shared by the members (the rendezvous store; a subgroup's keys
+        get a prefix of their own). Used e.g. for dynamic data partitioning."""
+        if self._store is None:
+            store = dist.distributed_c10d._get_default_store()
+            if self.parent is not None:
+                store = dist.PrefixStore(f"pybridge/group/{'_'.join(map(str, self.ranks))}/", store)
+            self._store = store
+        return self._store
 
     def check_open(self):
         if self.closed:
-            raise Closed("process group was finalized")
+            raise Closed("process group was finalized" if self.parent is None else
+                         "process group was closed (or its world group was finalized)")
+        if not self._owned and self.parent is None and not dist.is_initialized():
+            raise Closed("the adopted torch.distributed group was destroyed")
 
     def check_rank(self, what, r, allow_self=True):
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.size:
-            raise InvalidArgument(f"{what} rank {r!r} is out of range for world size {self.size}")
+            raise InvalidArgument(f"{what} rank {r!r} is out of range for a group of size {self.size}")
         if not allow_self and r == self.rank:
             raise InvalidArgument(f"{what} rank {r} is this process's own rank")
 
+    def global_rank_of(self, group_rank):
+        """The global rank of member `group_rank`."""
+        self.check_rank("group", group_rank)
+        return self.ranks[group_rank]
+
+    def group_rank_of(self, global_rank):
+        """The rank within this group of the process with global rank `global_rank`."""
+        r = self._rank_of.get(global_rank) if isinstance(global_rank, int) else None
+        if r is None or isinstance(global_rank, bool):
+            raise InvalidArgument(f"global rank {global_rank!r} is not a member of this group "
+                                  f"(members: global ranks {list(self.ranks)})")
+        return r
+
+    # ---- subgroups -------------------------------------------------------------------------
+
+    def new_group(self, ranks):
+        """A subgroup of the members with these ranks (ranks within this group), in that
+        order. Members must call it, in the same order relative to their other group
+        creations; a non-member may call it too and gets None at once.
+        """
+        self.check_open()
+        members = _member_list(ranks, self.size)
+        if self.rank not in members:
+            return None
+        return self._make_child([self.ranks[r] for r in members])
+
+    def split(self, color, key=None):
+        """MPI_Comm_split: every member calls it (a collective over this group); members that
+        pass the same color form one subgroup, ranked by (key, rank in this group). A negative
+        or None color joins no group and gets None. key defaults to the rank in this group.
+        """
+        self.check_open()
+        color = -1 if color is None else _int_arg("color", color)
+        key = self.rank if key is None else _int_arg("key", key)
+        from . import collectives  # late: collectives imports this module
+        mine = torch.tensor([color, key], dtype=torch.int64, device=self.device)
+        every = torch.zeros(2 * self.size, dtype=torch.int64, device=self.device)
+        collectives.all_gather(mine, every, group=self)
+        pairs = every.view(self.size, 2).tolist()
+        if color < 0:
+            return None
+        order = sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)
+        return self._make_child([self.ranks[r] for _, r in order])
+
+    def _make_child(self, global_ranks):
+        with _lock:
+            pg = _torch_subgroup(global_ranks, self.timeout)
+            child = Group(pg, global_ranks, self.global_rank, self.local_rank, self.backend,
+                          self.timeout, owned=True, parent=self)
+            self._children.append(child)
+            return child
+
+    def close(self):
+        """Free a subgroup (and its own subgroups). The world group is left with finalize()."""
+        if self.parent is None:
+            raise InvalidArgument("close() frees subgroups; leave the world group with finalize()")
+        with _lock:
+            self._close()
+            if self in self.parent._children:
+                self.parent._children.remove(self)
+
+    def _close(self):
+        """Mark closed, children first, and destroy the torch groups pybridge created."""
+        for child in self._children:
+            child._close()
+        self._children = []
+        if self.closed:
+            return
+        self.closed = True
+        pg, self.pg = self.pg, None  # see finalize(): drop our reference before destroying
+        if self._owned and self.parent is not None and pg is not None and dist.is_initialized():
+            try:
+                dist.destroy_process_group(pg)
+            except Exception as exc:  # noqa: BLE001
+                raise classify(exc) from exc
+
     def __repr__(self):
-        state = "finalized" if self.closed else "live"
-        return f"<pybridge.Group rank={self.rank}/{self.size} local_rank={self.local_rank} {self.backend} {state}>"
+        state = "closed" if self.closed else "live"
+        kind = "world" if self.parent is None else f"subgroup of global ranks {list(self.ranks)}"
+        return (f"<pybridge.Group rank={self.rank}/{self.size} {kind} local_rank={self.local_rank} "
+                f"{self.backend} {state}>")
+
+
+def _int_arg(what, v):
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidArgument(f"{what} must be an integer, got {v!r}")
+    return v
+
+
+def _member_list(ranks, size):
+    try:
+        members = [int(r) for r in ranks]
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"ranks must be a list of integers, got {ranks!r}") from None
+    if not members:
+        raise InvalidArgument("a group needs at least one rank")
+    bad = [r for r in members if not 0 <= r < size]
+    if bad:
+        raise InvalidArgument(f"ranks {bad} are out of range for a group of size {size}")
+    if len(set(members)) != len(members):
+        raise InvalidArgument(f"ranks {members} list a rank more than once")
+    return members
+
+
+def _torch_subgroup(global_ranks, timeout):
+    """torch's group over these global ranks, in this order. Only members call it
+    (use_local_synchronization), so a subgroup made inside a subgroup works too."""
+    kw = dict(timeout=datetime.timedelta(seconds=timeout), use_local_synchronization=True)
+    if global_ranks != sorted(global_ranks):
+        kw["sort_ranks"] = False  # keep split()'s key order (torch sorts by default)
+    try:
+        return dist.new_group(global_ranks, **kw)
+    except TypeError as exc:
+        raise InvalidArgument(f"this torch ({torch.__version__}) cannot order a group's ranks "
+                              "other than by global rank; give split() keys in rank order") from exc
+    except Exception as exc:  # noqa: BLE001
+        raise classify(exc) from exc
 
 
 def _env_int(name):
@@ -128,22 +264,20 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
                                     timeout=datetime.timedelta(seconds=timeout))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error
             raise classify(exc) from exc
-        _current = Group(rank, world_size, local_rank, backend, float(timeout))
+        _current = Group(dist.group.WORLD, range(world_size), rank, local_rank, backend, float(timeout),
+                         owned=True)
         return _current
 
 
 def finalize():
-    """Leave the process group. Safe to call when not initialized."""
+    """Leave the process group: its subgroups are closed too. A torch group that pybridge
+    adopted (see current()) is left to its owner. Safe to call when not initialized."""
     global _current
     with _lock:
         group, _current = _current, None
         if group is not None:
-            group.closed = True
-            # Drop our reference so destroy_process_group really frees the gloo
-            # context now: one left alive until interpreter exit can abort the
-            # process ("terminate called without an active exception").
-            group.pg = None
-        if dist.is_initialized():
+            group._close()
+        if dist.is_initialized() and (group is None or group._owned):
             try:
                 dist.destroy_process_group()
             except Exception as exc:  # noqa: BLE001
@@ -154,16 +288,67 @@ def finalize():
         gc.collect()
 
 
+def _adopt():
+    """The group of a program that called torch.distributed.init_process_group itself."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    local_rank = _env_int("LOCAL_RANK")
+    backend = dist.get_backend()
+    backend = "nccl" if "nccl" in backend else backend
+    timeout = DEFAULT_TIMEOUT
+    try:  # the group's own timeout where this torch exposes it
+        timeout = dist.distributed_c10d._get_default_group().options._timeout.total_seconds()
+    except Exception:  # noqa: BLE001
+        pass
+    return Group(dist.group.WORLD, range(size), rank, rank if local_rank is None else local_rank,
+                 backend, float(timeout), owned=False)
+
+
 def current() -> Group:
-    """The live group; raises NotInitialized before init() or after finalize()."""
+    """The live world group. A program (or framework) that set up torch.distributed itself
+    gets torch's default group, adopted: pybridge's calls work on it, and finalize() leaves
+    it alive. Raises NotInitialized when neither pybridge nor torch is initialized."""
+    global _current
     group = _current
-    if group is None:
-        raise NotInitialized("process group is not initialized: call pybridge.init() first")
+    if group is None or group.closed:
+        with _lock:
+            if (_current is None or _current.closed) and dist.is_initialized():
+                _current = _adopt()
+            group = _current
+        if group is None:
+            raise NotInitialized("process group is not initialized: call pybridge.init() first")
     return group
 
 
 def is_initialized() -> bool:
-    return _current is not None
+    return _current is not None or dist.is_initialized()
+
+
+def new_group(ranks, *, group=None):
+    """A subgroup of `group` (default: the world) from ranks within it; see Group.new_group."""
+    return (group or current()).new_group(ranks)
+
+
+def split(color, key=None, *, group=None):
+    """Split `group` (default: the world) by color; see Group.split."""
+    return (group or current()).split(color, key)
+
+
+def node_groups(ranks_per_node=None, *, group=None):
+    """(intra-node group, cross-node group) for this rank: the members on this node, and the
+    members with this rank's local rank on every node. Nodes are consecutive blocks of
+    `ranks_per_node` ranks of `group` (default: LOCAL_WORLD_SIZE, as torchrun and
+    pybridge-launch set it; pass it to pretend, e.g. nodes of 2 ranks on one machine).
+    A collective over `group`: every member calls it."""
+    g = group or current()
+    if ranks_per_node is None:
+        ranks_per_node = _env_int("LOCAL_WORLD_SIZE") or g.size
+    per = _int_arg("ranks_per_node", ranks_per_node)
+    if per < 1 or g.size % per:
+        raise InvalidArgument(f"ranks_per_node {per} does not divide the group size {g.size} "
+                              "(nodes must have equal numbers of ranks)")
+    intra = g.split(g.rank // per, g.rank)
+    cross = g.split(g.rank % per, g.rank)
+    return intra, cross
 
 
 def rank() -> int:

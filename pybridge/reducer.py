@@ -20,28 +20,28 @@ rebuilt once in the order gradients became ready on rank 0 (unless rebuild=False
 `generation` changes (the gradient values are carried over into the new views).
 """
 
-import datetime
 import hashlib
 import threading
+import time
 
 import torch
-import torch.distributed as dist
 
-from . import dtypes
+from . import abi, collectives, comm_hooks, dtypes
 from . import group as _group
 from .collectives import AVG, SUM
-from .errors import Closed, InvalidArgument, classify
+from .errors import Closed, InvalidArgument, Timeout, classify
 
 MiB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25.0
 DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
 
-# Codes are meant for the C ABI (pb_compression): never renumber.
-COMPRESS_NONE, COMPRESS_FP16, COMPRESS_BF16 = range(3)
+# The C ABI's compression codes (PB_COMPRESS_* in capi/pybridge.h).
+COMPRESS_NONE, COMPRESS_FP16, COMPRESS_BF16 = abi.PB_COMPRESS_NONE, abi.PB_COMPRESS_FP16, abi.PB_COMPRESS_BF16
 _COMPRESSION = {None: COMPRESS_NONE, "none": COMPRESS_NONE, "fp16": COMPRESS_FP16,
                 "float16": COMPRESS_FP16, "half": COMPRESS_FP16, "bf16": COMPRESS_BF16,
                 "bfloat16": COMPRESS_BF16}
-_COMPRESS_DTYPE = {COMPRESS_FP16: torch.float16, COMPRESS_BF16: torch.bfloat16}
+_COMPRESSION_HOOK = {COMPRESS_NONE: comm_hooks.HOOK_ALLREDUCE, COMPRESS_FP16: comm_hooks.HOOK_FP16,
+                     COMPRESS_BF16: comm_hooks.HOOK_BF16}
 
 
 def _resolve_compression(c):
@@ -151,19 +151,29 @@ def assign_buckets(specs, order, bucket_cap, first_bucket_cap):
 
 
 class _Bucket:
-    __slots__ = ("index", "members", "flat", "comm", "dtype", "device")
+    __slots__ = ("index", "members", "flat", "dtype", "device")
 
-    def __init__(self, index, members, specs, compress_dtype):
+    def __init__(self, index, members, specs):
         self.index = index
         self.members = members
         first = specs[members[0]]
         self.dtype, self.device = first.dtype, first.device
         total = sum(specs[i].numel for i in members)
         self.flat = torch.zeros(total, dtype=self.dtype, device=self.device)
-        # The compressed copy is allocated once; only float32 buckets are compressed.
-        self.comm = None
-        if compress_dtype is not None and self.dtype == torch.float32:
-            self.comm = torch.empty(total, dtype=compress_dtype, device=self.device)
+
+
+def _wait(fut, deadline, what):
+    """The value of a hook's future (its first element if a list), within `deadline`
+    (time.monotonic(), or None for no bound). torch futures have no timed wait: poll."""
+    if deadline is not None and not fut.done():
+        pause = 50e-6
+        while not fut.done():
+            if time.monotonic() >= deadline:
+                raise Timeout(f"{what} did not finish in time")
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+    value = fut.wait()
+    return value[0] if isinstance(value, (list, tuple)) else value
 
 
 class Reducer:
@@ -173,7 +183,9 @@ class Reducer:
     pybridge dtype code, name or torch dtype (floating point only); device defaults to the
     group's (CPU for gloo). `op`: 'avg' (default) or 'sum'. `compression`: None, 'fp16' or
     'bf16': float32 buckets travel in that type and are decompressed in place (other dtypes
-    are sent as they are). `rebuild`: rebuild the buckets once, after the first finalize(),
+    are sent as they are); these pick a built-in communication hook, and
+    register_comm_hook() installs any other (torch's DDP comm-hook contract, see
+    pybridge/comm_hooks.py). `rebuild`: rebuild the buckets once, after the first finalize(),
     in the order gradients became ready on rank 0. `allow_unused`: finalize() accepts
     gradients that were never marked and sends what their views hold (zero them first, e.g.
     with zero_grad(), if they should count as zero). `names`: used in error messages.
@@ -202,7 +214,8 @@ class Reducer:
         self.allow_unused = bool(allow_unused)
         self._rebuild_pending = bool(rebuild)
         self._world = self._group.size
-        self._scale = 1.0 / self._world if self.op == AVG and self._world > 1 else None
+        self._params = params if params and all(isinstance(p, torch.Tensor) for p in params) else None
+        self._use_hook(*comm_hooks.builtin(_COMPRESSION_HOOK[self.compression], self._group))
         self._lock = threading.Lock()
         self._closed = False
         self.generation = 0
@@ -231,11 +244,7 @@ class Reducer:
         mine = self._signature()
         dev = self._group.device
         out = torch.zeros(self._world * 3, dtype=torch.int64, device=dev)
-        try:
-            dist.all_gather_into_tensor(out, torch.tensor(mine, dtype=torch.int64, device=dev),
-                                   group=self._pg)
-        except Exception as exc:  # noqa: BLE001
-            raise classify(exc) from exc
+        collectives.all_gather(torch.tensor(mine, dtype=torch.int64, device=dev), out, group=self._group)
         rows = out.view(self._world, 3).tolist()
         bad = [r for r, row in enumerate(rows) if row != rows[0]]
         if bad:
@@ -247,9 +256,8 @@ class Reducer:
                 "parameter shapes, dtypes and options")
 
     def _layout(self, assignment):
-        compress = _COMPRESS_DTYPE.get(self.compression)
-        self.buckets = [_Bucket(b, members, self.specs, compress)
-                        for b, members in enumerate(assignment)]
+        self.buckets = [_Bucket(b, members, self.specs) for b, members in enumerate(assignment)]
+        self._last = max((b.index for b in self.buckets if b.flat.numel()), default=-1)
         n = len(self.specs)
         self._bucket_of = [0] * n
         self._views = [None] * n
@@ -273,6 +281,31 @@ class Reducer:
             self._order = []
 
     # ---- public API -----------------------------------------------------------------------
+
+    @property
+    def group(self):
+        return self._group
+
+    def set_shapes(self, shapes):
+        """Give gradients shapes (same element counts) for callers that created the reducer
+        from counts (C, Go): hooks such as PowerSGD compress matrices, not flat vectors.
+        `shapes`: one shape per parameter, or None to keep that one's. Between iterations."""
+        with self._lock:
+            self._check_open()
+            if any(self._ready):
+                raise InvalidArgument("set_shapes() must be called between iterations")
+            shapes = list(shapes)
+            if len(shapes) != len(self.specs):
+                raise InvalidArgument(f"got {len(shapes)} shapes for {len(self.specs)} parameters")
+            for i, shape in enumerate(shapes):
+                if shape is None:
+                    continue
+                spec = _spec(i, (tuple(shape), self.specs[i].dtype, self.specs[i].device), None)
+                if spec.numel != self.specs[i].numel:
+                    raise InvalidArgument(f"parameter {i}: shape {tuple(shape)} holds {spec.numel} elements, "
+                                          f"the parameter has {self.specs[i].numel}")
+                self.specs[i] = spec
+                self._views[i] = self._views[i].view(spec.shape)
 
     @property
     def num_params(self):
@@ -315,6 +348,28 @@ class Reducer:
         self._check_open()
         for b in self.buckets:
             b.flat.zero_()
+
+    def register_comm_hook(self, state, hook):
+        """Communicate each full bucket with `hook(state, bucket) -> Future` (torch's DDP
+        comm-hook contract; torch's own hooks work, see pybridge/comm_hooks.py). Call it
+        before the first gradient of an iteration is marked; every rank must register the
+        same hook. It replaces the built-in hook chosen by `compression`. The hook must do
+        its own averaging (torch's hooks do)."""
+        if not callable(hook):
+            raise InvalidArgument(f"hook must be callable as hook(state, bucket), got {hook!r}")
+        with self._lock:
+            self._check_open()
+            if any(self._ready):
+                raise InvalidArgument("register_comm_hook() must be called between iterations, "
+                                      "not after gradients were marked ready")
+            self._use_hook(state, hook)
+
+    def _use_hook(self, state, hook):
+        self._hook_state, self._hook = state, hook
+        self._builtin = comm_hooks.prescales(hook)
+        # pybridge's summing hooks let the 1/size of 'avg' be folded into the gradient copy
+        # (set_grad); any other hook gets the plain local gradients and averages itself.
+        self._scale = 1.0 / self._world if self._builtin and self.op == AVG and self._world > 1 else None
 
     def mark_ready(self, i):
         """Gradient `i` is written: once every gradient of its bucket is, and every earlier
@@ -390,15 +445,15 @@ class Reducer:
                 self._pending[self._bucket_of[i]] -= 1
             self._launch_ready()
             works, self._works = self._works, []
+            deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                wait_arg = () if timeout is None else (datetime.timedelta(seconds=timeout),)
-                for bucket, work in works:
-                    work.wait(*wait_arg)
-                    if bucket.comm is not None:
-                        bucket.flat.copy_(bucket.comm)  # decompress in place
+                for bucket, fut in works:
+                    value = _wait(fut, deadline, f"bucket {bucket.index}")
+                    if value.data_ptr() != bucket.flat.data_ptr():
+                        bucket.flat.copy_(value)  # e.g. decompress in place
             except Exception as exc:  # noqa: BLE001
                 self._start_iteration()
-                raise classify(exc) from exc
+                raise _bucket_error(exc, bucket) from exc
             self.iterations += 1
             if self._rebuild_pending:
                 order = self._order + [i for b in self.buckets for i in b.members
@@ -427,12 +482,6 @@ class Reducer:
 
     # ---- internals ------------------------------------------------------------------------
 
-    @property
-    def _pg(self):
-        # Looked up on use, not kept: the group drops its ProcessGroup at finalize so
-        # that torch frees it then (see group.finalize).
-        return self._group.pg
-
     def _check_open(self):
         if self._closed:
             raise Closed("reducer is closed")
@@ -447,10 +496,10 @@ class Reducer:
         writing into the buffers when the caller writes the next iteration's gradients.
         Ranks that made the same mistake launched the same buckets, so this is quick."""
         works, self._works = self._works, []
-        seconds = min(limit, self._group.timeout or limit)
+        deadline = time.monotonic() + min(limit, self._group.timeout or limit)
         try:
-            for _, work in works:
-                work.wait(datetime.timedelta(seconds=seconds))
+            for bucket, fut in works:
+                _wait(fut, deadline, f"bucket {bucket.index}")
         except Exception:  # noqa: BLE001 - reported as part of the caller's error
             return False
         return True
@@ -460,8 +509,8 @@ class Reducer:
         while self._next < len(buckets) and pending[self._next] == 0:
             bucket = buckets[self._next]
             self._next += 1
-            if self._world == 1 or not bucket.flat.numel():
-                continue  # nothing to exchange
+            if not bucket.flat.numel() or (self._world == 1 and self._builtin):
+                continue  # nothing to exchange (other hooks run on one rank too, as in torch)
             # Pre-divide (as torch DDP does): keeps fp16 sums in range, and the result needs
             # no extra pass after the wait. Gradients that came through set_grad already are.
             scale = self._scale
@@ -473,29 +522,20 @@ class Reducer:
                 scale = None
             elif nscaled:
                 scale = None
-            if bucket.comm is not None:
-                if scale is None:
-                    bucket.comm.copy_(bucket.flat)
-                else:
-                    torch.mul(bucket.flat, scale, out=bucket.comm)
-                tensor = bucket.comm
-            else:
-                if scale is not None:
-                    bucket.flat.mul_(scale)
-                tensor = bucket.flat
+            views = [self._views[i] for i in bucket.members]
+            params = None if self._params is None else [self._params[i] for i in bucket.members]
+            grad_bucket = comm_hooks.GradBucket(bucket.index, bucket.flat, views, params,
+                                                bucket.index == self._last, scale)
             try:
-                work = dist.all_reduce(tensor, dist.ReduceOp.SUM, group=self._pg, async_op=True)
+                fut = self._hook(self._hook_state, grad_bucket)
             except Exception as exc:  # noqa: BLE001
-                raise classify(exc) from exc
-            self._works.append((bucket, work))
+                raise _bucket_error(exc, bucket) from exc
+            self._works.append((bucket, fut))
 
     def _rebuild(self, order):
         if self._world > 1:
             t = torch.tensor(order, dtype=torch.int64, device=self._group.device)
-            try:
-                dist.broadcast(t, 0, group=self._pg)
-            except Exception as exc:  # noqa: BLE001
-                raise classify(exc) from exc
+            collectives.broadcast(t, 0, group=self._group)
             order = t.tolist()
         assignment = assign_buckets(self.specs, order, self.bucket_cap, self.first_bucket_cap)
         if assignment == self.bucket_indices:
@@ -505,6 +545,13 @@ class Reducer:
         for new, prev in zip(self._views, old):
             new.copy_(prev)
         self.generation += 1
+
+
+def _bucket_error(exc, bucket):
+    """A pybridge error that names the bucket whose communication failed."""
+    err = classify(exc)
+    err.args = (f"bucket {bucket.index} ({len(bucket.members)} gradients): {err}",)
+    return err
 
 
 def broadcast_parameters(tensors, root=0, *, group=None, chunk_mb=64.0):
@@ -540,10 +587,7 @@ def _broadcast_chunk(ts, root, g):
         flat = torch.cat([t.detach().reshape(-1) for t in ts])
         # gloo has no bool type; its bytes travel as uint8.
         wire = flat.view(torch.uint8) if flat.dtype == torch.bool else flat
-        try:
-            dist.broadcast(wire, root, group=g.pg)
-        except Exception as exc:  # noqa: BLE001
-            raise classify(exc) from exc
+        collectives.broadcast(wire, root, group=g)
         offset = 0
         for t in ts:
             n = t.numel()

@@ -151,9 +151,10 @@ def check_compression(rank, world):
         red.set_grad(1, torch.from_numpy(contribution(rank, 1, 3, (3000,))).float())
         red.finalize()
         results[comp] = [red.grad(i).double().numpy().copy() for i in range(len(specs))]
-        if comp:
-            assert all(b.comm is not None for b in red.buckets if b.dtype == torch.float32)
-            assert all(b.comm is None for b in red.buckets if b.dtype == torch.float64)
+        if comp:  # the hook's wire buffers: one per float32 bucket, in the compressed type
+            wire = red._hook_state._scratch.values()
+            want = torch.float16 if comp == "fp16" else torch.bfloat16
+            assert wire and all(w.dtype == want for w in wire)
     exact = results[None]
     for i in range(len(specs)):
         np.testing.assert_allclose(exact[i], expected(world, i, 3, (specs[i][0],)), atol=1e-6)

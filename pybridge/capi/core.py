@@ -37,6 +37,8 @@ def pb_init(init_method, backend, rank, world_size, local_rank, timeout, out):
 
 def pb_finalize(group):
     g = handles.get(group, _group.Group, "group")
+    if g.parent is not None:
+        raise InvalidArgument("pb_finalize takes the world group; free a subgroup with pb_group_free")
     _prepared.clear()
     if not g.closed:
         _group.finalize()

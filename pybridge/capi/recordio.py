@@ -7,13 +7,13 @@ until the next pb_loader_next or pb_loader_close (the data may view a pooled chu
 
 import numpy as np
 
-from .. import capi
+from .. import abi, capi
 from .. import group as _group
 from ..errors import Closed, InvalidArgument
 from ..recordio import Loader
 from . import handles, put, text
 
-PARTITIONS = {0: "static", 1: "dynamic"}
+PARTITIONS = {abi.PB_PARTITION_STATIC: "static", abi.PB_PARTITION_DYNAMIC: "dynamic"}
 _EMPTY_OFFSETS = np.zeros(1, np.int64)
 
 

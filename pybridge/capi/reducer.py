@@ -3,13 +3,13 @@
 Conversion only: the bucketing, hooks and reduction live in pybridge/reducer.py.
 """
 
-from .. import capi, dtypes
+from .. import abi, capi, comm_hooks, dtypes
 from .. import reducer as _reducer
 from ..buffers import CPU
 from ..errors import InvalidArgument
 from . import handles, live_group, put, tensor
 
-ALLOW_UNUSED, NO_REBUILD = 1, 2  # PB_REDUCER_* flags of pybridge.h
+ALLOW_UNUSED, NO_REBUILD = abi.PB_REDUCER_ALLOW_UNUSED, abi.PB_REDUCER_NO_REBUILD
 
 
 class CReducer:
@@ -97,6 +97,31 @@ def pb_reducer_wait(reducer, timeout):
     finally:
         if r.generation != before:
             c.retired.extend(flats)
+
+
+def pb_reducer_set_hook(reducer, hook, rank, flags):
+    r = _get(reducer).reducer
+    if flags & ~abi.PB_HOOK_NO_WARM_START:
+        raise InvalidArgument(f"unknown hook flags 0x{flags:x}; valid: PB_HOOK_NO_WARM_START (1)")
+    state, fn = comm_hooks.builtin(hook, r.group, rank=rank,
+                                   warm_start=not flags & abi.PB_HOOK_NO_WARM_START)
+    r.register_comm_hook(state, fn)
+
+
+def pb_reducer_set_shapes(reducer, nparams, ndims, dims):
+    r = _get(reducer).reducer
+    if nparams != r.num_params:
+        raise InvalidArgument(f"nparams is {nparams} but the reducer has {r.num_params} gradients")
+    if nparams and (ndims == capi.ffi.NULL or dims == capi.ffi.NULL):
+        raise InvalidArgument(f"{'ndims' if ndims == capi.ffi.NULL else 'dims'} is NULL")
+    shapes, at = [], 0
+    for i in range(nparams):
+        k = int(ndims[i])
+        if k < 0:
+            raise InvalidArgument(f"ndims[{i}] is negative ({k})")
+        shapes.append(tuple(int(dims[at + j]) for j in range(k)) if k else None)
+        at += k
+    r.set_shapes(shapes)
 
 
 def pb_reducer_zero(reducer):

@@ -1,0 +1,153 @@
+"""Bucket communication hooks, with torch's DDP comm-hook contract.
+
+A hook is `hook(state, bucket) -> torch.futures.Future` whose value is the communicated
+bucket (a tensor of the bucket's size, or a one-element list of it, as torch's allreduce
+futures give). The reducer owns gradient readiness, launch order and bucket rebuilds; it
+calls the hook once per full bucket, in bucket order, and when the future is done copies its
+value into the bucket (unless the hook wrote the bucket's buffer itself). So torch's own
+hooks (torch.distributed.algorithms.ddp_comm_hooks: allreduce_hook, fp16_compress_hook,
+bf16_compress_hook, powerSGD_hook) run unmodified on pybridge's reducer, and pybridge's
+hooks run on torch's DDP.
+
+The bucket (GradBucket) offers what torch's GradBucket does: buffer(), index(), is_last(),
+gradients(), parameters(), set_buffer().
+
+Built-in hooks (also selected by code from C and Go, see BUILTIN):
+  allreduce_hook      sum (the reducer folds the 1/size of 'avg' into the gradient copy)
+  fp16_compress_hook  float32 buckets travel as float16, decompressed into the bucket
+  bf16_compress_hook  likewise as bfloat16
+  powersgd_hook(...)  torch's PowerSGD with its state, for C and Go callers
+"""
+
+import torch
+
+from . import abi
+from . import collectives
+
+HOOK_ALLREDUCE = abi.PB_HOOK_ALLREDUCE
+HOOK_FP16 = abi.PB_HOOK_FP16
+HOOK_BF16 = abi.PB_HOOK_BF16
+HOOK_POWERSGD = abi.PB_HOOK_POWERSGD
+
+
+class GradBucket:
+    """One full bucket, as a hook sees it (torch.distributed.GradBucket's methods)."""
+
+    __slots__ = ("_index", "_buffer", "_grads", "_params", "_last", "scale")
+
+    def __init__(self, index, buffer, grads, params, last, scale=None):
+        self._index = index
+        self._buffer = buffer
+        self._grads = grads
+        self._params = params
+        self._last = last
+        # pybridge's own hooks only: a factor the reducer left for the hook to fold into its
+        # first pass over the buffer (the 1/size of 'avg'), or None.
+        self.scale = scale
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        """The bucket's flat gradients (one dtype, one device)."""
+        return self._buffer
+
+    def set_buffer(self, tensor):
+        self._buffer = tensor
+
+    def is_last(self):
+        """True for the last bucket of the iteration (hooks that count steps use it)."""
+        return self._last
+
+    def gradients(self):
+        """Each parameter's gradient: views into buffer(), in the bucket's layout order."""
+        return list(self._grads)
+
+    def parameters(self):
+        if self._params is None:
+            from .errors import InvalidArgument
+            raise InvalidArgument("this reducer was built from parameter specs (C, Go), not tensors: "
+                                  "bucket.parameters() is unknown; use gradients()")
+        return list(self._params)
+
+
+class HookContext:
+    """The `state` of pybridge's built-in hooks: the group, and scratch buffers per bucket."""
+
+    def __init__(self, group, dtype=None):
+        self.group = group
+        self.dtype = dtype  # the wire type of the compression hooks
+        self._scratch = {}
+
+    def scratch(self, index, like):
+        """A reusable wire buffer for bucket `index` (allocated once per layout)."""
+        buf = self._scratch.get(index)
+        if buf is None or buf.numel() != like.numel() or buf.device != like.device:
+            buf = self._scratch[index] = torch.empty(like.numel(), dtype=self.dtype, device=like.device)
+        return buf
+
+
+def allreduce_hook(ctx, bucket):
+    """Sum the bucket over the group (after applying the reducer's pending scale)."""
+    buf = bucket.buffer()
+    if bucket.scale is not None:
+        buf.mul_(bucket.scale)
+    return collectives.all_reduce_future(buf, collectives.SUM, group=ctx.group)
+
+
+def _compress_hook(ctx, bucket):
+    buf = bucket.buffer()
+    if buf.dtype != torch.float32:  # only float32 buckets are compressed
+        return allreduce_hook(ctx, bucket)
+    wire = ctx.scratch(bucket.index(), buf)
+    if bucket.scale is None:
+        wire.copy_(buf)
+    else:
+        torch.mul(buf, bucket.scale, out=wire)  # scale and compress in one pass
+    return collectives.all_reduce_future(wire, collectives.SUM, group=ctx.group)  # decompressed by the copy back
+
+
+fp16_compress_hook = _compress_hook
+bf16_compress_hook = _compress_hook
+
+
+def prescales(hook):
+    """Does `hook` sum what it is given (so the reducer may pre-divide for 'avg')?"""
+    return hook is allreduce_hook or hook is _compress_hook
+
+
+def powersgd_state(group, rank=1, warm_start=True, start_iter=2, seed=0):
+    """torch's PowerSGDState for a pybridge group. `start_iter`: iterations of plain allreduce
+    before compression starts (torch's start_powerSGD_iter; at least 2, as torch requires when
+    error feedback is on); `rank`: the matrix approximation rank."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from .errors import InvalidArgument
+    for name, v, low in (("PowerSGD rank", rank, 1), ("PowerSGD start iteration", start_iter, 2)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise InvalidArgument(f"{name} must be an integer >= {low}, got {v!r}")
+    return psgd.PowerSGDState(process_group=group.pg, matrix_approximation_rank=rank,
+                              start_powerSGD_iter=start_iter, warm_start=bool(warm_start), random_seed=seed)
+
+
+def powersgd_hook(state, bucket):
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    return psgd.powerSGD_hook(state, bucket)
+
+
+def builtin(code, group, *, rank=1, warm_start=True, start_iter=2):
+    """(state, hook) for a hook code of the C ABI (PB_HOOK_*)."""
+    from .errors import InvalidArgument
+    if code == HOOK_ALLREDUCE:
+        return HookContext(group), allreduce_hook
+    if code == HOOK_FP16:
+        return HookContext(group, torch.float16), fp16_compress_hook
+    if code == HOOK_BF16:
+        return HookContext(group, torch.bfloat16), bf16_compress_hook
+    if code == HOOK_POWERSGD:
+        return powersgd_state(group, rank, warm_start, start_iter), powersgd_hook
+    raise InvalidArgument(f"unknown hook code {code!r}; use PB_HOOK_ALLREDUCE, PB_HOOK_FP16, "
+                          "PB_HOOK_BF16 or PB_HOOK_POWERSGD")
+
+
+__all__ = ["GradBucket", "HookContext", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
+           "powersgd_state", "powersgd_hook", "builtin"]
