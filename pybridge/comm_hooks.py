@@ -134,7 +134,7 @@ def powersgd_hook(state, bucket):
     return psgd.powerSGD_hook(state, bucket)
 
 
-def builtin(code, group, *, rank=1, warm_start=True, start_iter=2):
+def builtin(code, group, *, rank=1, warm_start=True, start_iter=2, seed=0):
     """(state, hook) for a hook code of the C ABI (PB_HOOK_*)."""
     from .errors import InvalidArgument
     if code == HOOK_ALLREDUCE:
@@ -144,7 +144,7 @@ def builtin(code, group, *, rank=1, warm_start=True, start_iter=2):
     if code == HOOK_BF16:
         return HookContext(group, torch.bfloat16), bf16_compress_hook
     if code == HOOK_POWERSGD:
-        return powersgd_state(group, rank, warm_start, start_iter), powersgd_hook
+        return powersgd_state(group, rank, warm_start, start_iter, seed), powersgd_hook
     raise InvalidArgument(f"unknown hook code {code!r}; use PB_HOOK_ALLREDUCE, PB_HOOK_FP16, "
                           "PB_HOOK_BF16 or PB_HOOK_POWERSGD")
 

@@ -11,6 +11,7 @@ from .. import abi, capi
 from .. import group as _group
 from ..errors import Closed, InvalidArgument
 from ..recordio import Loader
+from ..recordio.partition import LocalStore
 from . import handles, put, text
 
 PARTITIONS = {abi.PB_PARTITION_STATIC: "static", abi.PB_PARTITION_DYNAMIC: "dynamic"}
@@ -64,15 +65,14 @@ def pb_loader_open(group, files, nfiles, batch_size, partition, shuffle, seed, d
                               f"got {partition}")
     paths = _files(files, nfiles)
     if group == capi.ffi.NULL:  # a single process: rank 0 of 1, whatever group may be live
-        replicas, rank, store = 1, 0, None
+        g, replicas, rank, store = None, 1, 0, LocalStore()
     else:
         g = handles.get(group, _group.Group, "group")
         g.check_open()
-        replicas, rank = g.size, g.rank
-        store = g.store if PARTITIONS[partition] == "dynamic" and g.size > 1 else None
-    loader = Loader(paths, batch_size, partition=PARTITIONS[partition], num_replicas=replicas,
-                    rank=rank, shuffle=_flag(shuffle, "shuffle"), seed=seed,
-                    drop_last=_flag(drop_last, "drop_last"), store=store,
+        replicas = rank = store = None  # the group's
+    loader = Loader(paths, batch_size, partition=PARTITIONS[partition], group=g, num_replicas=replicas,
+                    rank=rank, store=store, shuffle=_flag(shuffle, "shuffle"), seed=seed,
+                    drop_last=_flag(drop_last, "drop_last"),
                     skip_corrupt=_flag(skip_corrupt, "skip_corrupt"))
     try:
         handles.add(LoaderHandle(loader), "pb_loader *", out)

@@ -51,8 +51,9 @@ class _Failed:
 class _Pass:
     """One pass over the rank's share: an iterator fed by a prefetch thread (or inline)."""
 
-    def __init__(self, gen, prefetch):
+    def __init__(self, gen, prefetch, check):
         self._gen = gen
+        self._check = check  # raises when the loader may no longer be read
         self._stop = threading.Event()
         self._done = False
         self._thread = None
@@ -88,6 +89,7 @@ class _Pass:
     def __next__(self):
         if self._done:
             raise StopIteration
+        self._check()
         if self._thread is None:
             try:
                 return next(self._gen)
@@ -132,7 +134,8 @@ class Loader:
     partition: "static" (fixed disjoint shares, DistributedSampler semantics, equal batch
         counts on every rank) or "dynamic" (ranks claim tasks through the store; a faster
         rank reads more; every record exactly once per epoch). See partition.py.
-    num_replicas, rank: default to the live pybridge group, else 1 and 0.
+    group: the pybridge group whose ranks share the data (default: the world group when one
+        is live); num_replicas, rank: default to the group's size and rank, else 1 and 0.
     shuffle, seed: shuffle the task order with the same permutation on every rank, from
         seed and the epoch (set_epoch); records keep their order inside a task.
     drop_last: static: drop the tail so every batch is full (else pad by wrapping around);
@@ -155,7 +158,7 @@ class Loader:
     (Writer(max_chunk_bytes=...), `pack --max-chunk-bytes`).
     """
 
-    def __init__(self, files, batch_size, *, partition="static", num_replicas=None, rank=None,
+    def __init__(self, files, batch_size, *, partition="static", group=None, num_replicas=None, rank=None,
                  shuffle=False, seed=0, drop_last=False, task_records=None, store=None, name=None,
                  prefetch=2, skip_corrupt=False, verify_checksums=True, index_cache=False, epoch=0):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -168,7 +171,12 @@ class Loader:
         self.seed = _positive_int("seed", seed, 0)  # checked now, not at the first shuffled batch
         self.drop_last = bool(drop_last)
         self.prefetch = _prefetch_count(prefetch)
-        group = _live_group()
+        group = group or _live_group()
+        if group is not None:
+            group.check_open()
+        # Made from the group (its ranks or store): once it is finalized, reading fails.
+        self._group = group if group is not None and (
+            num_replicas is None or rank is None or (partition == "dynamic" and store is None)) else None
         if num_replicas is None:
             num_replicas = group.size if group else 1
         if rank is None:
@@ -291,21 +299,25 @@ class Loader:
 
     def __iter__(self):
         """Start a pass over this rank's share for the current epoch."""
-        if self.closed:
-            raise Closed("loader is closed")
+        self._check_usable()
         self._end_pass()
         pass_no = self._passes.get(self.epoch, 0)
         self._passes[self.epoch] = pass_no + 1
-        self._pass = _Pass(self._batches(self.epoch, pass_no), self.prefetch)
+        self._pass = _Pass(self._batches(self.epoch, pass_no), self.prefetch, self._check_usable)
         return self._pass
+
+    def _check_usable(self):
+        if self.closed:
+            raise Closed("loader is closed")
+        if self._group is not None and self._group.closed:
+            raise Closed("the process group this loader was opened with was finalized")
 
     def next_batch(self):
         """Scanner-style: the next Batch of the current pass, or None when it ends.
 
         The call after None starts the next pass (call set_epoch before it).
         """
-        if self.closed:
-            raise Closed("loader is closed")
+        self._check_usable()
         if self._pass is None or self._pass._done:
             iter(self)
         try:
