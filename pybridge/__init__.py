@@ -1,11 +1,12 @@
 """pybridge: data-parallel training over torch.distributed for Go, C and Python programs."""
 
-from .collectives import (AVG, MAX, MIN, PRODUCT, SUM, Work, all_gather, all_reduce, barrier,
-                          broadcast, irecv, isend, recv, reduce_scatter, send)
+from .collectives import (AVG, MAX, MIN, PRODUCT, SUM, Work, all_gather, all_reduce, all_reduce_future,
+                          barrier, broadcast, irecv, isend, recv, reduce_scatter, send)
 from .errors import (AlreadyInitialized, Closed, CommError, CorruptData, InvalidArgument,
                      IOFailure, NotInitialized, PyBridgeError, Timeout)
 from .ddp import DistributedDataParallel
-from .group import Group, current, finalize, init, is_initialized, local_rank, rank, size
+from .group import (Group, current, finalize, init, is_initialized, local_rank, new_group, node_groups,
+                    rank, size, split)
 from .reducer import Reducer, broadcast_parameters
 
 __version__ = "0.1.0"

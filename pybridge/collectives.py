@@ -211,23 +211,22 @@ def all_reduce_future(buf, op=SUM, *, group=None, dtype=None):
 def all_gather(input, output, *, group=None, async_op=False, dtype=None):
     """Concatenate every rank's `input` in rank order into `output` (world size x input)."""
     g, t_in, t_out = _pair(input, output, group, dtype, _group_size(group), 1, "all_gather")
-    return _run(lambda: dist.all_gather_into_tensor(t_out, t_in, group=g.pg, async_op=True),
-                async_op, t_in, t_out)
+    return _run(lambda: g.pg._allgather_base(t_out, t_in), async_op, t_in, t_out)
 
 
 def reduce_scatter(input, output, op=SUM, *, group=None, async_op=False, dtype=None):
     """Reduce `input` (world size x output) over ranks; rank r keeps block r in `output`."""
     g, t_in, t_out = _pair(input, output, group, dtype, 1, _group_size(group), "reduce_scatter")
-    rop = reduce_op(op, t_in.dtype)
-    return _run(lambda: dist.reduce_scatter_tensor(t_out, t_in, rop, group=g.pg, async_op=True),
-                async_op, t_in, t_out)
+    opts = dist.ReduceScatterOptions()
+    opts.reduceOp = reduce_op(op, t_in.dtype)
+    return _run(lambda: g.pg._reduce_scatter_base(t_out, t_in, opts), async_op, t_in, t_out)
 
 
 def barrier(*, group=None):
     """Block until every rank reaches the barrier."""
     g = group or _group.current()
     g.check_open()
-    _run(lambda: dist.barrier(group=g.pg, async_op=True), False)
+    _run(lambda: g.pg.barrier(), False)
 
 
 def send(buf, dst, tag=0, *, group=None, dtype=None):

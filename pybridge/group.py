@@ -26,7 +26,8 @@ class Group:
     group_dst; `ranks` maps them to global ranks.
     """
 
-    def __init__(self, pg, ranks, global_rank, local_rank, backend, timeout, *, owned, parent=None):
+    def __init__(self, pg, ranks, global_rank, local_rank, backend, timeout, *, owned, parent=None,
+                 uid=None):
         self.pg = pg
         self.ranks = tuple(ranks)  # the global rank of each group rank
         self._rank_of = {r: i for i, r in enumerate(self.ranks)}
@@ -42,6 +43,8 @@ class Group:
         self.closed = False
         self._owned = owned  # pybridge created the torch group, so pybridge destroys it
         self._children = []
+        self._created = 0  # subgroups made from this one so far: names the next one's store keys
+        self.uid = "w" if parent is None else uid  # the same on every member
         self._store = None
 
     @property
@@ -49,10 +52,8 @@ class Group:
         """A key-value store shared by the members (the rendezvous store; a subgroup's keys
         get a prefix of their own). Used e.g. for dynamic data partitioning."""
         if self._store is None:
-            store = dist.distributed_c10d._get_default_store()
-            if self.parent is not None:
-                store = dist.PrefixStore(f"pybridge/group/{'_'.join(map(str, self.ranks))}/", store)
-            self._store = store
+            store = _world_store()
+            self._store = store if self.parent is None else dist.PrefixStore(f"pybridge/{self.uid}/data/", store)
         return self._store
 
     def check_open(self):
@@ -84,15 +85,17 @@ class Group:
     # ---- subgroups -------------------------------------------------------------------------
 
     def new_group(self, ranks):
-        """A subgroup of the members with these ranks (ranks within this group), in that
-        order. Members must call it, in the same order relative to their other group
-        creations; a non-member may call it too and gets None at once.
+        """A subgroup of the members with these ranks (ranks within this group), ranked in
+        that order. As torch's new_group, every member of this group calls it (members of the
+        new one wait for each other; the others get None at once) in the same order as their
+        other group creations from this group.
         """
         self.check_open()
         members = _member_list(ranks, self.size)
+        seq = self._next_seq()
         if self.rank not in members:
             return None
-        return self._make_child([self.ranks[r] for r in members])
+        return self._make_child([self.ranks[r] for r in members], seq)
 
     def split(self, color, key=None):
         """MPI_Comm_split: every member calls it (a collective over this group); members that
@@ -107,18 +110,28 @@ class Group:
         every = torch.zeros(2 * self.size, dtype=torch.int64, device=self.device)
         collectives.all_gather(mine, every, group=self)
         pairs = every.view(self.size, 2).tolist()
+        seq = self._next_seq()
         if color < 0:
             return None
         order = sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)
-        return self._make_child([self.ranks[r] for _, r in order])
+        return self._make_child([self.ranks[r] for _, r in order], seq)
 
-    def _make_child(self, global_ranks):
+    def _next_seq(self):
         with _lock:
-            pg = _torch_subgroup(global_ranks, self.timeout)
-            child = Group(pg, global_ranks, self.global_rank, self.local_rank, self.backend,
-                          self.timeout, owned=True, parent=self)
+            self._created += 1
+            return self._created
+
+    def _make_child(self, global_ranks, seq):
+        # Named by the parent, its creation count and the members: the same on every member,
+        # whatever other groups each of them made before.
+        uid = f"{self.uid}.{seq}-{'_'.join(map(str, global_ranks))}"
+        pg = _backend_group(self.backend, global_ranks.index(self.global_rank), len(global_ranks),
+                            dist.PrefixStore(f"pybridge/{uid}/pg/", _world_store()), self.timeout)
+        child = Group(pg, global_ranks, self.global_rank, self.local_rank, self.backend,
+                      self.timeout, owned=True, parent=self, uid=uid)
+        with _lock:
             self._children.append(child)
-            return child
+        return child
 
     def close(self):
         """Free a subgroup (and its own subgroups). The world group is left with finalize()."""
@@ -137,12 +150,7 @@ class Group:
         if self.closed:
             return
         self.closed = True
-        pg, self.pg = self.pg, None  # see finalize(): drop our reference before destroying
-        if self._owned and self.parent is not None and pg is not None and dist.is_initialized():
-            try:
-                dist.destroy_process_group(pg)
-            except Exception as exc:  # noqa: BLE001
-                raise classify(exc) from exc
+        self.pg = None  # a subgroup's backend is ours alone: dropping it frees it (see finalize)
 
     def __repr__(self):
         state = "closed" if self.closed else "live"
@@ -172,17 +180,24 @@ def _member_list(ranks, size):
     return members
 
 
-def _torch_subgroup(global_ranks, timeout):
-    """torch's group over these global ranks, in this order. Only members call it
-    (use_local_synchronization), so a subgroup made inside a subgroup works too."""
-    kw = dict(timeout=datetime.timedelta(seconds=timeout), use_local_synchronization=True)
-    if global_ranks != sorted(global_ranks):
-        kw["sort_ranks"] = False  # keep split()'s key order (torch sorts by default)
+def _world_store():
+    return dist.distributed_c10d._get_default_store()
+
+
+def _backend_group(backend, rank, size, store, timeout):
+    """The communication backend of a subgroup, built over its own store prefix.
+
+    Not torch.distributed.new_group: with members-only creation it names groups after how
+    many groups each process made before, so ranks with different histories (nested splits,
+    groups of some members only) wait on different keys for ever. The subgroup is therefore
+    pybridge's: its collectives go through pybridge (torch.distributed's own functions take
+    the world group)."""
     try:
-        return dist.new_group(global_ranks, **kw)
-    except TypeError as exc:
-        raise InvalidArgument(f"this torch ({torch.__version__}) cannot order a group's ranks "
-                              "other than by global rank; give split() keys in rank order") from exc
+        if backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = datetime.timedelta(seconds=timeout)
+            return dist.ProcessGroupNCCL(store, rank, size, opts)
+        return dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=timeout))
     except Exception as exc:  # noqa: BLE001
         raise classify(exc) from exc
 
