@@ -4,7 +4,7 @@ Usage: python capi/build.py [--out DIR]
 
 Each `int pb_NAME(...)` in the header, except the pure-C ones, becomes a thin C
 wrapper over an `extern "Python"` function `_pb_py_NAME` implemented in
-pybridge/capi.py. The wrappers exist for one reason: if the embedded Python core
+the pybridge/capi/ package. The wrappers exist for one reason: if the embedded Python core
 cannot start, cffi would make every call return 0 (PB_OK); the wrapper turns that
 into PB_ERR_INTERNAL with the start-up error as message.
 """
@@ -39,7 +39,7 @@ static volatile int pb_core_ready = 0;
 static char pb_start_error[PB_ERRMSG_MAX] = "the pybridge Python core failed to start "
     "(see the traceback on stderr)";
 
-/* Called from Python (pybridge/capi.py) on the calling thread. */
+/* Called from Python (pybridge/capi/) on the calling thread. */
 static void _pb_set_error(const char *msg) {
     snprintf(pb_errmsg, sizeof pb_errmsg, "%s", msg);
 }
@@ -133,16 +133,7 @@ CFFI_DLLEXPORT const char *pb_version(void) { return "@VERSION@"; }
 
 CFFI_DLLEXPORT const char *pb_status_name(int status) {
     switch (status) {
-    case PB_OK: return "PB_OK";
-    case PB_ERR_INVALID_ARGUMENT: return "PB_ERR_INVALID_ARGUMENT";
-    case PB_ERR_NOT_INITIALIZED: return "PB_ERR_NOT_INITIALIZED";
-    case PB_ERR_ALREADY_INITIALIZED: return "PB_ERR_ALREADY_INITIALIZED";
-    case PB_ERR_TIMEOUT: return "PB_ERR_TIMEOUT";
-    case PB_ERR_COMM: return "PB_ERR_COMM";
-    case PB_ERR_IO: return "PB_ERR_IO";
-    case PB_ERR_CORRUPT: return "PB_ERR_CORRUPT";
-    case PB_ERR_INTERNAL: return "PB_ERR_INTERNAL";
-    case PB_ERR_CLOSED: return "PB_ERR_CLOSED";
+@STATUS_CASES@
     default: return "PB_UNKNOWN";
     }
 }
@@ -237,6 +228,12 @@ int _pb_python_started_here(void);
     return "\n".join(lines)
 
 
+def status_cases(header):
+    """pb_status_name's cases, from the header's status codes (PB_OK and PB_ERR_*)."""
+    names = re.findall(r"^#define (PB_OK|PB_ERR_\w+) ", header, re.M)
+    return "\n".join(f'    case {n}: return "{n}";' for n in names)
+
+
 def wrappers(header_text):
     out = []
     for name, args in prototypes(header_text):
@@ -271,7 +268,8 @@ def build(out_dir):
     ffi.cdef(cdef_text(header))
     ffi.embedding_api("")
     ffi.set_source("_pybridge_capi",
-                   C_SOURCE.replace("@VERSION@", pybridge.__version__).replace("@PYTHON@", sys.executable) + wrappers(header),
+                   C_SOURCE.replace("@VERSION@", pybridge.__version__).replace("@PYTHON@", sys.executable)
+                   .replace("@STATUS_CASES@", status_cases(header)) + wrappers(header),
                    include_dirs=[HERE],
                    extra_compile_args=["-O2"],
                    # nodelete: once the interpreter runs, it holds code and objects of this

@@ -217,7 +217,7 @@ int pb_work_test(pb_work *work, int32_t *done);
 int pb_work_free(pb_work *work);
 
 /* ---- RecordIO loader ------------------------------------------------------------ */
-/* Batches of this rank's share of a RecordIO dataset (file format: DESIGN.md), read by
+/* Batches of this rank's share of a RecordIO dataset (file format: docs/design.md), read by
  * the Python core with background prefetch. Each batch is one contiguous byte buffer
  * plus offsets: record i is data[offsets[i] .. offsets[i+1]).
  *

@@ -23,11 +23,11 @@ type Op int32
 
 // Reduction operations (the PB_SUM ... PB_PRODUCT codes of pybridge.h).
 const (
-	Sum     Op = 0
-	Avg     Op = 1 // floating-point element types only
-	Min     Op = 2
-	Max     Op = 3
-	Product Op = 4
+	Sum     Op = C.PB_SUM
+	Avg     Op = C.PB_AVG // floating-point element types only
+	Min     Op = C.PB_MIN
+	Max     Op = C.PB_MAX
+	Product Op = C.PB_PRODUCT
 )
 
 func (o Op) String() string {
@@ -48,14 +48,14 @@ func (o Op) String() string {
 
 // Element type codes of pybridge.h.
 const (
-	dtFloat32  = 0
-	dtFloat64  = 1
-	dtFloat16  = 2
-	dtBFloat16 = 3
-	dtInt8     = 4
-	dtUint8    = 5
-	dtInt32    = 6
-	dtInt64    = 7
+	dtFloat32  = C.PB_FLOAT32
+	dtFloat64  = C.PB_FLOAT64
+	dtFloat16  = C.PB_FLOAT16
+	dtBFloat16 = C.PB_BFLOAT16
+	dtInt8     = C.PB_INT8
+	dtUint8    = C.PB_UINT8
+	dtInt32    = C.PB_INT32
+	dtInt64    = C.PB_INT64
 )
 
 // dtypeOf maps T to its C dtype code. Float16 and BFloat16 share uint16 as

@@ -8,6 +8,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"unsafe"
 )
 
@@ -26,18 +27,18 @@ type Error struct {
 	Msg    string
 }
 
-// Status codes of pybridge.h. Keep in step with capi/pybridge.h.
+// Status codes: pybridge.h's, the one source of every ABI constant.
 const (
-	statusOK                 = 0
-	statusInvalidArgument    = -1
-	statusNotInitialized     = -2
-	statusAlreadyInitialized = -3
-	statusTimeout            = -4
-	statusComm               = -5
-	statusIO                 = -6
-	statusCorrupt            = -7
-	statusInternal           = -8
-	statusClosed             = -9
+	statusOK                 = C.PB_OK
+	statusInvalidArgument    = C.PB_ERR_INVALID_ARGUMENT
+	statusNotInitialized     = C.PB_ERR_NOT_INITIALIZED
+	statusAlreadyInitialized = C.PB_ERR_ALREADY_INITIALIZED
+	statusTimeout            = C.PB_ERR_TIMEOUT
+	statusComm               = C.PB_ERR_COMM
+	statusIO                 = C.PB_ERR_IO
+	statusCorrupt            = C.PB_ERR_CORRUPT
+	statusInternal           = C.PB_ERR_INTERNAL
+	statusClosed             = C.PB_ERR_CLOSED
 )
 
 // Sentinel errors, one per C status code. Returned errors are *Error values
@@ -54,25 +55,12 @@ var (
 	ErrClosed             = &Error{Status: statusClosed, Msg: "closed"}
 )
 
-var statusNames = map[int]string{
-	statusOK:                 "PB_OK",
-	statusInvalidArgument:    "PB_ERR_INVALID_ARGUMENT",
-	statusNotInitialized:     "PB_ERR_NOT_INITIALIZED",
-	statusAlreadyInitialized: "PB_ERR_ALREADY_INITIALIZED",
-	statusTimeout:            "PB_ERR_TIMEOUT",
-	statusComm:               "PB_ERR_COMM",
-	statusIO:                 "PB_ERR_IO",
-	statusCorrupt:            "PB_ERR_CORRUPT",
-	statusInternal:           "PB_ERR_INTERNAL",
-	statusClosed:             "PB_ERR_CLOSED",
-}
-
 // StatusName returns the C constant name of a status code, e.g. "PB_ERR_TIMEOUT".
 func StatusName(status int) string {
-	if n, ok := statusNames[status]; ok {
-		return n
+	if status < math.MinInt32 || status > math.MaxInt32 {
+		return "PB_UNKNOWN"
 	}
-	return "PB_UNKNOWN"
+	return C.GoString(C.pb_status_name(C.int(status))) // pure C: needs no Python core
 }
 
 func (e *Error) Error() string {

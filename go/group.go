@@ -13,7 +13,7 @@ import (
 )
 
 // CPU is the device code of host memory; Device returns it under the gloo backend.
-const CPU = -1
+const CPU = C.PB_CPU
 
 // Group is this process's membership in the process group. One group may be
 // live per process; Close it before calling Init again.
@@ -25,6 +25,8 @@ const CPU = -1
 type Group struct {
 	h                             *C.pb_group
 	rank, size, localRank, device int
+	ranks                         []int // global rank of each member
+	sub                           bool  // a subgroup: Close frees it
 
 	mu     sync.Mutex
 	closed bool
@@ -103,15 +105,38 @@ func Init(opts ...Option) (*Group, error) {
 	if err := check(op, st, msg); err != nil {
 		return nil, err
 	}
-	var info [4]C.int32_t
-	msg = nil
-	st = C.pbgo_info(h, &info[0], &msg)
-	if err := check(op, st, msg); err != nil {
+	g, err := describe(op, h, true)
+	if err != nil {
 		C.pbgo_finalize(h, nil) // a group we cannot describe is of no use
 		return nil, err
 	}
-	return &Group{h: h, rank: int(info[0]), size: int(info[1]), localRank: int(info[2]),
-		device: int(info[3])}, nil
+	return g, nil
+}
+
+// describe reads a group handle's rank, size, local rank, device and members.
+func describe(op string, h *C.pb_group, world bool) (*Group, error) {
+	var info [4]C.int32_t
+	var msg *C.char
+	if err := check(op, C.pbgo_info(h, &info[0], &msg), msg); err != nil {
+		return nil, err
+	}
+	g := &Group{h: h, rank: int(info[0]), size: int(info[1]), localRank: int(info[2]),
+		device: int(info[3]), ranks: make([]int, int(info[1]))}
+	if world {
+		for i := range g.ranks {
+			g.ranks[i] = i
+		}
+		return g, nil
+	}
+	global := make([]C.int32_t, g.size)
+	msg = nil
+	if err := check(op, C.pbgo_group_ranks(h, info[1], &global[0], &msg), msg); err != nil {
+		return nil, err
+	}
+	for i, r := range global {
+		g.ranks[i] = int(r)
+	}
+	return g, nil
 }
 
 // Rank returns this process's rank, or -1 for a nil Group.
@@ -159,13 +184,12 @@ func (g *Group) Barrier() error {
 	return check(op, C.pbgo_barrier(h, &msg), msg)
 }
 
-// Close leaves the process group. Later calls on the group return ErrClosed;
-// closing again returns nil.
+// Close leaves the process group (the world), or frees a subgroup. Later calls
+// on the group return ErrClosed; closing again returns nil.
 func (g *Group) Close() error {
 	const op = "Close"
-	h, err := g.handle(op)
-	if err != nil {
-		return err
+	if g == nil || g.h == nil {
+		return newError(statusInvalidArgument, op, "nil *Group")
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -174,7 +198,10 @@ func (g *Group) Close() error {
 	}
 	g.closed = true
 	var msg *C.char
-	return check(op, C.pbgo_finalize(h, &msg), msg)
+	if g.sub {
+		return check(op, C.pbgo_group_free(g.h, &msg), msg)
+	}
+	return check(op, C.pbgo_finalize(g.h, &msg), msg)
 }
 
 // handle returns the C handle. A closed group keeps its handle: the library
@@ -182,6 +209,14 @@ func (g *Group) Close() error {
 func (g *Group) handle(op string) (*C.pb_group, error) {
 	if g == nil || g.h == nil {
 		return nil, newError(statusInvalidArgument, op, "nil *Group")
+	}
+	if g.sub { // a freed subgroup's handle is unknown to the library: answer here
+		g.mu.Lock()
+		closed := g.closed
+		g.mu.Unlock()
+		if closed {
+			return nil, newError(statusClosed, op, "subgroup was closed")
+		}
 	}
 	return g.h, nil
 }
@@ -192,4 +227,135 @@ func toInt32(op, what string, v int) (C.int32_t, error) {
 		return 0, newError(statusInvalidArgument, op, "%s %d does not fit in 32 bits", what, v)
 	}
 	return C.int32_t(v), nil
+}
+
+// Subgroups
+//
+// A subgroup is a *Group like the world: every collective, the reducer and the
+// loader take one, and ranks passed with it (roots, peers, member lists) are
+// ranks within that group, 0 to Size()-1. Close a subgroup when done; closing
+// the world closes its subgroups too (their calls then return ErrClosed).
+
+// Split is MPI_Comm_split, a collective over g: every member calls it. Members
+// passing the same color form one subgroup, ranked by (key, rank in g). A
+// negative color joins no group: Split returns nil, nil.
+func (g *Group) Split(color, key int) (*Group, error) {
+	const op = "Split"
+	h, err := g.handle(op)
+	if err != nil {
+		return nil, err
+	}
+	c, err := toInt32(op, "color", color)
+	if err != nil {
+		return nil, err
+	}
+	k, err := toInt32(op, "key", key)
+	if err != nil {
+		return nil, err
+	}
+	var out *C.pb_group
+	var msg *C.char
+	if err := check(op, C.pbgo_group_split(h, c, k, &out, &msg), msg); err != nil {
+		return nil, err
+	}
+	return g.child(op, out)
+}
+
+// Subgroup returns the group of g's members with the given ranks (ranks in g),
+// ranked in that order. Every member of g calls it, in the same order as its
+// other group creations from g; a rank not listed gets nil, nil at once.
+func (g *Group) Subgroup(ranks []int) (*Group, error) {
+	const op = "Subgroup"
+	h, err := g.handle(op)
+	if err != nil {
+		return nil, err
+	}
+	n, err := toInt32(op, "rank count", len(ranks))
+	if err != nil {
+		return nil, err
+	}
+	cr := make([]C.int32_t, len(ranks)+1) // +1: a valid pointer even for no ranks
+	for i, r := range ranks {
+		if cr[i], err = toInt32(op, "rank", r); err != nil {
+			return nil, err
+		}
+	}
+	var out *C.pb_group
+	var msg *C.char
+	if err := check(op, C.pbgo_group_new(h, &cr[0], n, &out, &msg), msg); err != nil {
+		return nil, err
+	}
+	return g.child(op, out)
+}
+
+// Nodes returns this rank's intra-node group and its cross-node group (the
+// members with this local rank on every node). Nodes are consecutive blocks of
+// ranksPerNode ranks of g; 0 reads LOCAL_WORLD_SIZE as set by pybridge-launch.
+// A collective over g.
+func (g *Group) Nodes(ranksPerNode int) (intra, cross *Group, err error) {
+	const op = "Nodes"
+	h, err := g.handle(op)
+	if err != nil {
+		return nil, nil, err
+	}
+	per, err := toInt32(op, "ranks per node", ranksPerNode)
+	if err != nil {
+		return nil, nil, err
+	}
+	var a, b *C.pb_group
+	var msg *C.char
+	if err := check(op, C.pbgo_group_nodes(h, per, &a, &b, &msg), msg); err != nil {
+		return nil, nil, err
+	}
+	if intra, err = g.child(op, a); err != nil {
+		C.pbgo_group_free(b, nil)
+		return nil, nil, err
+	}
+	if cross, err = g.child(op, b); err != nil {
+		intra.Close()
+		return nil, nil, err
+	}
+	return intra, cross, nil
+}
+
+// Ranks returns the global rank of each member, indexed by rank in g.
+func (g *Group) Ranks() []int {
+	if g == nil {
+		return nil
+	}
+	return append([]int(nil), g.ranks...)
+}
+
+// GlobalRank returns the global rank of member groupRank of g.
+func (g *Group) GlobalRank(groupRank int) (int, error) {
+	if g == nil || groupRank < 0 || groupRank >= len(g.ranks) {
+		return -1, newError(statusInvalidArgument, "GlobalRank", "rank %d is out of range for a group of size %d",
+			groupRank, g.Size())
+	}
+	return g.ranks[groupRank], nil
+}
+
+// RankOf returns the rank in g of the process with global rank globalRank.
+func (g *Group) RankOf(globalRank int) (int, error) {
+	for i, r := range g.Ranks() {
+		if r == globalRank {
+			return i, nil
+		}
+	}
+	return -1, newError(statusInvalidArgument, "RankOf", "global rank %d is not a member (members: %v)",
+		globalRank, g.Ranks())
+}
+
+// child wraps a subgroup handle from the library (nil for no group).
+func (g *Group) child(op string, h *C.pb_group) (*Group, error) {
+	if h == nil {
+		return nil, nil
+	}
+	sub, err := describe(op, h, false)
+	if err != nil {
+		C.pbgo_group_free(h, nil)
+		return nil, err
+	}
+	sub.sub = true
+	return sub, nil
 }

@@ -17,14 +17,14 @@ type Partition int
 const (
 	// StaticPartition gives every rank a fixed, disjoint share with the same
 	// number of batches (torch's DistributedSampler semantics).
-	StaticPartition Partition = 0
+	StaticPartition Partition = C.PB_PARTITION_STATIC
 	// DynamicPartition lets ranks claim the next task on demand through the
 	// group's store: a faster rank reads more, every record is still read
 	// exactly once per epoch. Every rank must read each pass to its end.
 	// Each dynamic loader has claim counters of its own, so loaders over the
 	// same data each read everything; every rank must open its dynamic
 	// loaders in the same order.
-	DynamicPartition Partition = 1
+	DynamicPartition Partition = C.PB_PARTITION_DYNAMIC
 )
 
 type loaderConfig struct {

@@ -51,6 +51,40 @@ static inline int pbgo_finalize(pb_group *g, char **msg) {
 	return pbgo_status(pb_finalize(g), msg);
 }
 
+static inline int pbgo_group_split(pb_group *g, int32_t color, int32_t key, pb_group **out, char **msg) {
+	return pbgo_status(pb_group_split(g, color, key, out), msg);
+}
+
+static inline int pbgo_group_new(pb_group *g, const int32_t *ranks, int32_t n, pb_group **out,
+                                 char **msg) {
+	return pbgo_status(pb_group_new(g, ranks, n, out), msg);
+}
+
+static inline int pbgo_group_nodes(pb_group *g, int32_t per_node, pb_group **intra, pb_group **cross,
+                                   char **msg) {
+	return pbgo_status(pb_group_nodes(g, per_node, intra, cross), msg);
+}
+
+static inline int pbgo_group_ranks(pb_group *g, int32_t size, int32_t *global, char **msg) {
+	int st = PB_OK;
+	for (int32_t i = 0; i < size && st == PB_OK; i++) st = pb_group_global_rank(g, i, &global[i]);
+	return pbgo_status(st, msg);
+}
+
+static inline int pbgo_group_free(pb_group *g, char **msg) {
+	return pbgo_status(pb_group_free(g), msg);
+}
+
+static inline int pbgo_reducer_set_hook(pb_reducer *r, int32_t hook, int32_t rank, int32_t flags,
+                                        char **msg) {
+	return pbgo_status(pb_reducer_set_hook(r, hook, rank, flags), msg);
+}
+
+static inline int pbgo_reducer_set_shapes(pb_reducer *r, int32_t n, const int32_t *ndims,
+                                          const int64_t *dims, char **msg) {
+	return pbgo_status(pb_reducer_set_shapes(r, n, ndims, dims), msg);
+}
+
 static inline int pbgo_barrier(pb_group *g, char **msg) {
 	return pbgo_status(pb_barrier(g), msg);
 }

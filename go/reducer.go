@@ -48,9 +48,12 @@ func (d DType) String() string {
 func DTypeOf[T Float]() DType { return DType(dtypeOf[T]()) }
 
 // ParamSpec describes one parameter's gradient: Len elements of type DType.
+// Shape (optional, row-major, its product equal to Len) matters to hooks that
+// compress matrices, such as WithPowerSGD.
 type ParamSpec struct {
 	Len   int
 	DType DType
+	Shape []int
 }
 
 // Params returns specs for parameters of element type T with the given lengths.
@@ -68,9 +71,9 @@ type Compression int32
 // Gradient compression (PB_COMPRESS_* of pybridge.h). Only float32 buckets
 // are compressed; they are decompressed in place after the allreduce.
 const (
-	NoCompression Compression = 0
-	CompressFP16  Compression = 1
-	CompressBF16  Compression = 2
+	NoCompression Compression = C.PB_COMPRESS_NONE
+	CompressFP16  Compression = C.PB_COMPRESS_FP16
+	CompressBF16  Compression = C.PB_COMPRESS_BF16
 )
 
 type reducerConfig struct {
@@ -78,6 +81,9 @@ type reducerConfig struct {
 	op          Op
 	compression Compression
 	flags       int32
+	hook        Hook // -1: the one compression implies
+	hookRank    int
+	hookFlags   int32
 }
 
 // ReducerOption configures NewReducer.
@@ -97,11 +103,15 @@ func WithCompression(comp Compression) ReducerOption {
 
 // WithAllowUnused lets Wait succeed when some gradients were not marked ready:
 // they are reduced with whatever their views hold (Zero them for "no gradient").
-func WithAllowUnused() ReducerOption { return func(c *reducerConfig) { c.flags |= 1 } }
+func WithAllowUnused() ReducerOption {
+	return func(c *reducerConfig) { c.flags |= C.PB_REDUCER_ALLOW_UNUSED }
+}
 
 // WithoutRebuild keeps the initial bucket layout (reverse parameter order)
 // instead of rebuilding it once in the order gradients became ready.
-func WithoutRebuild() ReducerOption { return func(c *reducerConfig) { c.flags |= 2 } }
+func WithoutRebuild() ReducerOption {
+	return func(c *reducerConfig) { c.flags |= C.PB_REDUCER_NO_REBUILD }
+}
 
 // Reducer averages (or sums) gradients over all ranks, bucket by bucket, while
 // the program's backward pass is still running. The library owns the gradient
@@ -141,7 +151,7 @@ func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, 
 	if err != nil {
 		return nil, err
 	}
-	c := reducerConfig{op: Avg}
+	c := reducerConfig{op: Avg, hook: -1}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -172,6 +182,10 @@ func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, 
 		return nil, err
 	}
 	r := &Reducer{h: h, specs: append([]ParamSpec(nil), params...), gen: -1}
+	if err := r.configure(op, c); err != nil {
+		C.pbgo_reducer_free(h, nil)
+		return nil, err
+	}
 	if err := r.refresh(op); err != nil {
 		C.pbgo_reducer_free(h, nil)
 		return nil, err
@@ -392,4 +406,70 @@ func BroadcastParams[T Numeric](g *Group, params [][]T, root int) error {
 	}
 	var msg *C.char
 	return check(name, C.pbgo_broadcast_params(h, n, pd, rt, &msg), msg)
+}
+
+// Hook selects how a full bucket travels (pybridge.h's PB_HOOK_*): the reducer
+// keeps readiness, order and rebuilds; the hook is torch's DDP comm hook.
+type Hook int32
+
+// Built-in communication hooks.
+const (
+	HookAllReduce Hook = C.PB_HOOK_ALLREDUCE // sum, divided first for Avg (the default)
+	HookFP16      Hook = C.PB_HOOK_FP16      // float32 buckets travel as half
+	HookBF16      Hook = C.PB_HOOK_BF16      // float32 buckets travel as bfloat16
+	HookPowerSGD  Hook = C.PB_HOOK_POWERSGD  // torch's PowerSGD low-rank compression
+)
+
+// WithHook chooses a built-in communication hook other than PowerSGD (see
+// WithPowerSGD). It replaces WithCompression.
+func WithHook(h Hook) ReducerOption { return func(c *reducerConfig) { c.hook = h } }
+
+// WithPowerSGD compresses gradients with torch's PowerSGD: matrices are sent as
+// rank-`rank` factors (1 to 4 are typical), with error feedback; the first two
+// iterations run plain allreduce. warmStart reuses the last step's factors.
+// Give matrix gradients their shape (ParamSpec.Shape): vectors travel
+// uncompressed.
+func WithPowerSGD(rank int, warmStart bool) ReducerOption {
+	return func(c *reducerConfig) {
+		c.hook, c.hookRank, c.hookFlags = HookPowerSGD, rank, 0
+		if !warmStart {
+			c.hookFlags = C.PB_HOOK_NO_WARM_START
+		}
+	}
+}
+
+// configure applies the hook and shapes chosen at creation.
+func (r *Reducer) configure(op string, c reducerConfig) error {
+	if c.hook >= 0 {
+		rank, err := toInt32(op, "PowerSGD rank", c.hookRank)
+		if err != nil {
+			return err
+		}
+		var msg *C.char
+		if err := check(op, C.pbgo_reducer_set_hook(r.h, C.int32_t(c.hook), rank, C.int32_t(c.hookFlags), &msg), msg); err != nil {
+			return err
+		}
+	}
+	ndims := make([]C.int32_t, len(r.specs))
+	var dims []C.int64_t
+	shaped := false
+	for i, p := range r.specs {
+		if len(p.Shape) == 0 {
+			continue
+		}
+		n := 1
+		for _, d := range p.Shape {
+			n *= d
+			dims = append(dims, C.int64_t(d))
+		}
+		if n != p.Len {
+			return newError(statusInvalidArgument, op, "parameter %d: shape %v holds %d elements, Len is %d", i, p.Shape, n, p.Len)
+		}
+		ndims[i], shaped = C.int32_t(len(p.Shape)), true
+	}
+	if !shaped {
+		return nil
+	}
+	var msg *C.char
+	return check(op, C.pbgo_reducer_set_shapes(r.h, C.int32_t(len(r.specs)), &ndims[0], &dims[0], &msg), msg)
 }

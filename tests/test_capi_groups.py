@@ -1,0 +1,107 @@
+"""Subgroups and reducer hooks through the C ABI, on 4 real ranks (cffi ABI mode)."""
+
+import os
+
+import numpy as np
+import pytest
+
+from capi_loader import LIB_PATH, load
+from ranks import run_ranks
+from test_capi import _init, _tensor
+
+pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
+
+
+def _err(ffi, lib):
+    return ffi.string(lib.pb_last_error()).decode()
+
+
+def abi_groups(rank, world):
+    ffi, lib = load()
+    g = _init(ffi, lib)
+    out = {}
+    i32 = ffi.new("int32_t *")
+
+    # Two pairs reduce at once on their own subgroups; peers and roots are group ranks.
+    pp = ffi.new("pb_group **")
+    assert lib.pb_group_split(g, rank // 2, rank, pp) == 0, _err(ffi, lib)
+    pair = pp[0]
+    assert lib.pb_rank(pair, i32) == 0 and i32[0] == rank % 2
+    assert lib.pb_size(pair, i32) == 0 and i32[0] == 2
+    x = np.full(100, rank + 1, np.float32)
+    assert lib.pb_all_reduce(pair, _tensor(ffi, lib, x), lib.PB_SUM) == 0
+    out["sum"] = float(x[0])
+    y = np.full(3, rank, np.int64)
+    assert lib.pb_broadcast(pair, _tensor(ffi, lib, y), 1) == 0
+    out["bcast"] = int(y[0])
+    assert lib.pb_group_global_rank(pair, 1, i32) == 0
+    out["global_of_1"] = i32[0]
+    assert lib.pb_group_rank_of(pair, rank, i32) == 0 and i32[0] == rank % 2
+    assert lib.pb_group_rank_of(pair, (rank + 2) % 4, i32) == lib.PB_ERR_INVALID_ARGUMENT
+    assert "not a member" in _err(ffi, lib)
+    assert lib.pb_broadcast(pair, _tensor(ffi, lib, y), 2) == lib.PB_ERR_INVALID_ARGUMENT
+
+    # Negative color: no group, PB_OK. Nested split. Member lists (non-members get NULL).
+    none = ffi.new("pb_group **")
+    assert lib.pb_group_split(g, -1, 0, none) == 0 and none[0] == ffi.NULL
+    solo = ffi.new("pb_group **")
+    assert lib.pb_group_split(pair, rank % 2, 0, solo) == 0 and solo[0] != ffi.NULL
+    assert lib.pb_size(solo[0], i32) == 0 and i32[0] == 1
+    members = ffi.new("int32_t[2]", [3, 0])
+    sub = ffi.new("pb_group **")
+    assert lib.pb_group_new(g, members, 2, sub) == 0, _err(ffi, lib)
+    assert (sub[0] == ffi.NULL) == (rank not in (0, 3))
+    if sub[0] != ffi.NULL:
+        assert lib.pb_rank(sub[0], i32) == 0 and i32[0] == (0 if rank == 3 else 1)  # listed order
+        z = np.array([float(rank)], np.float64)
+        assert lib.pb_broadcast(sub[0], _tensor(ffi, lib, z), 0) == 0
+        out["sub_root"] = float(z[0])  # group rank 0 is global rank 3
+        assert lib.pb_group_free(sub[0]) == 0
+        assert lib.pb_barrier(sub[0]) == lib.PB_ERR_INVALID_ARGUMENT  # freed: an unknown handle
+    bad = ffi.new("int32_t[2]", [1, 1])
+    assert lib.pb_group_new(g, bad, 2, sub) == lib.PB_ERR_INVALID_ARGUMENT
+
+    # Node groups: nodes of 2 ranks.
+    intra, cross = ffi.new("pb_group **"), ffi.new("pb_group **")
+    assert lib.pb_group_nodes(g, 2, intra, cross) == 0, _err(ffi, lib)
+    ids = []
+    for h in (intra[0], cross[0]):
+        assert lib.pb_group_global_rank(h, 0, i32) == 0
+        ids.append(i32[0])
+    out["nodes"] = ids
+
+    # The world cannot be freed like a subgroup; a subgroup cannot be finalized.
+    assert lib.pb_group_free(g) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_finalize(pair) == lib.PB_ERR_INVALID_ARGUMENT
+
+    # A reducer on the pair, with the fp16 hook chosen by code.
+    rp = ffi.new("pb_reducer **")
+    counts, dts = ffi.new("int64_t[1]", [6]), ffi.new("int32_t[1]", [lib.PB_FLOAT32])
+    assert lib.pb_reducer_new(pair, 1, counts, dts, 0, lib.PB_AVG, lib.PB_COMPRESS_NONE, 0, rp) == 0
+    assert lib.pb_reducer_set_hook(rp[0], lib.PB_HOOK_FP16, 0, 0) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_set_hook(rp[0], 77, 0, 0) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_reducer_set_hook(rp[0], lib.PB_HOOK_POWERSGD, 0, 0) == lib.PB_ERR_INVALID_ARGUMENT
+    view = ffi.new("pb_tensor *")
+    assert lib.pb_reducer_grad(rp[0], 0, view) == 0
+    arr = np.frombuffer(ffi.buffer(view.data, 6 * 4), np.float32)
+    arr[:] = rank
+    assert lib.pb_reducer_mark_ready(rp[0], 0) == 0
+    assert lib.pb_reducer_wait(rp[0], 30.0) == 0, _err(ffi, lib)
+    out["reduced"] = float(arr[0])
+    assert lib.pb_reducer_free(rp[0]) == 0
+
+    assert lib.pb_barrier(g) == 0
+    assert lib.pb_finalize(g) == 0
+    assert lib.pb_barrier(pair) == lib.PB_ERR_CLOSED  # finalize closed every subgroup
+    assert lib.pb_group_free(pair) == 0
+    return out
+
+
+def test_subgroups_and_hooks_through_the_c_abi():
+    res = run_ranks(abi_groups, 4, timeout=120)
+    assert [r["sum"] for r in res] == [3.0, 3.0, 7.0, 7.0]
+    assert [r["bcast"] for r in res] == [1, 1, 3, 3]
+    assert [r["global_of_1"] for r in res] == [1, 1, 3, 3]
+    assert [r.get("sub_root") for r in res] == [3.0, None, None, 3.0]
+    assert [r["nodes"] for r in res] == [[0, 0], [0, 1], [2, 0], [2, 1]]
+    assert [r["reduced"] for r in res] == [0.5, 0.5, 2.5, 2.5]
