@@ -31,7 +31,12 @@ $(DEPS_STAMP): pyproject.toml
 	$(PYTHON) -m pip install -q -e '.[dev]'
 	@touch $@
 
-$(LIB): $(DEPS_STAMP) capi/pybridge.h capi/build.py
+# The header is the one source of every ABI constant: Python's copy is generated from it.
+ABI := pybridge/abi.py
+$(ABI): capi/pybridge.h capi/gen_abi.py
+	$(PYTHON) capi/gen_abi.py
+
+$(LIB): $(DEPS_STAMP) $(ABI) capi/pybridge.h capi/build.py
 	$(PYTHON) capi/build.py --out $(BUILD)
 
 test: test-python test-go

@@ -32,11 +32,16 @@ MODELS = {
     "b": {"desc": "3 layers of 2048x2048", "width": 2048, "depth": 3, "batch": 32},
 }
 METHODS = ["pybridge", "torch_ddp", "naive", "flat"]
+# Communication hooks, each beside torch DDP with the same hook: (hook, PowerSGD rank).
+HOOKS = {"fp16": ("fp16", 0), "powersgd1": ("powersgd", 1), "powersgd4": ("powersgd", 4)}
+HOOK_METHODS = [f"{who}_{h}" for h in HOOKS for who in ("pybridge", "torch_ddp")]
 LABELS = {
     "pybridge": "pybridge reducer (DDP wrapper)",
     "torch_ddp": "torch DDP (bucket_cap_mb=25)",
     "naive": "naive per-parameter allreduce",
     "flat": "flatten + one allreduce",
+    **{f"pybridge_{h}": f"pybridge, {h} hook" for h in HOOKS},
+    **{f"torch_ddp_{h}": f"torch DDP, {h} hook" for h in HOOKS},
 }
 
 
@@ -58,12 +63,15 @@ def make_step(method, model, world):
     from torch.nn.parallel import DistributedDataParallel as TDDP
 
     params = list(model.parameters())
-    if method == "pybridge":
+    base, hook = split_method(method)
+    if base == "pybridge":
         wrapped = PDDP(model, bucket_cap_mb=25)
-    elif method == "torch_ddp":
+    elif base == "torch_ddp":
         wrapped = TDDP(model, bucket_cap_mb=25)
     else:
         wrapped = model
+    if hook:  # torch's own hook on both wrappers, so the rows compare the reducers
+        wrapped.register_comm_hook(*torch_hook(*HOOKS[hook]))
 
     def step(x):
         model.zero_grad()
@@ -83,6 +91,36 @@ def make_step(method, model, world):
                 g.copy_(flat[offset:offset + n].view_as(g))
                 offset += n
     return step
+
+
+def split_method(method):
+    """(base method, hook name or '') of a method name such as 'torch_ddp_powersgd4'."""
+    for base in ("torch_ddp", "pybridge", "naive", "flat"):
+        if method == base or method.startswith(base + "_"):
+            return base, method[len(base) + 1:]
+    raise ValueError(method)
+
+
+def torch_hook(name, rank):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    if name == "fp16":
+        return None, default_hooks.fp16_compress_hook
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                        start_powerSGD_iter=2)
+    return state, powerSGD_hook.powerSGD_hook
+
+
+def loopback_bytes():
+    """Bytes sent over the loopback interface so far (the ranks talk over it), or None."""
+    try:
+        with open("/proc/net/dev") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name.strip() == "lo":
+                    return int(rest.split()[8])
+    except OSError:
+        pass
+    return None
 
 
 def method_rank(method, key, rank, port, threads, conn):
@@ -116,7 +154,7 @@ def method_rank(method, key, rank, port, threads, conn):
     pybridge.finalize()
 
 
-def run_methods(key, threads, rounds, iters, deadline):
+def run_methods(key, threads, rounds, iters, deadline, methods):
     """{method: [rank 0's step seconds, rank 1's]} for model `key`.
 
     Each method runs in its own pair of processes, so that one method's heap and caches
@@ -137,7 +175,7 @@ def run_methods(key, threads, rounds, iters, deadline):
         return conn.recv()
 
     try:
-        for m in METHODS:
+        for m in methods:
             port = free_port()
             pairs[m] = []
             for r in range(WORLD):
@@ -145,28 +183,35 @@ def run_methods(key, threads, rounds, iters, deadline):
                 proc = ctx.Process(target=method_rank, args=(m, key, r, port, threads, child), daemon=True)
                 proc.start()
                 pairs[m].append((proc, parent))
-        grads = {m: recv(m, 0) for m in METHODS}
-        for m in METHODS:
+        grads = {m: recv(m, 0) for m in methods}
+        for m in methods:
             recv(m, 1)
-            # Same work everywhere: after one step every method holds the same averaged gradients.
+            # Same work everywhere: after one step every method holds the same averaged gradients
+            # (a hook's first step: fp16 rounding; PowerSGD starts compressing at step 2).
+            tol = dict(rtol=1e-2, atol=1e-3) if m.endswith("fp16") else dict(rtol=1e-4, atol=1e-6)
             for g, ref in zip(grads[m], grads["torch_ddp"]):
-                if not torch.allclose(g, ref, rtol=1e-4, atol=1e-6):
+                if not torch.allclose(g, ref, **tol):
                     sys.exit(f"{m} gradients differ from torch DDP's on model {key}")
         del grads
-        times = {m: [[] for _ in range(WORLD)] for m in METHODS}
+        times = {m: [[] for _ in range(WORLD)] for m in methods}
+        sent = {m: [] for m in methods}
         for r in range(rounds):
-            for m in METHODS[r % len(METHODS):] + METHODS[:r % len(METHODS)]:
+            for m in methods[r % len(methods):] + methods[:r % len(methods)]:
+                before = loopback_bytes()
                 for _, conn in pairs[m]:
                     conn.send(iters)
                 for rank in range(WORLD):
                     times[m][rank].extend(recv(m, rank))
-        for m in METHODS:
+                after = loopback_bytes()
+                if before is not None and after is not None:  # + 1: the warm-up step
+                    sent[m].append((after - before) / (iters + 1) / WORLD)
+        for m in methods:
             for _, conn in pairs[m]:
                 conn.send(None)
-        for m in METHODS:
+        for m in methods:
             for proc, _ in pairs[m]:
                 proc.join(timeout=30)
-        return times
+        return times, sent
     finally:
         for pair in pairs.values():
             for proc, _ in pair:
@@ -205,6 +250,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=0, help="rounds of all methods (default 6, --quick 2)")
     ap.add_argument("--iters", type=int, default=0, help="timed steps per method per round (default a:10, b:5)")
     ap.add_argument("--no-go", action="store_true", help="skip the Go rows")
+    ap.add_argument("--no-hooks", action="store_true", help="skip the fp16 and PowerSGD hook rows")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     threads = args.threads or max(1, cores // WORLD)
@@ -218,10 +264,11 @@ def main():
 
     start = time.time()
     deadline = time.monotonic() + 900
-    results = {}
+    results, sent = {}, {}
+    methods = METHODS + ([] if args.no_hooks else HOOK_METHODS)
     for key in models:
-        print(f"model ({key}): 4 methods, each in its own pair of ranks, taking turns...", flush=True)
-        results[key] = run_methods(key, threads, rounds, iters[key], deadline)
+        print(f"model ({key}): {len(methods)} methods, each in its own pair of ranks, taking turns...", flush=True)
+        results[key], sent[key] = run_methods(key, threads, rounds, iters[key], deadline, methods)
 
     go_results = None
     if "a" in models and not args.no_go:
@@ -238,25 +285,34 @@ def main():
           f"{cores} cores; median step time (zero_grad + forward + backward + sync)")
     for key in models:
         cfg = MODELS[key]
-        med = {m: max(statistics.median(results[key][m][r]) for r in range(WORLD)) for m in METHODS}
+        med = {m: max(statistics.median(results[key][m][r]) for r in range(WORLD)) for m in methods}
         ddp = med["torch_ddp"]
-        rows = {m: {"step_ms": round(med[m] * 1e3, 3), "vs_torch_ddp": round(med[m] / ddp, 3),
-                    "naive_over_this": round(med["naive"] / med[m], 3)} for m in METHODS}
+        rows = {}
+        for m in methods:  # a hook row is compared with torch DDP running the same hook
+            who, hook = split_method(m)
+            base = med[f"torch_ddp_{hook}"] if who == "pybridge" and hook else ddp
+            mib = statistics.median(sent[key][m]) / 2**20 if sent[key][m] else None
+            rows[m] = {"step_ms": round(med[m] * 1e3, 3), "vs_torch_ddp": round(med[m] / base, 3),
+                       "naive_over_this": round(med["naive"] / med[m], 3),
+                       "sent_mib_per_rank_step": None if mib is None else round(mib, 3)}
         lines = [[LABELS[m], f"{rows[m]['step_ms']:.2f}", f"{rows[m]['vs_torch_ddp']:.2f}x",
-                  f"{rows[m]['naive_over_this']:.2f}x"] for m in METHODS]
+                  f"{rows[m]['naive_over_this']:.2f}x",
+                  "" if rows[m]["sent_mib_per_rank_step"] is None else f"{rows[m]['sent_mib_per_rank_step']:.2f}"]
+                 for m in methods]
         if key == "a" and go_results is not None:
             add_go_rows(go_results, med, rows, lines)
         report["models"][key] = {"desc": cfg["desc"], "batch_per_rank": cfg["batch"], "rows": rows}
         print(f"\n({key}) {cfg['desc']}, batch {cfg['batch']} per rank\n")
-        print(table(["method", "step ms", "vs torch DDP", "naive / this"], lines))
-    print("\nvs torch DDP: step time / DDP's (< 1 is faster); naive / this: how many times "
-          "faster than the per-parameter loop")
+        print(table(["method", "step ms", "vs torch DDP", "naive / this", "MiB sent/rank/step"], lines))
+    print("\nvs torch DDP: step time / DDP's, with the same hook for hook rows (< 1 is faster); naive / "
+          "this: how many times faster than the per-parameter loop; MiB sent: loopback bytes during the "
+          "timed steps / steps / ranks (TCP overhead included)")
     if go_results is not None:
         print("Go rows: forward and backward are plain scalar Go loops (no BLAS, no SIMD), so the Go "
               "step time mostly measures Go's matmul against torch's; 'exposed sync' is the time "
               "left in Wait after backward, 'sync only' marks all 100 gradients and waits, no compute.")
     # A partial run (--models, --no-go) must not overwrite the full results.
-    partial = models != list(MODELS) or go_results is None
+    partial = models != list(MODELS) or go_results is None or args.no_hooks
     path = save("reducer" + ("-" + "".join(models) if partial else ""), report)
     print(f"wrote {os.path.relpath(path)} in {time.time() - start:.0f} s")
 
@@ -264,7 +320,7 @@ def main():
 def add_go_rows(go_results, med, rows, lines):
     if isinstance(go_results, str):
         rows["go_reducer"] = {"step_ms": None, "note": go_results}
-        lines.append(["Go reducer (C ABI), plain-Go fwd+bwd", go_results, "", ""])
+        lines.append(["Go reducer (C ABI), plain-Go fwd+bwd", go_results, "", "", ""])
         return
     gmed = {k: max(statistics.median(go_results[r][k]) for r in range(WORLD))
             for k in ("step", "wait", "sync_only")}
@@ -277,9 +333,9 @@ def add_go_rows(go_results, med, rows, lines):
         "note": "forward/backward in plain scalar Go loops; the reducer marks each layer's "
                 "gradients ready as backward produces them"}
     lines.append(["Go reducer (C ABI), plain-Go fwd+bwd", f"{gmed['step'] * 1e3:.2f}",
-                  f"{gmed['step'] / ddp:.2f}x", f"{naive / gmed['step']:.2f}x"])
-    lines.append(["  of which exposed sync (Wait after backward)", f"{gmed['wait'] * 1e3:.2f}", "", ""])
-    lines.append(["Go reducer, sync only (mark 100 grads + Wait)", f"{gmed['sync_only'] * 1e3:.2f}", "", ""])
+                  f"{gmed['step'] / ddp:.2f}x", f"{naive / gmed['step']:.2f}x", ""])
+    lines.append(["  of which exposed sync (Wait after backward)", f"{gmed['wait'] * 1e3:.2f}", "", "", ""])
+    lines.append(["Go reducer, sync only (mark 100 grads + Wait)", f"{gmed['sync_only'] * 1e3:.2f}", "", "", ""])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,75 @@
+"""capi/pybridge.h is the one source of every ABI constant: pybridge/abi.py is generated from
+it and current, Python and Go take their codes from it, and no hand-written copy remains."""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pybridge import abi, collectives, dtypes, errors, reducer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "capi"))
+import gen_abi  # noqa: E402
+
+
+def header():
+    with open(gen_abi.HEADER) as f:
+        return f.read()
+
+
+def test_generated_module_is_current():
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "capi", "gen_abi.py"), "--check"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
+    values = {name: value for name, value, _ in gen_abi.constants(header())}
+    assert len(values) >= 30
+    assert all(getattr(abi, name) == value for name, value in values.items())
+
+
+def test_check_notices_a_changed_header(tmp_path, monkeypatch):
+    changed = header().replace("#define PB_HOOK_FP16 1", "#define PB_HOOK_FP16 5")
+    stale = tmp_path / "pybridge.h"
+    stale.write_text(changed)
+    monkeypatch.setattr(gen_abi, "HEADER", str(stale))
+    assert gen_abi.main(["--check"]) == 1
+
+
+def test_python_codes_come_from_the_header():
+    assert (errors.INVALID_ARGUMENT, errors.CLOSED) == (abi.PB_ERR_INVALID_ARGUMENT, abi.PB_ERR_CLOSED)
+    assert errors.Timeout.code == abi.PB_ERR_TIMEOUT
+    assert (collectives.SUM, collectives.AVG, collectives.PRODUCT) == (abi.PB_SUM, abi.PB_AVG, abi.PB_PRODUCT)
+    assert dtypes.BFLOAT16 == abi.PB_BFLOAT16 and dtypes.INT64 == abi.PB_INT64
+    assert reducer.COMPRESS_BF16 == abi.PB_COMPRESS_BF16
+    # No module but the generated one spells a code as a bare number.
+    pattern = re.compile(r"^(OK|INVALID_ARGUMENT|NOT_INITIALIZED|ALREADY_INITIALIZED|TIMEOUT|COMM|IO|CORRUPT|"
+                         r"INTERNAL|CLOSED|SUM|AVG|MIN|MAX|PRODUCT|FLOAT\d+|BFLOAT16|U?INT\d+|COMPRESS_\w+|"
+                         r"ALLOW_UNUSED|NO_REBUILD|CPU|HOOK_\w+)(\s*,\s*\w+)*\s*=\s*(-?\d+\b|range\()", re.M)
+    for path in glob.glob(os.path.join(ROOT, "pybridge", "**", "*.py"), recursive=True):
+        if path.endswith("abi.py"):
+            continue
+        assert not pattern.search(open(path).read()), path
+
+
+def test_go_codes_come_from_the_header():
+    names = r"(status\w+|Sum|Avg|Min|Max|Product|dt\w+|\w+Partition|NoCompression|Compress\w+|Hook\w+|CPU)"
+    literal = re.compile(rf"^\s*(const\s+)?{names}\s+(\w+\s+)?=\s*-?\d+\s*(//.*)?$", re.M)
+    flags = re.compile(r"flags \|= \d")
+    for path in glob.glob(os.path.join(ROOT, "go", "*.go")):
+        if path.endswith("_test.go"):
+            continue
+        text = open(path).read()
+        assert not literal.search(text) and not flags.search(text), path
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "build", "libpybridge.so")), reason="make setup")
+def test_status_names_follow_the_header():
+    from capi_loader import load
+    ffi, lib = load()
+    for name, value, _ in gen_abi.constants(header()):
+        if name == "PB_OK" or name.startswith("PB_ERR_"):
+            assert ffi.string(lib.pb_status_name(value)).decode() == name
+    assert ffi.string(lib.pb_status_name(12345)) == b"PB_UNKNOWN"
