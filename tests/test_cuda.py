@@ -33,6 +33,12 @@ def nccl_collectives(rank, world):
     pybridge.all_gather(x, out)
     assert out.tolist() == x.tolist()
     pybridge.barrier()
+    sub = g.split(0)  # a subgroup's own NCCL communicator (one rank here)
+    z = torch.full((5,), 2.0, device="cuda")
+    pybridge.all_reduce(z, "sum", group=sub)
+    pybridge.broadcast(z, 0, group=sub)
+    assert z.tolist() == [2.0] * 5 and sub.backend == "nccl"
+    sub.close()
     try:
         pybridge.all_reduce(torch.ones(3), "sum")
         raise AssertionError("a CPU tensor under nccl was accepted")
