@@ -85,6 +85,13 @@ def torch_hooks_vs_torch_ddp(rank, world, names):
     return out
 
 
+# torch's powerSGD_hook calls torch.cuda.synchronize(bucket device) whenever CUDA is present,
+# which raises for CPU buckets: on a GPU machine it fails under torch DDP on gloo as well.
+CPU_POWERSGD = pytest.mark.skipif(torch.cuda.is_available(),
+                                  reason="torch's PowerSGD hook cannot run on CPU tensors when CUDA is present")
+
+
+@CPU_POWERSGD
 def test_torch_hooks_match_torch_ddp():
     res = run_ranks(torch_hooks_vs_torch_ddp, 2, ["allreduce", "fp16", "bf16", "powersgd"], timeout=180)
     for r in res:
