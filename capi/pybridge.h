@@ -207,7 +207,9 @@ int pb_isend(pb_group *group, pb_buffer *buffer, int32_t dst, int32_t tag, pb_wo
 int pb_irecv(pb_group *group, pb_buffer *buffer, int32_t src, int32_t tag, pb_work **work);
 
 /* Wait for the operation; timeout_seconds <= 0 waits up to the group's timeout.
- * Returns the operation's own status (e.g. PB_ERR_COMM if a peer died) once done. */
+ * Returns the operation's own status (e.g. PB_ERR_COMM if a peer died) once done.
+ * PB_ERR_TIMEOUT when timeout_seconds pass first means "not finished yet": the
+ * operation goes on, and a later pb_work_wait or pb_work_test reports its result. */
 int pb_work_wait(pb_work *work, double timeout_seconds);
 
 /* Store 1 in *done if the operation has finished (and return its status), else 0. */

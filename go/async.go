@@ -109,8 +109,9 @@ type Work struct {
 
 // Wait blocks until the operation finishes and returns its error, e.g. ErrComm
 // when a peer died. A timeout of zero (or less) waits up to the group's
-// timeout; when the timeout passes first Wait returns ErrTimeout, and the
-// operation counts as failed from then on.
+// timeout. When the timeout passes first Wait returns ErrTimeout, which means
+// "not finished yet": the operation goes on, and a later Wait or Test reports
+// its result (as Python's Work.wait and concurrent.futures do).
 func (w *Work) Wait(timeout time.Duration) error {
 	op := "Work.Wait"
 	h, err := w.handle(op)

@@ -100,6 +100,7 @@ func roleAsync() error {
 		checkAsync(g, "int32", func(v float64) int32 { return int32(v) }),
 		checkAsync(g, "int64", func(v float64) int64 { return int64(v) }),
 		checkAsyncLifecycle(g),
+		checkWaitTimeoutThenResult(g),
 	}
 	for _, err := range checks {
 		if err != nil {
@@ -345,4 +346,38 @@ func checkAsyncLifecycle(g *pybridge.Group) error {
 	}
 	logf("buffer and work lifecycle errors as documented")
 	return nil
+}
+
+// A Wait that times out means "not finished yet": a later Wait returns the result.
+func checkWaitTimeoutThenResult(g *pybridge.Group) error {
+	if g.Size() < 2 || g.Rank() > 1 {
+		return g.Barrier()
+	}
+	buf, err := pybridge.NewBuffer[float32](3)
+	if err != nil {
+		return err
+	}
+	defer buf.Close()
+	if g.Rank() == 0 {
+		w, err := pybridge.IRecv(g, buf, 1, 9)
+		if err != nil {
+			return err
+		}
+		defer w.Close()
+		if err := w.Wait(200 * time.Millisecond); !errors.Is(err, pybridge.ErrTimeout) {
+			return fmt.Errorf("Wait before the peer sent: %v, want ErrTimeout", err)
+		}
+		if err := w.Wait(20 * time.Second); err != nil {
+			return fmt.Errorf("Wait after a timed-out Wait: %v", err)
+		}
+		if got := buf.Data(); got[0] != 1 || got[2] != 3 {
+			return fmt.Errorf("received %v", got)
+		}
+	} else {
+		time.Sleep(time.Second)
+		if err := pybridge.Send(g, []float32{1, 2, 3}, 0, 9); err != nil {
+			return err
+		}
+	}
+	return g.Barrier()
 }

@@ -162,3 +162,32 @@ def test_prepared_collectives_reduce_current_contents():
         assert "avg needs a floating-point dtype" in errors[1]
         assert f"root rank {world} is out of range" in errors[2]
         assert "finalized" in errors[3]
+
+
+def wait_timeout_then_success(rank, world):
+    """A wait that times out means 'not finished yet': a later wait returns the result."""
+    import time
+    from pybridge.errors import Timeout
+    pybridge.init(timeout=30)
+    buf = torch.zeros(3)
+    if rank == 0:
+        work = pybridge.irecv(buf, 1, tag=9)
+        try:
+            work.wait(timeout=0.2)  # rank 1 sends only after 1 s
+            raise AssertionError("wait returned before anything was sent")
+        except Timeout:
+            pass
+        assert not work.test()
+        work.wait(timeout=20)
+        got = buf.tolist()
+    else:
+        time.sleep(1.0)
+        pybridge.send(torch.tensor([1.0, 2.0, 3.0]), 0, tag=9)
+        got = None
+    pybridge.barrier()
+    pybridge.finalize()
+    return got
+
+
+def test_a_timed_out_wait_can_be_waited_again():
+    assert run_ranks(wait_timeout_then_success, 2, timeout=60)[0] == [1.0, 2.0, 3.0]

@@ -176,25 +176,6 @@ def decompress(compressor, data, alloc=None):
 
 # ---------------------------------------------------------------- payload
 
-def encode_payload(records) -> bytearray:
-    """Raw payload: uint32 LE length then bytes, for each record."""
-    out = bytearray()
-    for r in records:
-        mv = memoryview(r).cast("B")
-        out += _U32.pack(len(mv))
-        out += mv
-    return out
-
-
-def encode_chunk(records, compressor=NONE) -> bytes:
-    """One whole chunk (header + compressed payload) holding `records`."""
-    records = list(records)
-    if not records:
-        raise InvalidArgument("a chunk needs at least one record (empty chunks are never written)")
-    data = compress(compressor, encode_payload(records))
-    return pack_header(zlib.crc32(data), compressor, len(data), len(records)) + bytes(data)
-
-
 class Records(NamedTuple):
     """Where each record's bytes lie inside a decoded payload."""
     starts: np.ndarray  # int64, first data byte (after the length prefix)
