@@ -175,7 +175,11 @@ def run_methods(key, threads, rounds, iters, deadline, methods):
         return conn.recv()
 
     try:
+        grads = {}
         for m in methods:
+            # One pair at a time, each up and running (its store bound, its first step done)
+            # before the next picks a free port: started together, pairs could take each
+            # other's ports and talk across (gloo aborted with a size mismatch).
             port = free_port()
             pairs[m] = []
             for r in range(WORLD):
@@ -183,9 +187,9 @@ def run_methods(key, threads, rounds, iters, deadline, methods):
                 proc = ctx.Process(target=method_rank, args=(m, key, r, port, threads, child), daemon=True)
                 proc.start()
                 pairs[m].append((proc, parent))
-        grads = {m: recv(m, 0) for m in methods}
-        for m in methods:
+            grads[m] = recv(m, 0)
             recv(m, 1)
+        for m in methods:
             # Same work everywhere: after one step every method holds the same averaged gradients
             # (a hook's first step: fp16 rounding; PowerSGD starts compressing at step 2).
             tol = dict(rtol=1e-2, atol=1e-3) if m.endswith("fp16") else dict(rtol=1e-4, atol=1e-6)

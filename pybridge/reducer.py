@@ -522,6 +522,15 @@ class Reducer:
                 scale = None
             elif nscaled:
                 scale = None
+            if not self._builtin and self._works:
+                # A hook may issue further collectives from its future's callbacks (PowerSGD
+                # does, on the backend's thread); starting the next bucket's hook before they
+                # are issued lets their order differ between ranks (seen: gloo aborting on a
+                # size mismatch under load). Serializing the hooks makes it the same.
+                try:
+                    self._works[-1][1].wait()
+                except Exception:  # noqa: BLE001 - reported by finalize(), with the bucket
+                    pass
             views = [self._views[i] for i in bucket.members]
             params = None if self._params is None else [self._params[i] for i in bucket.members]
             grad_bucket = comm_hooks.GradBucket(bucket.index, bucket.flat, views, params,
