@@ -406,6 +406,22 @@ int pb_reducer_wait(pb_reducer *reducer, double timeout_seconds);
  * first mark. */
 int pb_reducer_set_hook(pb_reducer *reducer, int32_t hook, int32_t rank, int32_t flags);
 
+/* Gossip topologies (pb_reducer_set_gossip). */
+#define PB_GOSSIP_CUBE 0          /* partner i XOR 2^k: symmetric pairs; N a power of two mixes exactly */
+#define PB_GOSSIP_DISSEMINATION 1 /* send to i + 2^k, receive from i - 2^k: every node, any N */
+
+/* Communicate buckets with GossipGraD instead of an allreduce: each node (ranks_per_node
+ * consecutive ranks; 1 for one rank per node) averages within itself, then exchanges
+ * with one partner node per step (topology PB_GOSSIP_*, partners rotating every
+ * ceil(log2 nodes) steps, drawn from `seed`), then shares the result in the node. One
+ * bucket-sized message per node per step, whatever the world size; replicas are no longer
+ * exactly equal. sync_every = K > 0 makes every K-th step an exact average of the
+ * gradients; the caller averages its own parameters there (e.g. pb_all_reduce with
+ * PB_AVG) to bring the replicas together. COLLECTIVE over the reducer's group (it creates
+ * the node groups); between iterations. Replaces any hook set before. */
+int pb_reducer_set_gossip(pb_reducer *reducer, int32_t topology, int32_t ranks_per_node,
+                          int64_t seed, int32_t sync_every);
+
 /* Give the gradients shapes (row-major; same element counts as at pb_reducer_new), between
  * iterations: hooks that compress matrices (PB_HOOK_POWERSGD) need them. Gradient i has
  * ndims[i] dimensions (0 keeps it flat), read in turn from `dims`. Views keep their memory.

@@ -261,3 +261,81 @@ func rolePowerSGD() error {
 	fmt.Fprintf(os.Stdout, "POWERSGD %s\n", line)
 	return nil
 }
+
+func init() { roles["gossip"] = roleGossip }
+
+// The Go reducer with GossipGraD on 4 ranks: mixing to the mean within a period,
+// nodes of two ranks, and sync_every's exact steps.
+func TestGossipReducer4Ranks(t *testing.T) {
+	expectPass(t, runRanks(t, &launch{role: "gossip", world: 4, limit: 120 * time.Second}))
+}
+
+// gossipSteps runs the reducer for len(feed) steps; feed(step, last) gives the
+// gradient value; it returns each step's result.
+func gossipSteps(g *pybridge.Group, opt pybridge.ReducerOption, steps int, feed func(step int, last float32) float32) ([]float32, error) {
+	red, err := pybridge.NewReducer(g, pybridge.Params[float32](8), opt)
+	if err != nil {
+		return nil, err
+	}
+	defer red.Close()
+	var out []float32
+	last := float32(g.Rank())
+	for s := 0; s < steps; s++ {
+		grad, err := pybridge.GradAs[float32](red, 0)
+		if err != nil {
+			return nil, err
+		}
+		for i := range grad {
+			grad[i] = feed(s, last)
+		}
+		if err := red.MarkReady(0); err != nil {
+			return nil, err
+		}
+		if err := red.Wait(30 * time.Second); err != nil {
+			return nil, err
+		}
+		grad, _ = pybridge.GradAs[float32](red, 0)
+		last = grad[0]
+		out = append(out, last)
+	}
+	return out, nil
+}
+
+func roleGossip() error {
+	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	rank := float32(g.Rank())
+	// Mixing: each step feeds back the last result; 4 nodes mix exactly in 2 steps.
+	for _, topo := range []pybridge.GossipTopology{pybridge.GossipCube, pybridge.GossipDissemination} {
+		got, err := gossipSteps(g, pybridge.WithGossip(topo, 1, 7, 0), 2, func(_ int, last float32) float32 { return last })
+		if err != nil {
+			return err
+		}
+		if math.Abs(float64(got[1])-1.5) > 1e-6 {
+			return fmt.Errorf("topology %d: after 2 steps %v, want 1.5", topo, got)
+		}
+	}
+	// Nodes of two ranks: node averages 0.5 and 2.5, exchanged in one step.
+	got, err := gossipSteps(g, pybridge.WithGossip(pybridge.GossipCube, 2, 0, 0), 1, func(int, float32) float32 { return rank })
+	if err != nil {
+		return err
+	}
+	if got[0] != 1.5 {
+		return fmt.Errorf("nodes of two: %v, want 1.5", got)
+	}
+	// sync every 3: steps 0 and 1 mix with one peer, step 2 is the exact mean.
+	got, err = gossipSteps(g, pybridge.WithGossip(pybridge.GossipCube, 1, 7, 3), 3, func(int, float32) float32 { return rank })
+	if err != nil {
+		return err
+	}
+	if got[2] != 1.5 || got[0] == 1.5 {
+		return fmt.Errorf("sync every 3: %v, want a pair average then 1.5 at step 2", got)
+	}
+	if _, err := pybridge.NewReducer(g, pybridge.Params[float32](8), pybridge.WithGossip(7, 1, 0, 0)); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		return fmt.Errorf("unknown topology: %v", err)
+	}
+	return g.Barrier()
+}

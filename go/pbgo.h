@@ -80,6 +80,11 @@ static inline int pbgo_reducer_set_hook(pb_reducer *r, int32_t hook, int32_t ran
 	return pbgo_status(pb_reducer_set_hook(r, hook, rank, flags), msg);
 }
 
+static inline int pbgo_reducer_set_gossip(pb_reducer *r, int32_t topology, int32_t per_node, int64_t seed,
+                                          int32_t sync_every, char **msg) {
+	return pbgo_status(pb_reducer_set_gossip(r, topology, per_node, seed, sync_every), msg);
+}
+
 static inline int pbgo_reducer_set_shapes(pb_reducer *r, int32_t n, const int32_t *ndims,
                                           const int64_t *dims, char **msg) {
 	return pbgo_status(pb_reducer_set_shapes(r, n, ndims, dims), msg);

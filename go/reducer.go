@@ -84,6 +84,7 @@ type reducerConfig struct {
 	hook        Hook // -1: the one compression implies
 	hookRank    int
 	hookFlags   int32
+	gossip      *gossipConfig
 }
 
 // ReducerOption configures NewReducer.
@@ -438,8 +439,51 @@ func WithPowerSGD(rank int, warmStart bool) ReducerOption {
 	}
 }
 
+// GossipTopology chooses GossipGraD's partners (pybridge.h's PB_GOSSIP_*).
+type GossipTopology int32
+
+// Gossip topologies: see WithGossip.
+const (
+	GossipCube          GossipTopology = C.PB_GOSSIP_CUBE          // pairs i XOR 2^k
+	GossipDissemination GossipTopology = C.PB_GOSSIP_DISSEMINATION // send i+2^k, receive i-2^k
+)
+
+// WithGossip replaces the allreduce with GossipGraD: each node (ranksPerNode
+// consecutive ranks) averages within itself and exchanges with one partner node
+// per step, partners rotating from seed. Communication per step no longer grows
+// with the world, but replicas drift apart: every syncEvery-th step (0: never)
+// the gradients are averaged exactly, and the program should average its
+// parameters there (AllReduce with Avg). NewReducer is then a collective that
+// also creates the node groups.
+func WithGossip(topology GossipTopology, ranksPerNode int, seed int64, syncEvery int) ReducerOption {
+	return func(c *reducerConfig) {
+		c.gossip = &gossipConfig{topology, ranksPerNode, seed, syncEvery}
+	}
+}
+
+type gossipConfig struct {
+	topology     GossipTopology
+	ranksPerNode int
+	seed         int64
+	syncEvery    int
+}
+
 // configure applies the hook and shapes chosen at creation.
 func (r *Reducer) configure(op string, c reducerConfig) error {
+	if g := c.gossip; g != nil {
+		per, err := toInt32(op, "ranks per node", g.ranksPerNode)
+		if err != nil {
+			return err
+		}
+		sync, err := toInt32(op, "sync every", g.syncEvery)
+		if err != nil {
+			return err
+		}
+		var msg *C.char
+		if err := check(op, C.pbgo_reducer_set_gossip(r.h, C.int32_t(g.topology), per, C.int64_t(g.seed), sync, &msg), msg); err != nil {
+			return err
+		}
+	}
 	if c.hook >= 0 {
 		rank, err := toInt32(op, "PowerSGD rank", c.hookRank)
 		if err != nil {

@@ -37,3 +37,5 @@ PB_HOOK_FP16 = 1  # float32 buckets travel as half, decompressed in place
 PB_HOOK_BF16 = 2  # float32 buckets travel as bfloat16
 PB_HOOK_POWERSGD = 3  # torch's PowerSGD low-rank compression (averages)
 PB_HOOK_NO_WARM_START = 1  # pb_reducer_set_hook flag: PowerSGD redraws Q every step
+PB_GOSSIP_CUBE = 0  # partner i XOR 2^k: symmetric pairs; N a power of two mixes exactly
+PB_GOSSIP_DISSEMINATION = 1  # send to i + 2^k, receive from i - 2^k: every node, any N

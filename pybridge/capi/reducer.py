@@ -3,7 +3,7 @@
 Conversion only: the bucketing, hooks and reduction live in pybridge/reducer.py.
 """
 
-from .. import abi, capi, comm_hooks, dtypes
+from .. import abi, capi, comm_hooks, dtypes, gossip
 from .. import reducer as _reducer
 from ..buffers import CPU
 from ..errors import InvalidArgument
@@ -20,6 +20,16 @@ class CReducer:
     def __init__(self, reducer):
         self.reducer = reducer
         self.retired = []
+        self.hook_state = None  # a GossipState owns a thread and groups: closed with the reducer
+
+    def set_hook_state(self, state):
+        self.close_hook_state()
+        self.hook_state = state
+
+    def close_hook_state(self):
+        state, self.hook_state = self.hook_state, None
+        if state is not None:
+            state.close()
 
 
 def _get(ptr):
@@ -106,6 +116,21 @@ def pb_reducer_set_hook(reducer, hook, rank, flags):
     state, fn = comm_hooks.builtin(hook, r.group, rank=rank,
                                    warm_start=not flags & abi.PB_HOOK_NO_WARM_START)
     r.register_comm_hook(state, fn)
+    _get(reducer).set_hook_state(None)
+
+
+_TOPOLOGIES = {abi.PB_GOSSIP_CUBE: "cube", abi.PB_GOSSIP_DISSEMINATION: "dissemination"}
+
+
+def pb_reducer_set_gossip(reducer, topology, ranks_per_node, seed, sync_every):
+    c = _get(reducer)
+    if topology not in _TOPOLOGIES:
+        raise InvalidArgument(f"unknown gossip topology {topology}; use PB_GOSSIP_CUBE (0) or "
+                              "PB_GOSSIP_DISSEMINATION (1)")
+    state = gossip.GossipState(c.reducer.group, topology=_TOPOLOGIES[topology],
+                               ranks_per_node=ranks_per_node, seed=seed, sync_every=sync_every)
+    c.reducer.register_comm_hook(state, gossip.gossip_hook)
+    c.set_hook_state(state)
 
 
 def pb_reducer_set_shapes(reducer, nparams, ndims, dims):
@@ -131,6 +156,7 @@ def pb_reducer_zero(reducer):
 def pb_reducer_free(reducer):
     c = handles.remove(reducer, CReducer, "reducer")
     c.reducer.close()
+    c.close_hook_state()
     c.retired = []
 
 
