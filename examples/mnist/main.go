@@ -30,7 +30,8 @@ const (
 
 type options struct {
 	data, checkpoint, initWeights, saveWeights string
-	metrics                                    string
+	metrics, reduce                            string
+	syncEvery                                  int
 	epochs, batchSize, steps                   int
 	lr, momentum                               float64
 	seed                                       int64
@@ -52,11 +53,19 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.initWeights, "init-weights", "", "start from these parameters (checkpoint format)")
 	fs.StringVar(&o.saveWeights, "save-weights", "", "rank 0 writes the final parameters and momentum here")
 	fs.StringVar(&o.metrics, "metrics", "", "rank 0 writes one JSON line per epoch here (plot with plot.py)")
+	fs.StringVar(&o.reduce, "reduce", "allreduce", "gradient reduction: allreduce, gossip-cube or gossip-dissemination")
+	fs.IntVar(&o.syncEvery, "sync-every", 0, "gossip: average the parameters over all ranks every N steps (0: only before evaluating)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if o.epochs < 1 || o.batchSize < 1 {
 		return o, errors.New("--epochs and --batch-size must be positive")
+	}
+	if _, ok := reductions[o.reduce]; !ok {
+		return o, fmt.Errorf("--reduce %q: choose allreduce, gossip-cube or gossip-dissemination", o.reduce)
+	}
+	if o.syncEvery < 0 {
+		return o, errors.New("--sync-every must be >= 0")
 	}
 	if o.resume && o.checkpoint == "" {
 		return o, errors.New("--resume needs --checkpoint")
@@ -76,6 +85,21 @@ func main() {
 		fmt.Fprintln(os.Stderr, "mnist:", err)
 		os.Exit(1)
 	}
+}
+
+// reductions maps --reduce to a gossip topology, or -1 for the allreduce.
+var reductions = map[string]pybridge.GossipTopology{
+	"allreduce": -1, "gossip-cube": pybridge.GossipCube, "gossip-dissemination": pybridge.GossipDissemination,
+}
+
+// averageParams replaces every rank's parameters by their average over the ranks.
+func averageParams(g *pybridge.Group, params [][]float32) error {
+	for _, p := range params {
+		if err := pybridge.AllReduce(g, p, pybridge.Avg); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // trainer holds one rank's state.
@@ -130,7 +154,11 @@ func run(opts options) error {
 		}
 	}
 	specs := pybridge.Params[float32](len(t.model.W1), len(t.model.B1), len(t.model.W2), len(t.model.B2))
-	if t.reducer, err = pybridge.NewReducer(g, specs); err != nil {
+	var reduceOpts []pybridge.ReducerOption
+	if topo := reductions[opts.reduce]; topo >= 0 {
+		reduceOpts = append(reduceOpts, pybridge.WithGossip(topo, 1, opts.seed, opts.syncEvery))
+	}
+	if t.reducer, err = pybridge.NewReducer(g, specs, reduceOpts...); err != nil {
 		return err
 	}
 	defer t.reducer.Close()
@@ -190,11 +218,21 @@ func run(opts options) error {
 			lossSum += loss
 			done++
 			step++
+			if opts.syncEvery > 0 && reductions[opts.reduce] >= 0 && step%opts.syncEvery == 0 {
+				if err := averageParams(g, t.model.Params()); err != nil { // the sync step: replicas meet
+					return err
+				}
+			}
 		}
 		if err := train.Err(); err != nil {
 			return err
 		}
 		elapsed := time.Since(start).Seconds()
+		if reductions[opts.reduce] >= 0 { // gossip replicas drift: evaluate their average
+			if err := averageParams(g, t.model.Params()); err != nil {
+				return err
+			}
+		}
 		correct, counted, err := t.evaluate(test)
 		if err != nil {
 			return err
