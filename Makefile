@@ -57,11 +57,12 @@ test-go: setup
 # `make demo-real` downloads real MNIST (checksummed) into build/mnist-raw first.
 DEMO_DATA ?= $(BUILD)/mnist-data
 EPOCHS ?= 5
+BATCH ?= $(shell echo $$((32 * $(NPROC))))  # the global batch: 32 per rank, so any NPROC divides it
 PREPARE_ARGS ?=
 demo: setup
 	$(PYTHON) examples/mnist/prepare.py --out $(DEMO_DATA) $(PREPARE_ARGS)
 	cd examples/mnist && $(GO) build -o $(BUILD)/mnist .
-	$(PYTHON) -m pybridge.launch --nproc-per-node $(NPROC) $(BUILD)/mnist --data $(DEMO_DATA) --epochs $(EPOCHS)
+	$(PYTHON) -m pybridge.launch --nproc-per-node $(NPROC) $(BUILD)/mnist --data $(DEMO_DATA) --epochs $(EPOCHS) --batch-size $(BATCH)
 
 demo-real:
 	$(MAKE) demo PREPARE_ARGS="--download --mnist-dir $(BUILD)/mnist-raw"

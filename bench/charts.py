@@ -61,8 +61,10 @@ def reducer(plt, data):
     fig, ax = plt.subplots(figsize=(7, 3.6))
     width = 0.8 / len(methods)
     for j, method in enumerate(methods):
-        xs = [i + j * width for i, m in enumerate(models.values()) if method in m["rows"]]
-        ys = [m["rows"][method]["step_ms"] for m in models.values() if method in m["rows"]]
+        have = [(i, m["rows"][method]["step_ms"]) for i, m in enumerate(models.values())
+                if m["rows"].get(method, {}).get("step_ms") is not None]  # not failed or skipped
+        xs = [i + j * width for i, _ in have]
+        ys = [ms for _, ms in have]
         ax.bar(xs, ys, width, label=method.replace("_", " "))
     ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(models))])
     ax.set_xticklabels([f"({k}) {m['desc']}" for k, m in models.items()])

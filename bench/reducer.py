@@ -165,14 +165,28 @@ def run_methods(key, threads, rounds, iters, deadline, methods):
     ctx = mp.get_context("spawn")
     pairs = {}
 
+    failed = {}  # hook method -> why its pair died (the table says so; the others go on)
+
     def recv(method, rank):
         proc, conn = pairs[method][rank]
         while not conn.poll(1):
             if proc.exitcode is not None:
-                sys.exit(f"{method} rank {rank} died (exit {proc.exitcode}); see its traceback above")
+                return died(method, rank, f"exit {proc.exitcode}")
             if time.monotonic() > deadline:
                 sys.exit("benchmark did not finish within its time limit")
-        return conn.recv()
+        try:
+            return conn.recv()
+        except EOFError:
+            return died(method, rank, "connection lost")
+
+    def died(method, rank, why):
+        if method not in HOOK_METHODS:
+            sys.exit(f"{method} rank {rank} died ({why}); see its traceback above")
+        failed[method] = f"rank {rank} died ({why}; see the traceback above)"
+        for proc, _ in pairs[method]:
+            if proc.is_alive():
+                proc.kill()
+        return None
 
     try:
         grads = {}
@@ -190,6 +204,8 @@ def run_methods(key, threads, rounds, iters, deadline, methods):
             grads[m] = recv(m, 0)
             recv(m, 1)
         for m in methods:
+            if m in failed:
+                continue
             # Same work everywhere: after one step every method holds the same averaged gradients
             # (a hook's first step: fp16 rounding; PowerSGD starts compressing at step 2).
             tol = dict(rtol=1e-2, atol=1e-3) if m.endswith("fp16") else dict(rtol=1e-4, atol=1e-6)
@@ -201,21 +217,25 @@ def run_methods(key, threads, rounds, iters, deadline, methods):
         sent = {m: [] for m in methods}
         for r in range(rounds):
             for m in methods[r % len(methods):] + methods[:r % len(methods)]:
+                if m in failed:
+                    continue
                 before = loopback_bytes()
                 for _, conn in pairs[m]:
                     conn.send(iters)
                 for rank in range(WORLD):
-                    times[m][rank].extend(recv(m, rank))
+                    got = None if m in failed else recv(m, rank)
+                    times[m][rank].extend(got or [])
                 after = loopback_bytes()
                 if before is not None and after is not None:  # + 1: the warm-up step
                     sent[m].append((after - before) / (iters + 1) / WORLD)
         for m in methods:
-            for _, conn in pairs[m]:
-                conn.send(None)
+            for proc, conn in pairs[m]:
+                if m not in failed:
+                    conn.send(None)
         for m in methods:
             for proc, _ in pairs[m]:
                 proc.join(timeout=30)
-        return times, sent
+        return times, sent, failed
     finally:
         for pair in pairs.values():
             for proc, _ in pair:
@@ -268,11 +288,11 @@ def main():
 
     start = time.time()
     deadline = time.monotonic() + 900
-    results, sent = {}, {}
+    results, sent, failures = {}, {}, {}
     methods = METHODS + ([] if args.no_hooks else HOOK_METHODS)
     for key in models:
         print(f"model ({key}): {len(methods)} methods, each in its own pair of ranks, taking turns...", flush=True)
-        results[key], sent[key] = run_methods(key, threads, rounds, iters[key], deadline, methods)
+        results[key], sent[key], failures[key] = run_methods(key, threads, rounds, iters[key], deadline, methods)
 
     go_results = None
     if "a" in models and not args.no_go:
@@ -289,17 +309,19 @@ def main():
           f"{cores} cores; median step time (zero_grad + forward + backward + sync)")
     for key in models:
         cfg = MODELS[key]
-        med = {m: max(statistics.median(results[key][m][r]) for r in range(WORLD)) for m in methods}
+        ok = [m for m in methods if m not in failures[key]]
+        med = {m: max(statistics.median(results[key][m][r]) for r in range(WORLD)) for m in ok}
         ddp = med["torch_ddp"]
-        rows = {}
-        for m in methods:  # a hook row is compared with torch DDP running the same hook
+        rows = {m: {"step_ms": None, "failed": failures[key][m]} for m in methods if m not in ok}
+        for m in ok:  # a hook row is compared with torch DDP running the same hook (or plain DDP)
             who, hook = split_method(m)
-            base = med[f"torch_ddp_{hook}"] if who == "pybridge" and hook else ddp
+            base = med.get(f"torch_ddp_{hook}", ddp) if who == "pybridge" and hook else ddp
             mib = statistics.median(sent[key][m]) / 2**20 if sent[key][m] else None
             rows[m] = {"step_ms": round(med[m] * 1e3, 3), "vs_torch_ddp": round(med[m] / base, 3),
                        "naive_over_this": round(med["naive"] / med[m], 3),
                        "sent_mib_per_rank_step": None if mib is None else round(mib, 3)}
-        lines = [[LABELS[m], f"{rows[m]['step_ms']:.2f}", f"{rows[m]['vs_torch_ddp']:.2f}x",
+        lines = [[LABELS[m], "failed", rows[m]["failed"], "", ""] if m not in ok else
+                 [LABELS[m], f"{rows[m]['step_ms']:.2f}", f"{rows[m]['vs_torch_ddp']:.2f}x",
                   f"{rows[m]['naive_over_this']:.2f}x",
                   "" if rows[m]["sent_mib_per_rank_step"] is None else f"{rows[m]['sent_mib_per_rank_step']:.2f}"]
                  for m in methods]

@@ -1,19 +1,26 @@
 """`make bench`: run every benchmark in bench/ in turn (each prints its table and writes
 bench/results/NAME.json). Pass names to run only some: python bench/run.py collectives."""
 
+import argparse
 import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ORDER = ["collectives", "reducer", "recordio", "mnist"]
+sys.path.insert(0, os.path.dirname(HERE := os.path.dirname(os.path.abspath(__file__))))
+from pybridge._version import __version__  # noqa: E402
+
+ORDER = ["collectives", "reducer", "recordio", "mnist", "gpu"]
 
 
-def main(names):
+def main(argv):
     available = [n for n in ORDER if os.path.exists(os.path.join(HERE, f"{n}.py"))]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run (default all: {', '.join(available)})")
+    p.add_argument("--version", action="version", version=f"%(prog)s (pybridge {__version__})")
+    names = p.parse_args(argv).names
     unknown = [n for n in names if n not in available]
     if unknown:
-        raise SystemExit(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(available)}")
+        p.error(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(available)}")
     failed = []
     for name in names or available:
         print(f"\n=== bench/{name}.py ===", flush=True)

@@ -109,6 +109,8 @@ const char *pb_version(void);
  *                -1 reads RANK, WORLD_SIZE and LOCAL_RANK from the environment.
  *   timeout_seconds
  *                bounds the rendezvous and every later collective; <= 0 means 300 s.
+ *                Every timeout of this header is at most 1e7 s; NaN and infinity are
+ *                PB_ERR_INVALID_ARGUMENT, as are element counts of more than 2^47 bytes.
  * Errors: PB_ERR_ALREADY_INITIALIZED if a group is live; PB_ERR_TIMEOUT if a peer does
  * not join in time; PB_ERR_INVALID_ARGUMENT for bad values or a missing environment. */
 int pb_init(const char *init_method, const char *backend, int32_t rank, int32_t world_size,

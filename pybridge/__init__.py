@@ -9,4 +9,4 @@ from .group import (Group, current, finalize, init, is_initialized, local_rank, 
                     rank, size, split)
 from .reducer import Reducer, broadcast_parameters
 
-__version__ = "0.1.0"
+from ._version import __version__

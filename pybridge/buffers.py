@@ -110,15 +110,29 @@ class PointerViews:
         return t
 
 
-def from_pointer(address: int, count: int, dtype, device: int = CPU) -> torch.Tensor:
-    """A tensor over `count` elements of `dtype` at `address` (host or CUDA memory)."""
+MAX_BYTES = 1 << 47  # 128 TiB: more than any machine's memory, far from overflowing a size
+
+
+def check_extent(count, dtype, device=CPU):
+    """Check an element count and a device code (C ABI conventions) before anything is
+    allocated or wrapped; returns the torch dtype. Bad values are InvalidArgument naming
+    them, never an overflow deeper down."""
     want = dtypes.torch_dtype(dtype)
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise InvalidArgument(f"element count must be a non-negative integer, got {count!r}")
-    if not isinstance(device, int) or device < CPU:
+    if count * want.itemsize > MAX_BYTES:
+        raise InvalidArgument(f"element count {count} of {want} is {count * want.itemsize} bytes, more than "
+                              f"any memory (the limit is 2^47 bytes)")
+    if isinstance(device, bool) or not isinstance(device, int) or device < CPU:
         raise InvalidArgument(f"device must be -1 (CPU) or a CUDA device index >= 0, got {device!r}")
     if device >= 0:
         _check_cuda_device(device)
+    return want
+
+
+def from_pointer(address: int, count: int, dtype, device: int = CPU) -> torch.Tensor:
+    """A tensor over `count` elements of `dtype` at `address` (host or CUDA memory)."""
+    want = check_extent(count, dtype, device)
     if count == 0:
         return torch.empty(0, dtype=want, device="cpu" if device == CPU else f"cuda:{device}")
     if not address:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from . import abi
 from . import group as _group
 from .buffers import as_tensor
+from .checks import positive_seconds
 from .errors import InvalidArgument, Timeout, classify
 
 # The C ABI's op codes (PB_SUM ... in capi/pybridge.h).
@@ -65,8 +66,8 @@ class Work:
 
     def wait(self, timeout=None):
         """Block until done; raise Timeout if `timeout` seconds pass first."""
-        if timeout is not None and timeout <= 0:
-            raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
+        if timeout is not None:
+            timeout = positive_seconds("timeout", timeout)
         waiter = self._start_waiter() if timeout is not None else self._waiter
         if waiter is not None:
             waiter.join(timeout)

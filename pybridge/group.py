@@ -8,6 +8,7 @@ import threading
 import torch
 import torch.distributed as dist
 
+from .checks import positive_seconds
 from .errors import AlreadyInitialized, Closed, InvalidArgument, NotInitialized, classify
 
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds rendezvous and every collective
@@ -268,8 +269,7 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
         if local_rank is None or local_rank < 0:
             local_rank = _env_int("LOCAL_RANK")
             local_rank = rank if local_rank is None else local_rank
-        if not timeout or timeout <= 0:
-            raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
+        timeout = positive_seconds("timeout", timeout)
         backend = _pick_backend(backend)
         method = _rendezvous(init_method, master_addr, master_port)
         if backend == "nccl":

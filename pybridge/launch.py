@@ -46,6 +46,8 @@ import signal
 import sys
 import tempfile
 
+from ._version import __version__
+
 PROG = "pybridge-launch"
 DEFAULT_CPU_NPROC = 2
 STDERR_TAIL_LINES = 30
@@ -116,6 +118,7 @@ def _parser():
                    help="keep per-rank logs here (default: a temporary folder, removed on success)")
     p.add_argument("--isolate-gpus", action="store_true",
                    help="set CUDA_VISIBLE_DEVICES to each process's one GPU")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-m", "--module", action="store_true", help="TARGET is a Python module")
     p.add_argument("--no-python", action="store_true",
                    help="run TARGET as an executable even if it ends in .py")
@@ -333,10 +336,12 @@ def main(argv=None):
         return 130
     except Exception as exc:  # noqa: BLE001 - rendezvous and setup failures: one clear line
         print(f"{PROG}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        ok = True  # no rank ran: the log folder holds nothing worth keeping
         return 1
     finally:
         if ok and own_log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
+    print(f"{PROG}: all {nproc} rank(s) on this node finished successfully", file=sys.stderr, flush=True)
     return 0
 
 

@@ -28,6 +28,8 @@ import torch
 
 from . import abi, collectives, comm_hooks, dtypes
 from . import group as _group
+from .buffers import check_extent
+from .checks import positive_finite, positive_seconds
 from .collectives import AVG, SUM
 from .errors import Closed, InvalidArgument, Timeout, classify
 
@@ -64,9 +66,7 @@ def _resolve_op(op):
 
 
 def _resolve_cap(mb, what):
-    if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not mb > 0:
-        raise InvalidArgument(f"{what} must be a positive number of MiB, got {mb!r}")
-    return max(1, int(mb * MiB))
+    return max(1, int(min(positive_finite(what, mb, " of MiB"), 1 << 30) * MiB))  # caps above 1 PiB are 1 PiB
 
 
 class ParamSpec:
@@ -106,6 +106,10 @@ def _spec(i, item, default_device):
         raise InvalidArgument(f"parameter {i}: size must be a non-negative element count or a shape, "
                               f"got {size!r}")
     dt = dtypes.torch_dtype(dt)
+    n = 1
+    for d in shape:
+        n *= d
+    check_extent(n, dt)
     if not dt.is_floating_point:
         raise InvalidArgument(f"parameter {i}: gradients must be floating point, got {dt}")
     return ParamSpec(tuple(shape), dt, device)
@@ -426,8 +430,8 @@ class Reducer:
         """
         with self._lock:
             self._check_open()
-            if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
-                raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
+            if timeout is not None:
+                timeout = positive_seconds("timeout", timeout)
             missing = self.missing
             if missing and not self.allow_unused:
                 drained = self._drain()

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -21,10 +22,14 @@ def launch(args, env=None, timeout=60, cwd=ROOT):
     full_env.update(env or {})
     full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
     t0 = time.monotonic()
-    try:
-        p = subprocess.run([sys.executable, "-m", "pybridge.launch", *args], cwd=cwd, env=full_env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        pytest.fail(f"launcher did not finish within {timeout}s:\n{out}")
+    # The launcher keeps a failed run's logs in a temporary folder: give it one of ours, so
+    # that the tests that make ranks fail leave nothing behind in /tmp.
+    with tempfile.TemporaryDirectory(prefix="pybridge-test-") as tmp:
+        full_env["TMPDIR"] = tmp
+        try:
+            p = subprocess.run([sys.executable, "-m", "pybridge.launch", *args], cwd=cwd, env=full_env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            pytest.fail(f"launcher did not finish within {timeout}s:\n{out}")
     return p.returncode, p.stdout, time.monotonic() - t0

@@ -54,7 +54,8 @@ def test_misuse_before_init():
     (dict(backend="mpi"), "unknown backend"),
     (dict(backend="nccl"), "needs CUDA"),
     (dict(rank=2, world_size=2), "not within world size"),
-    (dict(timeout=0), "timeout must be a positive"),
+    (dict(timeout=0), "timeout must be a number of seconds in"),
+    (dict(timeout=float("nan")), "timeout must be a number of seconds in"),
     (dict(init_method="http://x"), "must start with"),
     (dict(init_method="tcp://127.0.0.1:1", master_port=5), "not both"),
 ])

@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mnist_format as fmt  # noqa: E402
 
-from pybridge import recordio  # noqa: E402
+from pybridge import __version__, recordio  # noqa: E402
 
 IDX_FILES = {
     ("train", "images"): "train-images-idx3-ubyte",
@@ -320,6 +320,7 @@ def remove_old_shards(out):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s (pybridge {__version__})")
     p.add_argument("--out", default="data/mnist", help="output folder (default data/mnist)")
     p.add_argument("--mnist-dir", default=os.environ.get("MNIST_DIR") or None,
                    help="folder with the MNIST IDX files (default: env MNIST_DIR; none: synthetic)")

@@ -4,7 +4,7 @@ import torch
 
 from .. import capi, collectives, dtypes
 from .. import group as _group
-from ..buffers import CPU
+from ..buffers import CPU, check_extent
 from ..errors import InvalidArgument, PyBridgeError
 from . import descriptor_key, handles, live_group, put, tensor, text
 
@@ -13,10 +13,9 @@ class Buffer:
     """Library-owned memory that asynchronous operations may use after a call returns."""
 
     def __init__(self, dtype, count, device):
-        if count < 0:
-            raise InvalidArgument(f"count must be >= 0, got {count}")
+        want = check_extent(count, dtype, device)
         dev = torch.device("cpu") if device == CPU else torch.device("cuda", device)
-        self.tensor = torch.zeros(count, dtype=dtypes.torch_dtype(dtype), device=dev)
+        self.tensor = torch.zeros(count, dtype=want, device=dev)
         self.device = device
 
 
@@ -31,7 +30,7 @@ def pb_init(init_method, backend, rank, world_size, local_rank, timeout, out):
         raise InvalidArgument("out (the pointer to store the group handle in) is NULL")
     g = _group.init(init_method=text(init_method), backend=text(backend), rank=rank,
                     world_size=world_size, local_rank=local_rank,
-                    timeout=timeout if timeout > 0 else _group.DEFAULT_TIMEOUT)
+                    timeout=_group.DEFAULT_TIMEOUT if timeout <= 0 else timeout)  # NaN is checked there
     handles.add(g, "pb_group *", out)
 
 
@@ -172,7 +171,7 @@ def _start(out, w):
 
 
 def pb_work_wait(work, timeout):
-    handles.get(work, collectives.Work, "work").wait(timeout if timeout > 0 else None)
+    handles.get(work, collectives.Work, "work").wait(None if timeout <= 0 else timeout)  # NaN is checked there
 
 
 def pb_work_test(work, done):

@@ -62,7 +62,7 @@ def pb_reducer_new(group, nparams, counts, dtype_codes, bucket_cap_mb, op, compr
         if n < 0:
             raise InvalidArgument(f"counts[{i}] is negative ({n})")
         specs.append((n, int(dtype_codes[i])))
-    cap = bucket_cap_mb if bucket_cap_mb > 0 else _reducer.DEFAULT_BUCKET_CAP_MB
+    cap = _reducer.DEFAULT_BUCKET_CAP_MB if bucket_cap_mb <= 0 else bucket_cap_mb  # NaN is checked there
     r = _reducer.Reducer(specs, group=g, bucket_cap_mb=cap,
                          first_bucket_cap_mb=min(cap, _reducer.DEFAULT_FIRST_BUCKET_CAP_MB),
                          op=op, compression=compression, rebuild=not flags & NO_REBUILD,
@@ -103,7 +103,7 @@ def pb_reducer_wait(reducer, timeout):
     r = c.reducer
     before, flats = r.generation, [b.flat for b in r.buckets]
     try:
-        r.finalize(timeout if timeout > 0 else None)
+        r.finalize(None if timeout <= 0 else timeout)  # NaN is checked there
     finally:
         if r.generation != before:
             c.retired.extend(flats)

@@ -8,6 +8,7 @@ import argparse
 import os
 import sys
 
+from .._version import __version__
 from ..errors import CorruptData, PyBridgeError
 from .format import COMPRESSORS, DEFAULT_MAX_CHUNK_BYTES
 from .reader import Reader
@@ -133,6 +134,7 @@ def _parser():
                                 "(the format of the Go library GoTorch used).")
     sub = p.add_subparsers(dest="command", required=True)
 
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     pk = sub.add_parser("pack", help="pack files or input lines into RecordIO shards")
     pk.add_argument("inputs", nargs="*", help="files, each one record (or '-'/none: stdin lines)")
     pk.add_argument("-o", "--output", required=True, help="output prefix: PREFIX-00000.recordio, ...")
