@@ -526,24 +526,44 @@ class Reducer:
                 scale = None
             elif nscaled:
                 scale = None
-            if not self._builtin and self._works:
-                # A hook may issue further collectives from its future's callbacks (PowerSGD
-                # does, on the backend's thread); starting the next bucket's hook before they
-                # are issued lets their order differ between ranks (seen: gloo aborting on a
-                # size mismatch under load). Serializing the hooks makes it the same.
-                try:
-                    self._works[-1][1].wait()
-                except Exception:  # noqa: BLE001 - reported by finalize(), with the bucket
-                    pass
             views = [self._views[i] for i in bucket.members]
             params = None if self._params is None else [self._params[i] for i in bucket.members]
             grad_bucket = comm_hooks.GradBucket(bucket.index, bucket.flat, views, params,
                                                 bucket.index == self._last, scale)
-            try:
-                fut = self._hook(self._hook_state, grad_bucket)
-            except Exception as exc:  # noqa: BLE001
-                raise _bucket_error(exc, bucket) from exc
+            prev = self._works[-1][1] if self._works and not self._builtin else None
+            if prev is not None and not prev.done():
+                # A hook may issue further collectives from its future's callbacks (PowerSGD
+                # does, on the backend's thread). Started while those are still to come, the
+                # next bucket's collectives could go out in another order on another rank
+                # (seen: gloo aborting on a size mismatch, under torch DDP as well). So the
+                # next hook starts when the previous future is done, from its callback:
+                # the same order everywhere, and backward is not held up.
+                fut = self._after(prev, bucket, grad_bucket)
+            else:
+                try:
+                    fut = self._hook(self._hook_state, grad_bucket)
+                except Exception as exc:  # noqa: BLE001
+                    raise _bucket_error(exc, bucket) from exc
             self._works.append((bucket, fut))
+
+    def _after(self, prev, bucket, grad_bucket):
+        """A future for `bucket`'s hook, started once `prev` is done."""
+        fut = torch.futures.Future()
+
+        def finish(inner):
+            try:
+                fut.set_result(inner.value())
+            except Exception as exc:  # noqa: BLE001 - raised by finalize(), naming the bucket
+                fut.set_exception(exc)
+
+        def start(_):
+            try:
+                self._hook(self._hook_state, grad_bucket).add_done_callback(finish)
+            except Exception as exc:  # noqa: BLE001
+                fut.set_exception(_bucket_error(exc, bucket))
+
+        prev.add_done_callback(start)
+        return fut
 
     def _rebuild(self, order):
         if self._world > 1:
