@@ -15,8 +15,8 @@ import numpy as np
 from ..errors import Closed, InvalidArgument
 from .batch import Batch, decode_fixed  # noqa: F401 - decode_fixed is part of the loader API
 from .index import SIDECAR_SUFFIX
-from .partition import (DynamicPartition, LocalStore, _positive_int, chunk_tasks, dataset_name,
-                        next_instance, num_batches, static_shard)
+from .partition import (DynamicPartition, LocalStore, _merge, _positive_int, chunk_tasks, dataset_name,
+                        next_instance, num_batches, plan_remaining, static_shard)
 from .reader import Reader, join
 
 PARTITIONS = ("static", "dynamic")
@@ -54,6 +54,7 @@ class _Pass:
     def __init__(self, gen, prefetch, check):
         self._gen = gen
         self._check = check  # raises when the loader may no longer be read
+        self.handed = 0  # batches given to the caller (the loader's position)
         self._stop = threading.Event()
         self._done = False
         self._thread = None
@@ -92,10 +93,12 @@ class _Pass:
         self._check()
         if self._thread is None:
             try:
-                return next(self._gen)
+                item = next(self._gen)
             except BaseException:
                 self._done = True
                 raise
+            self.handed += 1
+            return item
         while True:
             try:
                 item = self._q.get(timeout=0.5)
@@ -110,6 +113,7 @@ class _Pass:
         if isinstance(item, _Failed):
             self._done = True
             raise item.exc
+        self.handed += 1
         return item
 
     def close(self):
@@ -191,6 +195,8 @@ class Loader:
         self._open_order = []
         self._lock = threading.Lock()
         self._pass = None
+        self._position = None  # (epoch, plan, _Pass) of the latest pass: what state_dict reports
+        self._resume = None  # (epoch, plan) the next pass of that epoch reads (load_state_dict)
         self._passes = {}  # epoch -> passes started (keys the dynamic counters)
         self.closed = False
         try:
@@ -239,10 +245,16 @@ class Loader:
 
     @property
     def num_batches(self):
-        """Batches per pass on this rank (static partition; None for dynamic)."""
+        """Batches per pass on this rank (static partition; None for dynamic); for an epoch
+        resumed by load_state_dict, the batches of what is left of it."""
         if self.partition == "dynamic":
             return None
-        return num_batches(self.num_records, self.num_replicas, self.batch_size, self.drop_last)
+        plan = self._full_plan()
+        if self._resume is not None and self._resume[0] == self.epoch:
+            plan = self._resume[1]  # a resumed epoch: what is left of it
+        elif self._position is not None and self._position[0] == self.epoch and not self._position[2]._done:
+            plan = self._position[1]
+        return num_batches(sum(n for _, n in plan), self.num_replicas, self.batch_size, self.drop_last)
 
     def __len__(self):
         if self.partition == "dynamic":
@@ -275,17 +287,17 @@ class Loader:
                 self._readers[self._open_order.pop(0)].release()
         return r
 
-    def _pieces_stream(self, epoch, pass_no):
+    def _pieces_stream(self, epoch, pass_no, plan):
         if self._dynamic is not None:
             return self._dynamic.claims(epoch, pass_no)
         return iter(static_shard(self.tasks, self.num_replicas, self.rank, batch_size=self.batch_size,
                                  epoch=epoch, seed=self.seed, shuffle=self.shuffle,
-                                 drop_last=self.drop_last))
+                                 drop_last=self.drop_last, plan=plan))
 
-    def _batches(self, epoch, pass_no):
+    def _batches(self, epoch, pass_no, plan):
         """Generator of this pass's batches (runs on the prefetch thread)."""
         batch, want = [], self.batch_size
-        for task in self._pieces_stream(epoch, pass_no):
+        for task in self._pieces_stream(epoch, pass_no, plan):
             first, left = task.first, task.count
             while left:
                 n = min(left, want)
@@ -303,8 +315,74 @@ class Loader:
         self._end_pass()
         pass_no = self._passes.get(self.epoch, 0)
         self._passes[self.epoch] = pass_no + 1
-        self._pass = _Pass(self._batches(self.epoch, pass_no), self.prefetch, self._check_usable)
+        plan = self._full_plan()
+        if self._resume is not None and self._resume[0] == self.epoch:
+            plan, self._resume = self._resume[1], None
+        self._pass = _Pass(self._batches(self.epoch, pass_no, plan), self.prefetch, self._check_usable)
+        self._position = (self.epoch, plan, self._pass)
         return self._pass
+
+    # ------------------------------------------------------------ position (checkpoints)
+
+    def _full_plan(self):
+        return [(0, self.num_records)]
+
+    def _fingerprint(self):
+        """Names the record stream's layout (files' names, task boundaries), not the paths."""
+        return dataset_name([(os.path.basename(t.file), t.first, t.count) for t in self.tasks])
+
+    def state_dict(self):
+        """The loader's position, to resume mid-epoch (static partition only): the epoch and
+        the ranges of that epoch's record stream not yet handed out by any rank.
+
+        Every rank of a static partition reads in lockstep, so any rank's state is everyone's;
+        load_state_dict splits what is left over the loader's own world size. Counts batches
+        given to the caller (not those prefetched): save it after the step that used them.
+        """
+        self._check_usable()
+        if self._dynamic is not None:
+            raise InvalidArgument("a dynamic partition's position cannot be saved (which rank read "
+                                  "what depends on timing): resume mid-epoch with partition='static'")
+        if self._position is not None and self._position[0] == self.epoch:
+            _, plan, p = self._position
+            left = plan_remaining(plan, self.num_replicas, self.batch_size, self.drop_last, p.handed)
+        elif self._resume is not None and self._resume[0] == self.epoch:
+            left = self._resume[1]
+        else:
+            left = self._full_plan()
+        return {"partition": "static", "epoch": self.epoch, "num_records": self.num_records,
+                "layout": self._fingerprint(), "shuffle": self.shuffle, "seed": self.seed,
+                "remaining": [[int(s), int(n)] for s, n in left]}
+
+    def load_state_dict(self, state):
+        """Continue from a state_dict() (saved on any number of ranks): the next pass reads the
+        rest of the saved epoch, shared over this loader's ranks; later epochs are whole."""
+        self._check_usable()
+        if self._dynamic is not None:
+            raise InvalidArgument("a dynamic partition cannot resume mid-epoch: use partition='static'")
+        if not isinstance(state, dict):
+            raise InvalidArgument(f"loader state must be a dict from state_dict(), got {type(state).__name__}")
+        missing = [k for k in ("epoch", "num_records", "layout", "shuffle", "seed", "remaining") if k not in state]
+        if missing or state.get("partition") != "static":
+            raise InvalidArgument(f"not a static loader state (missing {missing or 'partition=static'})")
+        mine = {"num_records": self.num_records, "layout": self._fingerprint(),
+                "shuffle": self.shuffle, "seed": self.seed}
+        differ = [f"{k} {state[k]!r} (this loader: {v!r})" for k, v in mine.items() if state[k] != v]
+        if differ:
+            raise InvalidArgument("the loader state is of another dataset or order: " + ", ".join(differ))
+        epoch = state["epoch"]
+        plan = []
+        for item in state["remaining"]:
+            ok = (isinstance(item, (list, tuple)) and len(item) == 2
+                  and all(isinstance(v, int) and not isinstance(v, bool) for v in item))
+            if not ok or item[0] < 0 or item[1] < 0 or item[0] + item[1] > self.num_records:
+                raise InvalidArgument(f"loader state: bad remaining range {item!r} for "
+                                      f"{self.num_records} records")
+            plan.append((item[0], item[1]))
+        self.set_epoch(epoch)
+        self._end_pass()
+        self._position = None
+        self._resume = (self.epoch, _merge(plan))
 
     def _check_usable(self):
         if self.closed:

@@ -145,14 +145,83 @@ def take(ordered, start, count):
 
 
 def static_shard(tasks, num_replicas, rank, *, batch_size=1, epoch=0, seed=0, shuffle=False,
-                 drop_last=False):
-    """This rank's pieces (Tasks, in read order) for the epoch under the static partition."""
+                 drop_last=False, plan=None):
+    """This rank's pieces (Tasks, in read order) for the epoch under the static partition.
+
+    plan: the part of the epoch's record stream to share out, as (start, count) ranges of
+    stream positions (default: all of it); a resumed epoch passes what is left of it."""
     num_replicas, rank = _check_rank(num_replicas, rank)
     batch_size = _positive_int("batch_size", batch_size)
     ordered = epoch_order(tasks, epoch, seed, shuffle)
-    total = sum(t.count for t in ordered)
+    plan = [(0, sum(t.count for t in ordered))] if plan is None else plan
+    return [piece for start, count in plan_share(plan, num_replicas, rank, batch_size, drop_last)
+            for piece in take(ordered, start, count)]
+
+
+# ---- plans: which positions of an epoch's record stream a pass shares out ------------------
+# A plan is a list of (start, count) ranges of positions in the epoch's record stream (the
+# tasks in epoch order, read as one sequence). A fresh epoch's plan is [(0, N)]. Ranks split
+# the plan's L positions as the static partition splits a dataset: rank r takes plan
+# positions [r*M, (r+1)*M), padded by wrapping around to the plan's start. A checkpoint
+# stores what is left of the plan (plan_remaining), so a resumed pass, on any number of
+# ranks, reads each record that is left exactly once (plus the padding of drop_last=False
+# when the rest does not divide evenly).
+
+def _merge(ranges):
+    out = []
+    for start, count in ranges:
+        if count <= 0:
+            continue
+        if out and out[-1][0] + out[-1][1] == start:
+            out[-1] = (out[-1][0], out[-1][1] + count)
+        else:
+            out.append((start, count))
+    return out
+
+
+def plan_ranges(plan, start, count):
+    """Stream ranges of plan positions [start, start + count), wrapping around the plan."""
+    total = sum(n for _, n in plan)
+    out = []
+    if count <= 0:
+        return out
+    if total == 0:
+        raise InvalidArgument("the plan holds no records")
+    pos = start % total
+    while count > 0:
+        skipped = 0
+        for s, n in plan:  # plans are short: a few ranges per rank of the run that saved them
+            if pos < skipped + n:
+                k = min(skipped + n - pos, count)
+                out.append((s + pos - skipped, k))
+                count -= k
+                pos = (pos + k) % total
+                break
+            skipped += n
+    return _merge(out)
+
+
+def plan_share(plan, num_replicas, rank, batch_size=1, drop_last=False):
+    """Stream ranges rank `rank` of `num_replicas` reads from the plan, in read order."""
+    m = per_rank_records(sum(n for _, n in plan), num_replicas, batch_size, drop_last)
+    return plan_ranges(plan, rank * m, m)
+
+
+def plan_remaining(plan, num_replicas, batch_size, drop_last, batches):
+    """The plan left once every rank has read `batches` batches of its share (a static
+    partition reads in lockstep): each rank's unread positions, in rank order. Padding
+    (positions past the plan's end) is dropped: those records were read at the start."""
+    if batches <= 0:
+        return _merge(plan)
+    total = sum(n for _, n in plan)
     m = per_rank_records(total, num_replicas, batch_size, drop_last)
-    return take(ordered, rank * m, m)
+    done = min(batches * batch_size, m)
+    left = []
+    for r in range(num_replicas):
+        lo, hi = r * m + done, min((r + 1) * m, total)
+        if lo < hi:
+            left.extend(plan_ranges(plan, lo, hi - lo))
+    return _merge(left)
 
 
 class LocalStore:
