@@ -180,6 +180,10 @@ def _wait(fut, deadline, what):
     return value[0] if isinstance(value, (list, tuple)) else value
 
 
+# Hook states whose step counter a checkpoint keeps: type name -> attribute.
+_HOOK_STEP = {"GossipState": "step", "PowerSGDState": "iter"}
+
+
 class Reducer:
     """Gradient buckets with an asynchronous allreduce per bucket.
 
@@ -467,6 +471,29 @@ class Reducer:
             self._start_iteration()
 
     wait = finalize
+
+    def state_dict(self):
+        """What a restart needs to continue the schedule: completed iterations and the hook's
+        step counter (GossipGraD's step, PowerSGD's iteration). PowerSGD's error feedback and
+        warm-start factors are each rank's own and are not kept: after a restart they start
+        from zero, as on a fresh reducer."""
+        with self._lock:
+            self._check_open()
+            step = getattr(self._hook_state, _HOOK_STEP.get(type(self._hook_state).__name__, ""), None)
+            return {"iterations": self.iterations, "hook_step": step}
+
+    def load_state_dict(self, state):
+        """Restore state_dict()'s counters, between iterations."""
+        if not isinstance(state, dict) or not isinstance(state.get("iterations"), int):
+            raise InvalidArgument(f"reducer state must be a dict from state_dict(), got {state!r}")
+        with self._lock:
+            self._check_open()
+            if any(self._ready):
+                raise InvalidArgument("load_state_dict() must be called between iterations")
+            self.iterations = state["iterations"]
+            attr = _HOOK_STEP.get(type(self._hook_state).__name__)
+            if attr is not None and isinstance(state.get("hook_step"), int):
+                setattr(self._hook_state, attr, state["hook_step"])
 
     def close(self):
         """Release the buckets. Views already handed out keep their memory alive."""
