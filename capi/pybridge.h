@@ -444,6 +444,40 @@ int pb_reducer_free(pb_reducer *reducer);
  * passes the same counts and dtypes in the same order. */
 int pb_broadcast_params(pb_group *group, int32_t n, const pb_tensor *tensors, int32_t root);
 
+/* ---- Training state (checkpoints) ---------------------------------------------- */
+/* A checkpoint is one file, directory/step-NNNNNNNNNNNN.pt (the step in 12 digits; format:
+ * docs/checkpoint.md, readable by pybridge.checkpoint in Python), written atomically: a
+ * temporary file in the same folder, fsync, rename. It holds named flat tensors (the
+ * caller's parameters, optimizer state...), a loader's position and a reducer's counters. */
+
+/* Save step `step` (>= 0) in `directory` (created if missing): the `n` tensors (names[i]
+ * a distinct non-empty name for tensors[i]; host or CUDA memory, read during the call only),
+ * the position of `loader` (PB_PARTITION_STATIC only; NULL: none) and the counters of
+ * `reducer` (NULL: none); then delete all but the newest `keep` checkpoints there (0 keeps
+ * all). Local, not a collective: call it on the ranks that should write (rank 0 for a shared
+ * folder, or every rank with a folder each). Call it after the step that used the batches
+ * the loader handed out. Errors: PB_ERR_INVALID_ARGUMENT (NULL, empty or repeated names, a
+ * dynamic loader, a negative step or keep), PB_ERR_IO (the folder or file could not be
+ * written; the previous checkpoints are intact). */
+int pb_checkpoint_save(const char *directory, int64_t step, int32_t n, const char *const *names,
+                       const pb_tensor *tensors, pb_loader *loader, pb_reducer *reducer,
+                       int32_t keep);
+
+/* Restore the newest checkpoint any rank holds. COLLECTIVE over `group` (NULL: this process
+ * alone): each rank looks in its own `directory`; the ranks agree on the newest step, and
+ * the lowest rank holding it sends its file to the others. Every rank then copies the saved
+ * tensors into `tensors` (the same names, counts and dtypes as saved, checked before
+ * anything is written), continues `loader` where the saved run stopped (the rest of the
+ * saved epoch, shared over this group's ranks, however many: the world size may differ from
+ * the run that saved it) and restores the reducer's counters. *step receives the saved step,
+ * or -1 when no rank holds a checkpoint (nothing is changed). Errors:
+ * PB_ERR_INVALID_ARGUMENT (names, counts or dtypes differ from the checkpoint's, or the
+ * loader's dataset or order does), PB_ERR_IO (the file could not be read), PB_ERR_CORRUPT
+ * (not a pybridge checkpoint), PB_ERR_TIMEOUT / PB_ERR_COMM (a peer failed). */
+int pb_checkpoint_restore(pb_group *group, const char *directory, int32_t n,
+                          const char *const *names, const pb_tensor *tensors, pb_loader *loader,
+                          pb_reducer *reducer, int64_t *step);
+
 #ifdef __cplusplus
 }
 #endif

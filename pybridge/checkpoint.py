@@ -234,10 +234,11 @@ def _check_fit(tensors, saved, source):
 
 
 def restore(directory, *, group=None, model=None, optimizer=None, reducer=None, loader=None, tensors=None,
-            strict=True) -> Optional[Restored]:
+            strict=True, local=False) -> Optional[Restored]:
     """Load the newest checkpoint any rank holds into the objects given, on every rank.
 
-    COLLECTIVE over `group` (default: the world when one is live; else this process alone).
+    COLLECTIVE over `group` (default: the world when one is live; else, or with local=True,
+    this process alone).
     Each rank looks in its own `directory` (a shared folder or one per rank); the lowest rank
     holding the newest step sends its file to the others. Returns None, changing nothing,
     when no rank holds a checkpoint. tensors: dict name -> tensor, filled in place; with
@@ -245,7 +246,7 @@ def restore(directory, *, group=None, model=None, optimizer=None, reducer=None, 
     its own ranks (the world size may differ from the run that saved it).
     """
     tensors = _check_tensors(tensors)
-    g = group or (_group.current() if _group.is_initialized() else None)
+    g = None if local else group or (_group.current() if _group.is_initialized() else None)
     if g is not None:
         g.check_open()
     got = _agree_and_fetch(directory, g)

@@ -1,0 +1,187 @@
+package pybridge
+
+/*
+#include "pbgo.h"
+
+static inline int pbgo_checkpoint_save(const char *dir, int64_t step, int32_t n, char **names,
+                                       const pb_tensor *tensors, pb_loader *loader,
+                                       pb_reducer *reducer, int32_t keep, char **msg) {
+	return pbgo_status(pb_checkpoint_save(dir, step, n, (const char *const *)names, tensors,
+	                                      loader, reducer, keep), msg);
+}
+
+static inline int pbgo_checkpoint_restore(pb_group *g, const char *dir, int32_t n, char **names,
+                                          const pb_tensor *tensors, pb_loader *loader,
+                                          pb_reducer *reducer, int64_t *step, char **msg) {
+	return pbgo_status(pb_checkpoint_restore(g, dir, n, (const char *const *)names, tensors,
+	                                         loader, reducer, step), msg);
+}
+*/
+import "C"
+
+import (
+	"runtime"
+	"unsafe"
+)
+
+// Checkpoint saves and restores a training state: named slices (parameters,
+// optimizer state), a loader's position and a reducer's counters, as one file
+// per step in a folder (pybridge.h's pb_checkpoint_save; format and Python
+// API: docs/checkpoint.md). Register what it holds with AddTensor, SetLoader
+// and SetReducer, then call Save after each step and Restore after a start.
+//
+// A Checkpoint keeps references to the registered slices: it reads them in
+// Save and writes them in Restore. Use it from one goroutine at a time.
+type Checkpoint struct {
+	group   *Group
+	dir     string
+	keep    int
+	names   []string
+	tensors []ckTensor
+	loader  *Loader
+	reducer *Reducer
+}
+
+type ckTensor struct {
+	data  unsafe.Pointer // the slice's first element (nil when empty)
+	count C.int64_t
+	dtype C.int32_t
+}
+
+// NewCheckpoint returns a checkpoint of the folder dir, restored over group
+// g (nil: this process alone). Save keeps the newest 2 checkpoints (SetKeep).
+func NewCheckpoint(g *Group, dir string) *Checkpoint {
+	return &Checkpoint{group: g, dir: dir, keep: 2}
+}
+
+// AddTensor registers data under name (distinct, non-empty): Save stores it
+// and Restore overwrites it with the saved values (same length and type).
+func AddTensor[T Numeric](c *Checkpoint, name string, data []T) error {
+	const op = "AddTensor"
+	if c == nil {
+		return newError(statusInvalidArgument, op, "nil *Checkpoint")
+	}
+	if name == "" {
+		return newError(statusInvalidArgument, op, "empty tensor name")
+	}
+	for _, n := range c.names {
+		if n == name {
+			return newError(statusInvalidArgument, op, "tensor name %q registered twice", name)
+		}
+	}
+	p, count := dataOf(data)
+	c.names = append(c.names, name)
+	c.tensors = append(c.tensors, ckTensor{data: p, count: count, dtype: dtypeOf[T]()})
+	return nil
+}
+
+// SetLoader makes Save store l's position (a StaticPartition loader) and
+// Restore continue the saved epoch: the records no rank had read, shared over
+// the ranks of l's group, however many there are now.
+func (c *Checkpoint) SetLoader(l *Loader) { c.loader = l }
+
+// SetReducer makes the checkpoint hold r's iteration and hook step counters.
+func (c *Checkpoint) SetReducer(r *Reducer) { c.reducer = r }
+
+// SetKeep sets how many checkpoints Save keeps in the folder, the newest (0: all).
+func (c *Checkpoint) SetKeep(n int) { c.keep = n }
+
+// call runs fn with the C view of the registered state: names in C memory,
+// descriptors whose Go memory is pinned for the call, and the handles.
+func (c *Checkpoint) call(op string, fn func(dir *C.char, n C.int32_t, names **C.char, descs *C.pb_tensor,
+	l *C.pb_loader, r *C.pb_reducer) error) error {
+	if c == nil {
+		return newError(statusInvalidArgument, op, "nil *Checkpoint")
+	}
+	n, err := toInt32(op, "tensor count", len(c.tensors))
+	if err != nil {
+		return err
+	}
+	var lh *C.pb_loader
+	if c.loader != nil {
+		if lh, err = c.loader.handle(op); err != nil {
+			return err
+		}
+	}
+	var rh *C.pb_reducer
+	if c.reducer != nil {
+		if rh, err = c.reducer.rhandle(op); err != nil {
+			return err
+		}
+		defer c.reducer.mu.RUnlock()
+	}
+	dir := C.CString(c.dir)
+	defer C.free(unsafe.Pointer(dir))
+	var cnames **C.char
+	if len(c.names) > 0 {
+		cnames = (**C.char)(C.malloc(C.size_t(len(c.names)) * C.size_t(unsafe.Sizeof((*C.char)(nil)))))
+		names := unsafe.Slice(cnames, len(c.names))
+		for i, s := range c.names {
+			names[i] = C.CString(s)
+		}
+		defer func() {
+			for _, p := range names {
+				C.free(unsafe.Pointer(p))
+			}
+			C.free(unsafe.Pointer(cnames))
+		}()
+	}
+	// The descriptors hold Go pointers: pinned for the call, as cgo requires.
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	descs := make([]C.pb_tensor, len(c.tensors))
+	for i, t := range c.tensors {
+		if t.data != nil {
+			pin.Pin(t.data)
+		}
+		descs[i] = C.pb_tensor{data: t.data, count: t.count, dtype: t.dtype, device: CPU}
+	}
+	var pd *C.pb_tensor
+	if len(descs) > 0 {
+		pd = &descs[0]
+	}
+	return fn(dir, n, cnames, pd, lh, rh)
+}
+
+// Save writes the state as step (>= 0), atomically (temporary file, fsync,
+// rename), then deletes all but the newest checkpoints (SetKeep). It is not a
+// collective: call it on the ranks that should write (rank 0 for a shared
+// folder, or every rank with a folder each), after the step whose batches the
+// loader handed out.
+func (c *Checkpoint) Save(step int64) error {
+	const op = "Checkpoint.Save"
+	return c.call(op, func(dir *C.char, n C.int32_t, names **C.char, descs *C.pb_tensor,
+		l *C.pb_loader, r *C.pb_reducer) error {
+		keep, err := toInt32(op, "keep", c.keep)
+		if err != nil {
+			return err
+		}
+		var msg *C.char
+		return check(op, C.pbgo_checkpoint_save(dir, C.int64_t(step), n, names, descs, l, r, keep, &msg), msg)
+	})
+}
+
+// Restore loads the newest checkpoint any rank of the group holds (each rank
+// looks in its own folder; the lowest rank holding the newest step sends it
+// to the others) into the registered slices, loader and reducer, and returns
+// its step; found is false, and nothing changed, when no rank holds one. It is
+// a collective over the group.
+func (c *Checkpoint) Restore() (step int64, found bool, err error) {
+	const op = "Checkpoint.Restore"
+	var gh *C.pb_group
+	if c != nil && c.group != nil {
+		if gh, err = c.group.handle(op); err != nil {
+			return -1, false, err
+		}
+	}
+	var out C.int64_t = -1
+	err = c.call(op, func(dir *C.char, n C.int32_t, names **C.char, descs *C.pb_tensor,
+		l *C.pb_loader, r *C.pb_reducer) error {
+		var msg *C.char
+		return check(op, C.pbgo_checkpoint_restore(gh, dir, n, names, descs, l, r, &out, &msg), msg)
+	})
+	if err != nil {
+		return -1, false, err
+	}
+	return int64(out), out >= 0, nil
+}
