@@ -277,6 +277,10 @@ int pb_loader_next(pb_loader *loader, const uint8_t **data, const int64_t **offs
  * partition's counters. Takes effect when the next pass starts. */
 int pb_loader_set_epoch(pb_loader *loader, int64_t epoch);
 
+/* The epoch of the current or next pass: the last pb_loader_set_epoch's, or the saved
+ * epoch after pb_checkpoint_restore (continue the training loop from there). */
+int pb_loader_epoch(pb_loader *loader, int64_t *out);
+
 /* Batches prepared ahead on the loader's background thread (default 2; 0: each
  * pb_loader_next reads on the calling thread). Prefetching overlaps reading with the
  * caller's work; when the caller does little between batches on a machine with few cores,

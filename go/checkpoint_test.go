@@ -63,9 +63,9 @@ func TestCheckpointSingleProcess(t *testing.T) {
 	}
 }
 
-// 4 ranks read 4 batches each and stop; 2 ranks restore (from rank 1's folder:
-// rank 0 saved only up to step 3) and read the rest of the epoch. Together
-// they read every record once.
+// 4 ranks read 4 batches of epoch 1 each and stop; 2 ranks restore (from rank
+// 1's folder: rank 0 saved only up to step 3), read the rest of epoch 1 and then
+// epoch 2. Each epoch's records are read once.
 func TestCheckpointResumeOnFewerRanks(t *testing.T) {
 	dir := t.TempDir()
 	_, all := writeDataset(t, dir, 3, 40)
@@ -74,9 +74,10 @@ func TestCheckpointResumeOnFewerRanks(t *testing.T) {
 			env: []string{"PB_TEST_CKPT_DIR=" + dir}})
 		expectPass(t, procs)
 	}
-	var seen []string
-	for _, p := range []string{"seen-4-*", "seen-2-*"} {
-		files, _ := filepath.Glob(filepath.Join(dir, p))
+	// Epoch 1: 4 ranks, then 2; epoch 2: 2 ranks.
+	for epoch, pattern := range map[int]string{1: "seen-*-e1", 2: "seen-2-*-e2"} {
+		files, _ := filepath.Glob(filepath.Join(dir, pattern))
+		var seen []string
 		for _, f := range files {
 			var recs []string
 			b, err := os.ReadFile(f)
@@ -88,9 +89,9 @@ func TestCheckpointResumeOnFewerRanks(t *testing.T) {
 			}
 			seen = append(seen, recs...)
 		}
-	}
-	if len(seen) != len(all) || !slices.Equal(dedup(seen), dedup(all)) {
-		t.Fatalf("read %d records (%d distinct) of %d", len(seen), len(dedup(seen)), len(all))
+		if len(seen) != len(all) || !slices.Equal(dedup(seen), dedup(all)) {
+			t.Fatalf("epoch %d: read %d records (%d distinct) of %d, from %v", epoch, len(seen), len(dedup(seen)), len(all), files)
+		}
 	}
 }
 
@@ -126,38 +127,50 @@ func roleCheckpoint() error {
 	if g.Size() == 2 && (step != 4 || total[0] != 48) {
 		return fmt.Errorf("restored step %d (found %v) with total %v, want step 4 from rank 1's folder and 48", step, found, total)
 	}
-	step = max(step, 0)
-	var recs []string
-	for l.Next() {
-		b := l.Batch()
-		for i := range b.Len() {
-			recs = append(recs, string(b.Record(i)))
+	first := 1 // the first run starts at epoch 1, so that restoring epoch 1 is not the default 0
+	if found {
+		if first, err = l.Epoch(); err != nil || first != 1 {
+			return fmt.Errorf("restored loader at epoch %d (%v), want 1", first, err)
 		}
-		n := []float64{float64(b.Len())}
-		if err := pybridge.AllReduce(g, n, pybridge.Sum); err != nil {
+	}
+	step = max(step, 0)
+	for epoch := first; epoch < 3 && !(g.Size() == 4 && step == 4); epoch++ {
+		if err := l.SetEpoch(epoch); err != nil { // the restored epoch keeps its position
 			return err
 		}
-		total[0] += n[0]
-		step++
-		if !(g.Rank() == 0 && step == 4) { // rank 0's newest is older: rank 1 must send step 4
-			if err := c.Save(step); err != nil {
+		var recs []string
+		for l.Next() {
+			b := l.Batch()
+			for i := range b.Len() {
+				recs = append(recs, string(b.Record(i)))
+			}
+			n := []float64{float64(b.Len())}
+			if err := pybridge.AllReduce(g, n, pybridge.Sum); err != nil {
 				return err
 			}
+			total[0] += n[0]
+			step++
+			if !(g.Rank() == 0 && step == 4) { // rank 0's newest is older: rank 1 must send step 4
+				if err := c.Save(step); err != nil {
+					return err
+				}
+			}
+			if g.Size() == 4 && step == 4 {
+				break
+			}
 		}
-		if g.Size() == 4 && step == 4 {
-			break
+		if err := l.Err(); err != nil {
+			return err
+		}
+		out, _ := json.Marshal(recs)
+		name := filepath.Join(dir, fmt.Sprintf("seen-%d-%d-e%d", g.Size(), g.Rank(), epoch))
+		if err := os.WriteFile(name, out, 0o644); err != nil {
+			return err
 		}
 	}
-	if err := l.Err(); err != nil {
-		return err
-	}
-	if g.Size() == 2 && step != 4+12 { // 72 records left, 36 per rank: 12 batches of 3
-		return fmt.Errorf("ended at step %d, want 16", step)
-	}
-	out, _ := json.Marshal(recs)
-	name := filepath.Join(dir, fmt.Sprintf("seen-%d-%d", g.Size(), g.Rank()))
-	if err := os.WriteFile(name, out, 0o644); err != nil {
-		return err
+	// 2 ranks: 72 records of epoch 1 left, 36 per rank (12 batches of 3), then 60 per rank.
+	if g.Size() == 2 && step != 4+12+20 {
+		return fmt.Errorf("ended at step %d, want 36", step)
 	}
 	return g.Close()
 }

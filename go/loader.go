@@ -280,6 +280,20 @@ func (l *Loader) SetEpoch(epoch int) error {
 	return check(op, C.pbgo_loader_set_epoch(h, C.int64_t(epoch), &msg), msg)
 }
 
+// Epoch returns the epoch of the current or next pass: the last SetEpoch's, or
+// the saved epoch after Checkpoint.Restore (continue the training loop from it).
+func (l *Loader) Epoch() (int, error) {
+	const op = "Loader.Epoch"
+	h, err := l.handle(op)
+	if err != nil {
+		return 0, err
+	}
+	var e C.int64_t
+	var msg *C.char
+	err = check(op, C.pbgo_loader_epoch(h, &e, &msg), msg)
+	return int(e), err
+}
+
 // NumBatches returns the number of batches per pass on this rank, the same on
 // every rank under StaticPartition; -1 under DynamicPartition.
 func (l *Loader) NumBatches() (int, error) {

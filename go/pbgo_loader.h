@@ -28,6 +28,10 @@ static inline int pbgo_loader_set_epoch(pb_loader *l, int64_t epoch, char **msg)
 	return pbgo_status(pb_loader_set_epoch(l, epoch), msg);
 }
 
+static inline int pbgo_loader_epoch(pb_loader *l, int64_t *out, char **msg) {
+	return pbgo_status(pb_loader_epoch(l, out), msg);
+}
+
 static inline int pbgo_loader_set_prefetch(pb_loader *l, int32_t batches, char **msg) {
 	return pbgo_status(pb_loader_set_prefetch(l, batches), msg);
 }

@@ -44,6 +44,7 @@ def test_save_and_restore_tensors_and_loader_position(abi, tmp_path):
     d = str(tmp_path / "ck").encode()
     ld = Loader(ffi, lib, paths, 8, shuffle=1, seed=2)
     assert ld.rc == 0, ld.msg
+    assert lib.pb_loader_set_epoch(ld.h, 3) == 0
     first = [r for _ in range(5) for r in ld.next()]
     saved = Named(ffi, w=("float", lib.PB_FLOAT32, [1.5, 2.5]), n=("int64_t", lib.PB_INT64, [40]))
     assert lib.pb_checkpoint_save(d, 5, saved.n, saved.names, saved.tensors, ld.h, ffi.NULL, 2) == 0
@@ -55,6 +56,8 @@ def test_save_and_restore_tensors_and_loader_position(abi, tmp_path):
     rc = lib.pb_checkpoint_restore(ffi.NULL, d, into.n, into.names, into.tensors, ld2.h, ffi.NULL, step)
     assert rc == 0, ffi.string(lib.pb_last_error())
     assert step[0] == 5 and list(into.data["w"]) == [1.5, 2.5] and into.data["n"][0] == 40
+    epoch = ffi.new("int64_t *")
+    assert lib.pb_loader_epoch(ld2.h, epoch) == 0 and epoch[0] == 3  # the loop continues from here
     rest = [r for b in ld2.run_pass() for r in b]
     assert len(first) == 40 and sorted(first + rest) == sorted(records)  # each record once
     assert ld2.close() == 0

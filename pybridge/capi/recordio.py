@@ -111,6 +111,10 @@ def pb_loader_set_epoch(loader, epoch):
     _loader(loader).live().set_epoch(epoch)
 
 
+def pb_loader_epoch(loader, out):
+    put(out, _loader(loader).live().epoch)
+
+
 def pb_loader_set_prefetch(loader, batches):
     _loader(loader).live().set_prefetch(batches)
 

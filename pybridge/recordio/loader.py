@@ -197,6 +197,7 @@ class Loader:
         self._pass = None
         self._position = None  # (epoch, plan, _Pass) of the latest pass: what state_dict reports
         self._resume = None  # (epoch, plan) the next pass of that epoch reads (load_state_dict)
+        self._layout = None
         self._passes = {}  # epoch -> passes started (keys the dynamic counters)
         self.closed = False
         try:
@@ -329,7 +330,9 @@ class Loader:
 
     def _fingerprint(self):
         """Names the record stream's layout (files' names, task boundaries), not the paths."""
-        return dataset_name([(os.path.basename(t.file), t.first, t.count) for t in self.tasks])
+        if self._layout is None:  # computed once: a checkpoint may be saved every step
+            self._layout = dataset_name([(os.path.basename(t.file), t.first, t.count) for t in self.tasks])
+        return self._layout
 
     def state_dict(self):
         """The loader's position, to resume mid-epoch (static partition only): the epoch and
