@@ -173,14 +173,23 @@ def _read(path):
 
 def _agree_and_fetch(directory, g):
     """(bytes of the newest checkpoint any rank holds, its source description, source rank), or None."""
-    mine = newest(directory)
     if g is None or g.size == 1:
+        mine = newest(directory)
         return None if mine is None else (_read(mine[1]), mine[1], 0)
+    try:
+        mine, failed = newest(directory), None
+    except IOFailure as exc:  # still join the all_gather, so the others fail too, not hang
+        mine, failed = None, exc
     dev = g.device
     steps = torch.zeros(g.size, dtype=torch.int64, device=dev)
-    collectives.all_gather(torch.tensor([-1 if mine is None else mine[0]], dtype=torch.int64, device=dev),
-                           steps, group=g)
+    code = -2 if failed else -1 if mine is None else mine[0]
+    collectives.all_gather(torch.tensor([code], dtype=torch.int64, device=dev), steps, group=g)
     steps = steps.tolist()
+    if failed:
+        raise failed
+    bad = [r for r, s in enumerate(steps) if s == -2]
+    if bad:
+        raise IOFailure(f"ranks {bad} could not list their checkpoint folder (see their errors)")
     best = max(steps)
     if best < 0:
         return None

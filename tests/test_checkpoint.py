@@ -105,14 +105,24 @@ def _different_checkpoints(rank, world, root):
             checkpoint.save(folder, step, tensors={"w": w}, extra=rank)
         out = {"w": torch.full((4,), -1.0)}
         got = checkpoint.restore(folder, tensors=out)
-        return got.step, got.source_rank, got.extra, out["w"].tolist()
+        # A rank whose folder cannot be listed: every rank fails (none hangs), naming it.
+        broken = os.path.join(root, f"file{rank}")
+        open(broken, "w").close()
+        try:
+            checkpoint.restore(broken if rank == 3 else folder, tensors=out)
+            failure = None
+        except IOFailure as exc:
+            failure = str(exc)
+        return got.step, got.source_rank, got.extra, out["w"].tolist(), failure
     finally:
         pybridge.finalize()
 
 
 def test_newest_checkpoint_is_sent_by_the_lowest_rank_holding_it(tmp_path):
     results = run_ranks(_different_checkpoints, 4, str(tmp_path), timeout=90)
-    assert results == [(7, 2, 2, [27.0] * 4)] * 4
+    assert [r[:4] for r in results] == [(7, 2, 2, [27.0] * 4)] * 4
+    assert all("ranks [3] could not list" in r[4] for r in results[:3]), results
+    assert "file3" in results[3][4], results[3]
 
 
 # ---- training runs ---------------------------------------------------------------------
