@@ -94,6 +94,55 @@ def test_loader_state_of_another_dataset_is_refused(tmp_path):
             c.load_state_dict(state)
 
 
+def _read_in_lockstep(loaders, steps):
+    """Every loader reads `steps` batches (or to the end), as ranks of one job; returns the
+    records read and the loaders' common state."""
+    seen = []
+    its = [iter(ld) for ld in loaders]
+    for _ in range(steps):
+        for it in its:
+            batch = next(it, None)
+            if batch is not None:
+                seen += [bytes(batch[i]) for i in range(len(batch))]
+    states = [ld.state_dict() for ld in loaders]
+    assert all(st == states[0] for st in states), "ranks disagree on the position"
+    return seen, states[0]
+
+
+@pytest.mark.parametrize("worlds,steps", [((4, 2), (5,)), ((2, 4), (3,)), ((4, 2, 3), (2, 4)), ((2, 2), (0,))])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_resumed_epochs_read_each_remaining_record_once(tmp_path, worlds, steps, drop_last):
+    paths = resume_train.write_dataset(str(tmp_path), 301, files=3, chunk_records=7)
+
+    def job(world, state):
+        loaders = [Loader(paths, 4, num_replicas=world, rank=r, shuffle=True, seed=3, drop_last=drop_last,
+                          prefetch=0, epoch=1) for r in range(world)]
+        if state is not None:
+            for ld in loaders:
+                ld.load_state_dict(state)
+        return loaders
+
+    seen, state = [], None
+    for world, n in zip(worlds, steps):  # stop after n steps; restart on the next world size
+        loaders = job(world, state)
+        got, state = _read_in_lockstep(loaders, n)
+        seen += got
+        for ld in loaders:
+            ld.close()
+    loaders = job(worlds[-1], state)
+    assert all(ld.epoch == 1 for ld in loaders)
+    got, end = _read_in_lockstep(loaders, 10**6)
+    seen += got
+    assert end["remaining"] == []
+    counts = collections.Counter(seen)
+    if drop_last:  # nothing read twice; each pass drops less than a batch per rank
+        assert max(counts.values()) == 1
+        assert 301 - len(counts) < sum(w * 4 for w in worlds + worlds[-1:])
+    else:  # everything read; padding repeats at most world - 1 records per run
+        assert len(counts) == 301
+        assert sum(counts.values()) - 301 <= sum(w - 1 for w in worlds)
+
+
 def _different_checkpoints(rank, world, root):
     pybridge.init(timeout=30)
     try:
