@@ -115,7 +115,39 @@ def mnist(plt, data):
     return fig
 
 
-DRAW = {"collectives": collectives, "reducer": reducer, "recordio": recordio, "mnist": mnist}
+def gossip(plt, data):
+    """Step time and bytes sent per rank per step, per method, one group per (ranks, model)."""
+    cases = [(w, k, m) for w, models in data["worlds"].items() for k, m in models.items()]
+    methods = list(cases[0][2]["rows"])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    width = 0.8 / len(methods)
+    for ax, field, ylabel in ((axes[0], "step_ms", "ms per training step (lower is better)"),
+                              (axes[1], "sent_mib_per_rank_step", "MiB sent per rank per step")):
+        for j, method in enumerate(methods):
+            ys = [m["rows"][method][field] for _, _, m in cases]
+            label = cases[0][2]["rows"][method].get("label", method.replace("_", " "))
+            ax.bar([i + j * width for i in range(len(cases))], ys, width, label=label)
+        ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(cases))])
+        ax.set_xticklabels([f"{w} ranks, ({k})" for w, k, _ in cases])
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_title(f"GossipGraD vs allreduce, {data.get('backend', 'gloo')}, step time")
+    axes[1].set_title("bytes written per rank per step (measured)")
+    axes[0].legend(fontsize=8)
+    return fig
+
+
+def gossip_mnist(plt, data):
+    """Loss and test accuracy per epoch of each reduction (examples/mnist/plot.py's figure)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "examples", "mnist"))
+    from plot import figure
+    return figure(plt, [(r["label"], r["epochs"]) for r in data["runs"]],
+                  f"MNIST (Go trainer, {data['data']}), {data['ranks']} ranks: gossip vs allreduce")
+
+
+DRAW = {"collectives": collectives, "reducer": reducer, "recordio": recordio, "mnist": mnist,
+        "gossip": gossip, "gossip-mnist": gossip_mnist}
 
 
 def draw(name, data):

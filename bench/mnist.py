@@ -33,11 +33,23 @@ EPOCH = re.compile(r"^epoch (\d+)/(\d+)  loss (\S+)  test-acc (\S+)  samples/s (
 FINAL = re.compile(r"^final test accuracy: (\S+)$", re.M)
 
 
-def run_trainer(target, ranks, data, opts):
+def prepare(out, mnist_dir=None, download=False, extra=()):
+    """Write the data set into `out` with examples/mnist/prepare.py; says which kind it is."""
+    prep = [sys.executable, PREPARE, "--out", out, *extra]
+    prep += ["--mnist-dir", mnist_dir] if mnist_dir else ["--synthetic"]
+    prep += ["--download"] if download else []
+    p = subprocess.run(prep, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    if p.returncode != 0:
+        raise SystemExit(p.stdout)
+    return "real MNIST" if mnist_dir else "synthetic digits"
+
+
+def run_trainer(target, ranks, data, opts, extra=()):
+    """Train with `ranks` ranks; `extra`: more trainer flags (--reduce, --metrics...)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "pybridge.launch", "--nproc-per-node", str(ranks), target,
-           "--data", data, "--epochs", str(opts.epochs), "--batch-size", str(opts.batch_size)]
+           "--data", data, "--epochs", str(opts.epochs), "--batch-size", str(opts.batch_size), *extra]
     t0 = time.monotonic()
     out, epoch_end = [], []  # epoch_end[i]: seconds from launch to epoch i+1's line
     with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -95,13 +107,7 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "mnist")
-        prep = [sys.executable, PREPARE, "--out", data]
-        prep += ["--mnist-dir", opts.mnist_dir] if opts.mnist_dir else ["--synthetic"]
-        prep += ["--download"] if opts.download else []
-        p = subprocess.run(prep, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-        if p.returncode != 0:
-            raise SystemExit(p.stdout)
-        kind = "real MNIST" if opts.mnist_dir else "synthetic digits"
+        kind = prepare(data, opts.mnist_dir, opts.download)
         build_go_trainer()
         results = {"python": [run_trainer(PY_TRAINER, n, data, opts) for n in (1, 2)],
                    "go": [run_trainer(GO_TRAINER, n, data, opts) for n in (1, 2)]}

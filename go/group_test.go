@@ -301,6 +301,43 @@ func gossipSteps(g *pybridge.Group, opt pybridge.ReducerOption, steps int, feed 
 	return out, nil
 }
 
+// gossipSyncAllBuckets: with three buckets and sync every 2, step 0 gossips
+// (a pair's average) and step 1 averages every bucket exactly, not only the last.
+// Ranks hold rank^2 (+10 per bucket): no pair's average equals the mean, 3.5.
+func gossipSyncAllBuckets(g *pybridge.Group) error {
+	red, err := pybridge.NewReducer(g, pybridge.Params[float32](8, 8, 8), pybridge.WithBucketCapMB(1e-6),
+		pybridge.WithoutRebuild(), pybridge.WithGossip(pybridge.GossipCube, 1, 7, 2))
+	if err != nil {
+		return err
+	}
+	defer red.Close()
+	for s := 0; s < 2; s++ {
+		for b := 0; b < 3; b++ {
+			grad, err := pybridge.GradAs[float32](red, b)
+			if err != nil {
+				return err
+			}
+			for i := range grad {
+				grad[i] = float32(g.Rank()*g.Rank() + 10*b)
+			}
+			if err := red.MarkReady(b); err != nil {
+				return err
+			}
+		}
+		if err := red.Wait(30 * time.Second); err != nil {
+			return err
+		}
+		for b := 0; b < 3; b++ {
+			grad, _ := pybridge.GradAs[float32](red, b)
+			mean := 3.5 + float32(10*b)
+			if (s == 1) != (grad[0] == mean) {
+				return fmt.Errorf("sync every 2, step %d, bucket %d: %v (the exact mean is %v only at step 1)", s, b, grad[0], mean)
+			}
+		}
+	}
+	return nil
+}
+
 func roleGossip() error {
 	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
@@ -333,6 +370,9 @@ func roleGossip() error {
 	}
 	if got[2] != 1.5 || got[0] == 1.5 {
 		return fmt.Errorf("sync every 3: %v, want a pair average then 1.5 at step 2", got)
+	}
+	if err := gossipSyncAllBuckets(g); err != nil {
+		return err
 	}
 	if _, err := pybridge.NewReducer(g, pybridge.Params[float32](8), pybridge.WithGossip(7, 1, 0, 0)); !errors.Is(err, pybridge.ErrInvalidArgument) {
 		return fmt.Errorf("unknown topology: %v", err)

@@ -110,7 +110,8 @@ class GossipState:
 
     def _sync(self, buf, params):
         collectives.all_reduce(buf, collectives.AVG, group=self.everyone)  # exact, this step
-        average_parameters(params, group=self.everyone)
+        if params:
+            average_parameters(params, group=self.everyone)
         return buf
 
 
@@ -120,16 +121,20 @@ def gossip_hook(state, bucket):
         raise InvalidArgument(f"gossip_hook needs a GossipState as its state, got {type(state).__name__}")
     buf = bucket.buffer()
     send_to, recv_from = state.peers()
-    sync = False
-    if state.sync_every:
+    # A sync step averages every bucket exactly (not only the last one: a gossiped bucket
+    # would leave its parameters different after the optimizer step) and, with the last
+    # bucket, the parameters seen this step.
+    sync = bool(state.sync_every) and (state.step + 1) % state.sync_every == 0
+    if sync:
         try:
             state._params.extend(bucket.parameters())
         except InvalidArgument:
             pass  # specs only (C, Go): the caller averages its own parameters
-        sync = bucket.is_last() and (state.step + 1) % state.sync_every == 0
     index = bucket.index()
     if sync:
-        params, state._params = state._params, []
+        params = None
+        if bucket.is_last():
+            params, state._params = state._params, []
 
         def work():
             return state._sync(buf, params)
@@ -138,8 +143,6 @@ def gossip_hook(state, bucket):
             return state._mix(index, buf, send_to, recv_from)
     if bucket.is_last():
         state.step += 1
-        if not sync:
-            state._params = []
     fut = torch.futures.Future()
     state._jobs.put((fut, work))
     return fut

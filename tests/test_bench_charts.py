@@ -18,6 +18,8 @@ pytest.importorskip("matplotlib")
     ("reducer", ["torch ddp", "ms per training step"]),
     ("recordio", ["plain read", "pybridge loader", "compressor snappy"]),
     ("mnist", ["test accuracy", "go, 2 ranks"]),
+    ("gossip", ["gossip, cube", "MiB sent per rank per step", "8 ranks, (b)"]),
+    ("gossip-mnist", ["gossip-cube, sync every 4", "allreduce", "test accuracy"]),
 ])
 def test_each_result_draws_its_chart(tmp_path, monkeypatch, name, words):
     with open(os.path.join(charts.RESULTS, f"{name}.json")) as f:

@@ -115,6 +115,24 @@ def reduce_ranks(rank, world):
     assert not np.allclose(v, np.sin(np.arange(1000) * (rank + 1)))
     assert lib.pb_reducer_free(r) == 0
 
+    # Gossip (pb_reducer_set_gossip): two steps follow the documented schedule (each rank
+    # averages with the node it receives from), and with sync_every 2 the second is exact.
+    from pybridge.gossip_schedule import peers
+    for topology, name in ((lib.PB_GOSSIP_CUBE, "cube"), (lib.PB_GOSSIP_DISSEMINATION, "dissemination")):
+        r = _new(ffi, lib, g, [5])
+        assert lib.pb_reducer_set_gossip(r, topology, 1, 9, 2) == 0, _err(ffi, lib)
+        got = []
+        for step in range(2):
+            v, _ = _view(ffi, lib, r, 0)
+            v[:] = rank * rank
+            assert lib.pb_reducer_mark_ready(r, 0) == 0 and lib.pb_reducer_wait(r, 20.0) == 0, _err(ffi, lib)
+            got.append(_view(ffi, lib, r, 0)[0].tolist())
+        _, src = peers(name, world, 9, 0, rank)
+        want0 = rank * rank if src is None else (rank * rank + src * src) / 2
+        mean = sum(q * q for q in range(world)) / world
+        assert got[0] == [want0] * 5 and got[1] == pytest.approx([mean] * 5), (name, got)
+        assert lib.pb_reducer_free(r) == 0
+
     # Broadcast of initial parameters from the last rank, two dtypes.
     w = np.full(7, rank, dtype=np.float32)
     b = np.full(3, rank * 10, dtype=np.int64)
@@ -183,6 +201,12 @@ def misuse(rank, world):
     for i in (2, 1, 0):
         assert lib.pb_reducer_mark_ready(r, i) == 0, _err(ffi, lib)
     assert lib.pb_reducer_wait(r, 10.0) == 0, _err(ffi, lib)
+    cube = lib.PB_GOSSIP_CUBE
+    check("gossip unknown topology", lib.pb_reducer_set_gossip(r, 7, 1, 0, 0), INVALID, "topology 7")
+    check("gossip ranks_per_node 0", lib.pb_reducer_set_gossip(r, cube, 0, 0, 0), INVALID, "ranks_per_node")
+    check("gossip ranks_per_node 3", lib.pb_reducer_set_gossip(r, cube, 3, 0, 0), INVALID, "does not divide")
+    check("gossip negative seed", lib.pb_reducer_set_gossip(r, cube, 1, -1, 0), INVALID, "seed")
+    check("gossip negative sync_every", lib.pb_reducer_set_gossip(r, cube, 1, 0, -1), INVALID, "sync_every")
     check("NULL reducer", lib.pb_reducer_mark_ready(ffi.NULL, 0), INVALID, "reducer is NULL")
     check("foreign reducer", lib.pb_reducer_wait(ffi.cast("pb_reducer *", 0xdead0), 1.0), INVALID,
           "not a live")

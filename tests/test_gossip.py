@@ -43,7 +43,7 @@ def mixing(rank, world, rotate, steps):
     return out
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("world", [1, 2, 4, 8])  # 1: a single node, no exchange, no failure
 def test_one_rank_per_node_mixes_to_the_mean_in_log2_steps(world):
     steps = max(1, (world - 1).bit_length())
     for res in run_ranks(mixing, world, False, steps, timeout=120):
@@ -104,9 +104,14 @@ def buckets_and_training(rank, world):
     ys = xs @ w_true + 0.01 * torch.randn(64, 1, generator=g)
     x, y = xs[rank * 16:(rank + 1) * 16], ys[rank * 16:(rank + 1) * 16]
 
-    def train(hook_state, steps=200):
+    def train(hook_state, steps=200, layers=1):
         torch.manual_seed(0)
-        net = pybridge.DistributedDataParallel(torch.nn.Linear(10, 1))
+        if layers == 1:
+            net = pybridge.DistributedDataParallel(torch.nn.Linear(10, 1))
+        else:  # one bucket per parameter: a sync step must average every bucket exactly
+            net = pybridge.DistributedDataParallel(
+                torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.Linear(8, 1)),
+                bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
         if hook_state is not None:
             net.register_comm_hook(hook_state, gossip_hook)
         opt = torch.optim.SGD(net.parameters(), lr=0.05)
@@ -137,6 +142,17 @@ def buckets_and_training(rank, world):
     state.close()
     pybridge.all_gather(params, everyone)
     out["synced_spread"] = everyone.view(world, -1).std(0).max().item()
+    state = GossipState(topology="cube", seed=1, sync_every=5)
+    _, params = train(state, steps=10, layers=2)  # 4 buckets
+    state.close()
+    everyone2 = torch.zeros(world * params.numel())
+    pybridge.all_gather(params, everyone2)
+    out["synced_spread_buckets"] = everyone2.view(world, -1).std(0).max().item()
+    state = GossipState(topology="cube", seed=1)
+    _, params = train(state, steps=10, layers=2)
+    state.close()
+    pybridge.all_gather(params, everyone2)
+    out["drift_buckets"] = everyone2.view(world, -1).std(0).max().item()
 
     # torch's own DDP takes the hook too.
     torch.manual_seed(0)
@@ -164,3 +180,4 @@ def test_buckets_share_a_peer_and_training_tracks_allreduce():
         assert r["loss_gossip_nosync"] > r["loss_gossip"], r
         assert r["gossip_spread"] > 1e-7, r  # replicas drift under gossip...
         assert r["synced_spread"] < 1e-6 and r["torch_ddp_synced_spread"] < 1e-6, r  # ...until a sync
+        assert r["drift_buckets"] > 1e-7 and r["synced_spread_buckets"] < 1e-6, r  # every bucket synced

@@ -29,11 +29,8 @@ def read_metrics(path):
     return rows
 
 
-def plot(curves, out, title=None):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    plt.rcParams.update({"svg.hashsalt": "pybridge", "font.size": 9})
+def figure(plt, curves, title=None):
+    """The two-panel figure of [(label, metrics rows)] (bench/charts.py draws it too)."""
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(9, 3.4))
     for label, rows in curves:
         epochs = [r["epoch"] for r in rows]
@@ -46,6 +43,15 @@ def plot(curves, out, title=None):
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
+    return fig
+
+
+def plot(curves, out, title=None):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.rcParams.update({"svg.hashsalt": "pybridge", "font.size": 9})
+    fig = figure(plt, curves, title)
     fig.tight_layout()
     fig.savefig(out, metadata={"Date": None} if out.endswith(".svg") else None)
     plt.close(fig)
