@@ -2,6 +2,7 @@
 
     python -m pybridge.capi build [--prefix DIR]      (or: pybridge-capi build ...)
     python -m pybridge.capi --cflags | --libs | --pkg-config-path [--prefix DIR]
+    python -m pybridge.capi check        (is PKG_CONFIG_PATH right for cgo?)
 
 `build` writes DIR/lib/libpybridge.so, DIR/include/pybridge.h and
 DIR/lib/pkgconfig/pybridge.pc. The library embeds the interpreter running this command
@@ -374,15 +375,59 @@ def _query(opts):
     return 0
 
 
+def pc_variables(path):
+    """A .pc file's variables, ${name} references expanded."""
+    values = {}
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"(\w+)=(.*)$", line.strip())
+            if m:
+                values[m[1]] = re.sub(r"\$\{(\w+)\}", lambda r: values.get(r[1], ""), m[2])
+    return values
+
+
+def check_pkg_config_path(value):
+    """(the pybridge.pc that pkg-config would use or None, [what is wrong]) for
+    PKG_CONFIG_PATH=value, as cgo runs pkg-config: in each package's own folder."""
+    hint = "export PKG_CONFIG_PATH=$(pybridge-capi --pkg-config-path [--prefix DIR])"
+    entries = [p for p in (value or "").split(os.pathsep) if p]
+    if not entries:
+        return None, [f"PKG_CONFIG_PATH is not set, so pkg-config cannot find pybridge.pc: {hint}"]
+    problems = [f"PKG_CONFIG_PATH entry {p!r} is relative: go build runs pkg-config in each package's "
+                f"own folder, where it names another place; use an absolute path ({os.path.abspath(p)})"
+                for p in entries if not os.path.isabs(p)]
+    found = next((os.path.join(p, "pybridge.pc") for p in entries
+                  if os.path.isabs(p) and os.path.isfile(os.path.join(p, "pybridge.pc"))), None)
+    if found is None:
+        problems.append(f"no pybridge.pc in any absolute PKG_CONFIG_PATH folder ({value}): run "
+                        f"`pybridge-capi build [--prefix DIR]`, then {hint}")
+        return None, problems
+    v = pc_variables(found)
+    for f in (os.path.join(v.get("libdir", ""), "libpybridge.so"), os.path.join(v.get("includedir", ""), "pybridge.h")):
+        if not os.path.isfile(f):
+            problems.append(f"{found} names {f}, which does not exist: build again (pybridge-capi build)")
+    return found, problems
+
+
+def _check():
+    found, problems = check_pkg_config_path(os.environ.get("PKG_CONFIG_PATH"))
+    if found:
+        print(f"pkg-config finds {found} (libdir {pc_variables(found).get('libdir')})")
+    for p in problems:
+        print(f"{PROG}: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog=PROG, description="Build the pybridge C library for this Python environment, or print "
         "the flags to compile and link against it.",
         epilog="example: python -m pybridge.capi build && export PKG_CONFIG_PATH=$(python -m "
         "pybridge.capi --pkg-config-path) && gcc prog.c $(pkg-config --cflags --libs pybridge)")
-    parser.add_argument("command", nargs="?", choices=["build"],
-                        help="build PREFIX/lib/libpybridge.so, PREFIX/include/pybridge.h and "
-                        "PREFIX/lib/pkgconfig/pybridge.pc")
+    parser.add_argument("command", nargs="?", choices=["build", "check"],
+                        help="build: PREFIX/lib/libpybridge.so, PREFIX/include/pybridge.h and "
+                        "PREFIX/lib/pkgconfig/pybridge.pc; check: say whether PKG_CONFIG_PATH leads "
+                        "pkg-config (and cgo) to a pybridge.pc whose library exists")
     parser.add_argument("--prefix", default=default_prefix(),
                         help="where to build, or to look (default: %(default)s)")
     parser.add_argument("--cflags", action="store_true", help="print the compiler flags")
@@ -393,10 +438,12 @@ def main(argv=None):
     opts = parser.parse_args(argv)
     queries = opts.cflags or opts.libs or opts.pkg_config_path
     if opts.command is None and not queries:
-        parser.error("say what to do: build, --cflags, --libs or --pkg-config-path")
+        parser.error("say what to do: build, check, --cflags, --libs or --pkg-config-path")
+    if opts.command and queries:
+        parser.error(f"{opts.command} takes no query flags; run the query on its own")
+    if opts.command == "check":
+        return _check()
     if opts.command == "build":
-        if queries:
-            parser.error("build takes no query flags; run the query after it")
         lib = build_prefix(opts.prefix)
         d = layout(opts.prefix)
         print(f"built {lib} for {sys.executable} (pybridge {version()} from {PACKAGE})\n"
