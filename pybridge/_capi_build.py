@@ -1,7 +1,7 @@
 """Build libpybridge.so (cffi embedding mode), its header and a pkg-config file.
 
     python -m pybridge.capi build [--prefix DIR]      (or: pybridge-capi build ...)
-    python -m pybridge.capi --cflags | --libs | --pkg-config-path [--prefix DIR]
+    python -m pybridge.capi --cflags | --libs | --pkg-config-path | --go-dir [--prefix DIR]
     python -m pybridge.capi check        (is PKG_CONFIG_PATH right for cgo?)
 
 `build` writes DIR/lib/libpybridge.so, DIR/include/pybridge.h and
@@ -9,7 +9,8 @@ DIR/lib/pkgconfig/pybridge.pc. The library embeds the interpreter running this c
 and the pybridge package it imports, so run it with the environment's own python
 after `pip install pybridge`. DIR defaults to the active virtual environment
 (sys.prefix), else to the user base (~/.local). The queries print compiler and linker
-flags (or the folder to put on PKG_CONFIG_PATH), like python3-config.
+flags (or the folder to put on PKG_CONFIG_PATH), like python3-config; --go-dir prints the
+folder of the Go module the package ships, for a `replace` directive (no module proxy needed).
 
 In a checkout, `make` (capi/build.py) builds build/libpybridge.so and build/pybridge.pc
 from the same code, embedding the checkout's pybridge first.
@@ -33,9 +34,9 @@ import tempfile
 
 PROG = "pybridge-capi"
 PACKAGE = os.path.dirname(os.path.abspath(__file__))
-# In a checkout this is a link to capi/pybridge.h, the one source; wheels carry a copy.
-INCLUDE = os.path.join(PACKAGE, "include")
-HEADER = os.path.join(INCLUDE, "pybridge.h")
+# In a checkout these link to capi/pybridge.h and go/, the one sources; wheels carry copies.
+HEADER = os.path.join(PACKAGE, "include", "pybridge.h")
+GO_MODULE = os.path.join(PACKAGE, "go")  # github.com/pybridge/pybridge/go, for a `replace` directive
 PURE_C = {"pb_last_error", "pb_status_name", "pb_version"}
 PROTO = re.compile(r"^int (pb_\w+)\(([^;]*?)\);", re.M | re.S)
 
@@ -360,11 +361,13 @@ def build_prefix(prefix):
 def _query(opts):
     d = layout(opts.prefix)
     pc = os.path.join(d["pkgconfig"], "pybridge.pc")
-    if not os.path.exists(pc):
+    if (opts.cflags or opts.libs or opts.pkg_config_path) and not os.path.exists(pc):
         sys.stderr.write(f"{PROG}: {pc} does not exist: run `python -m pybridge.capi build"
                          f" --prefix {d['prefix']}` first\n")
         return 1
     out = []
+    if opts.go_dir:
+        out.append(GO_MODULE)
     if opts.pkg_config_path:
         out.append(d["pkgconfig"])
     if opts.cflags:
@@ -434,11 +437,14 @@ def main(argv=None):
     parser.add_argument("--libs", action="store_true", help="print the linker flags")
     parser.add_argument("--pkg-config-path", action="store_true",
                         help="print the folder holding pybridge.pc (for PKG_CONFIG_PATH)")
+    parser.add_argument("--go-dir", action="store_true",
+                        help="print the folder of the Go module shipped in this package (for a "
+                        "`replace github.com/pybridge/pybridge/go => DIR` directive)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     opts = parser.parse_args(argv)
-    queries = opts.cflags or opts.libs or opts.pkg_config_path
+    queries = opts.cflags or opts.libs or opts.pkg_config_path or opts.go_dir
     if opts.command is None and not queries:
-        parser.error("say what to do: build, check, --cflags, --libs or --pkg-config-path")
+        parser.error("say what to do: build, check, --cflags, --libs, --pkg-config-path or --go-dir")
     if opts.command and queries:
         parser.error(f"{opts.command} takes no query flags; run the query on its own")
     if opts.command == "check":
@@ -449,6 +455,7 @@ def main(argv=None):
         print(f"built {lib} for {sys.executable} (pybridge {version()} from {PACKAGE})\n"
               f"  header:     {os.path.join(d['include'], 'pybridge.h')}\n"
               f"  pkg-config: {os.path.join(d['pkgconfig'], 'pybridge.pc')}\n"
+              f"  Go module:  {GO_MODULE}\n"
               f"use it with:  export PKG_CONFIG_PATH={d['pkgconfig']}")
         return 0
     return _query(opts)

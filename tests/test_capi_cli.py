@@ -31,6 +31,14 @@ def test_queries_print_flags_of_the_prefix(tmp_path, capsys):
     assert (v["libdir"], v["includedir"]) == (d["lib"], d["include"])
 
 
+def test_go_dir_is_the_packaged_go_module(tmp_path, capsys):
+    assert cli.main(["--go-dir", "--prefix", str(tmp_path / "nothing built")]) == 0
+    go_dir = capsys.readouterr().out.strip()
+    assert go_dir == os.path.join(os.path.dirname(cli.__file__), "go")
+    with open(os.path.join(go_dir, "go.mod")) as f:
+        assert f.readline().strip() == "module github.com/pybridge/pybridge/go"
+
+
 def test_query_before_build_says_what_to_run(tmp_path, capsys):
     assert cli.main(["--libs", "--prefix", str(tmp_path / "nothing")]) == 1
     err = capsys.readouterr().err

@@ -1,7 +1,7 @@
 """A user outside this repository: sdist -> wheel, installed into a fresh virtual environment
 in a temporary folder, `pybridge-capi build`, then a C program (gcc + pkg-config) and a Go
-program (an outside module with a `replace` directive) built there and run on 2 ranks with
-the environment's own pybridge-launch. Both must run the installed pybridge, not this
+program (an outside module whose `replace` directive points at the Go module in the installed
+package) built there and run on 2 ranks with the environment's own pybridge-launch. Both must run the installed pybridge, not this
 checkout. About a minute (most of it Go compiling its standard cgo packages into a fresh
 build cache); deselect with `-m 'not outside'`."""
 
@@ -128,7 +128,7 @@ def test_wheel_serves_c_and_go_from_a_fresh_venv(tmp_path):
     src = os.path.join(tmp, "src")
     shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
         "build", ".git", ".ci", "*.egg-info", "__pycache__", ".venv", ".pytest_cache", "bench", "examples",
-        "tests", "go", "docs"))
+        "tests", "docs"))
     dist = os.path.join(tmp, "dist")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run([sys.executable, "-c", f"from setuptools.build_meta import build_sdist; build_sdist({dist!r})"], src, env)
@@ -175,7 +175,9 @@ def test_wheel_serves_c_and_go_from_a_fresh_venv(tmp_path):
     cores = re.findall(r"^CORE (\S+)", out, re.M)
     assert cores == [os.path.join(site_pkgs, "__init__.py")] * 2, out
 
-    # 5. Go: an outside module that replaces the module path with this checkout's go/ folder.
+    # 5. Go: an outside module whose `replace` points at the Go module the wheel ships.
+    go_dir = run([py, "-m", "pybridge.capi", "--go-dir"], tmp, env).strip()
+    assert go_dir == os.path.join(site_pkgs, "go") and os.path.isfile(os.path.join(go_dir, "go.mod"))
     gdir = os.path.join(tmp, "gohello")
     os.makedirs(gdir)
     with open(os.path.join(gdir, "go.mod"), "w") as f:
@@ -186,7 +188,7 @@ def test_wheel_serves_c_and_go_from_a_fresh_venv(tmp_path):
 
             require github.com/pybridge/pybridge/go v0.0.0
 
-            replace github.com/pybridge/pybridge/go => {os.path.join(ROOT, "go")}
+            replace github.com/pybridge/pybridge/go => {go_dir}
             """))
     with open(os.path.join(gdir, "main.go"), "w") as f:
         f.write(HELLO_GO)
