@@ -1,10 +1,12 @@
 """A user outside this repository: sdist -> wheel, installed into a fresh virtual environment
 in a temporary folder, `pybridge-capi build`, then a C program (gcc + pkg-config) and a Go
 program (an outside module whose `replace` directive points at the Go module in the installed
-package) built there and run on 2 ranks with the environment's own pybridge-launch. Both must run the installed pybridge, not this
-checkout. About a minute (most of it Go compiling its standard cgo packages into a fresh
-build cache); deselect with `-m 'not outside'`."""
+package) built there and run on 2 ranks with the environment's own pybridge-launch; both must
+run the installed pybridge, not this checkout. Last, `go get` of the module path at the
+release version from a file module proxy. About a minute (most of it Go compiling its
+standard cgo packages into a fresh build cache); deselect with `-m 'not outside'`."""
 
+import json
 import os
 import re
 import shutil
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import zipfile
 
 import pytest
 
@@ -107,6 +110,23 @@ def run(cmd, cwd, env, timeout=120):
     return p.stdout
 
 
+def file_proxy(go_dir, root, version):
+    """A GOPROXY folder serving the Go module as a release tag go/<version> would."""
+    base = os.path.join(root, "github.com", "pybridge", "pybridge", "go", "@v")
+    os.makedirs(base)
+    with zipfile.ZipFile(os.path.join(base, version + ".zip"), "w") as z:
+        for folder, _, files in os.walk(go_dir):
+            for name in files:
+                path = os.path.join(folder, name)
+                z.write(path, f"github.com/pybridge/pybridge/go@{version}/{os.path.relpath(path, go_dir)}")
+    shutil.copyfile(os.path.join(go_dir, "go.mod"), os.path.join(base, version + ".mod"))
+    with open(os.path.join(base, version + ".info"), "w") as f:
+        json.dump({"Version": version}, f)
+    with open(os.path.join(base, "list"), "w") as f:
+        f.write(version + "\n")
+    return "file://" + root
+
+
 def outside_env(tmp, venv):
     """What a user's shell would have: the venv's bin first, nothing pointing at this checkout."""
     env = {k: v for k, v in os.environ.items()
@@ -197,3 +217,17 @@ def test_wheel_serves_c_and_go_from_a_fresh_venv(tmp_path):
     for r in (0, 1):
         assert f"RESULT Go rank {r}: 3 30 -2" in out, out
     assert re.findall(r"^LIB (\S+)", out, re.M) == [os.path.join(prefix, "lib", "libpybridge.so")] * 2, out
+
+    # 6. Go with a module proxy: `go get` of the module path at a release version, served by a
+    # file proxy holding what the wheel ships.
+    pdir = os.path.join(tmp, "goproxy-user")
+    os.makedirs(pdir)
+    shutil.copyfile(os.path.join(gdir, "main.go"), os.path.join(pdir, "main.go"))
+    version = f"v{pybridge.__version__}"
+    proxy_env = {**env, "GOPROXY": file_proxy(go_dir, os.path.join(tmp, "proxy"), version), "GOSUMDB": "off",
+                 "GOFLAGS": ""}
+    run(["go", "mod", "init", "example.com/viaproxy"], pdir, proxy_env)
+    run(["go", "get", f"github.com/pybridge/pybridge/go@{version}"], pdir, proxy_env)
+    run(["go", "build", "-o", "hello", "."], pdir, proxy_env, timeout=240)
+    out = run(launch + ["./hello"], pdir, env, timeout=120)
+    assert "RESULT Go rank 1: 3 30 -2" in out, out
