@@ -358,6 +358,23 @@ def build_prefix(prefix):
     return lib
 
 
+def _build_or_say_why(prefix):
+    """build_prefix, with a one-line reason on stderr (and None) for what users can fix."""
+    import cffi
+
+    try:
+        return build_prefix(prefix)
+    except OSError as exc:  # a prefix that cannot be written
+        why = f"cannot write under {os.path.abspath(prefix)}: {exc}"
+    except cffi.VerificationError as exc:  # the C compiler or the link failed (its output is above)
+        why = (f"compiling libpybridge.so failed ({exc}); it needs a C compiler ($CC or cc) and this "
+               f"Python's headers ({os.path.join(sysconfig.get_path('include'), 'Python.h')})")
+        if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+            why += f", and a shared libpython, which {sys.executable} was built without"
+    print(f"{PROG}: {why}", file=sys.stderr)
+    return None
+
+
 def _query(opts):
     d = layout(opts.prefix)
     pc = os.path.join(d["pkgconfig"], "pybridge.pc")
@@ -450,7 +467,9 @@ def main(argv=None):
     if opts.command == "check":
         return _check()
     if opts.command == "build":
-        lib = build_prefix(opts.prefix)
+        lib = _build_or_say_why(opts.prefix)
+        if lib is None:
+            return 1
         d = layout(opts.prefix)
         print(f"built {lib} for {sys.executable} (pybridge {version()} from {PACKAGE})\n"
               f"  header:     {os.path.join(d['include'], 'pybridge.h')}\n"

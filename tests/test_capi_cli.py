@@ -82,3 +82,16 @@ def test_check_command_exit_status(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PKG_CONFIG_PATH", "build")
     assert cli.main(["check"]) == 1
     assert "'build' is relative" in capsys.readouterr().err
+
+
+def test_build_failures_name_the_cause(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CC", "false")  # a compiler that always fails
+    assert cli.main(["build", "--prefix", str(tmp_path / "p")]) == 1
+    err = capsys.readouterr().err
+    assert "pybridge-capi: compiling libpybridge.so failed" in err and "needs a C compiler" in err, err
+    assert not os.path.exists(tmp_path / "p" / "lib" / "libpybridge.so")
+
+    monkeypatch.delenv("CC")
+    (tmp_path / "file").write_text("")
+    assert cli.main(["build", "--prefix", str(tmp_path / "file")]) == 1  # a file, not a folder
+    assert f"pybridge-capi: cannot write under {tmp_path / 'file'}" in capsys.readouterr().err
