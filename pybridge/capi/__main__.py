@@ -1,4 +1,5 @@
-"""python -m pybridge.capi build | --cflags | --libs | --pkg-config-path: see pybridge/_capi_build.py."""
+"""python -m pybridge.capi build | check | --cflags | --libs | --pkg-config-path | --go-dir
+(the same as pybridge-capi): see pybridge/_capi_build.py."""
 
 import sys
 
