@@ -36,7 +36,7 @@ ABI := pybridge/abi.py
 $(ABI): capi/pybridge.h capi/gen_abi.py
 	$(PYTHON) capi/gen_abi.py
 
-$(LIB): $(DEPS_STAMP) $(ABI) capi/pybridge.h capi/build.py
+$(LIB): $(DEPS_STAMP) $(ABI) capi/pybridge.h capi/build.py pybridge/_capi_build.py
 	$(PYTHON) capi/build.py --out $(BUILD)
 
 test: test-python test-go

@@ -3,6 +3,7 @@
 import datetime
 import gc
 import os
+import sys
 import threading
 
 import torch
@@ -274,11 +275,16 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
         method = _rendezvous(init_method, master_addr, master_port)
         if backend == "nccl":
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        excepthook = sys.excepthook
         try:
             dist.init_process_group(backend, init_method=method, rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=timeout))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error
             raise classify(exc) from exc
+        if os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
+            # torch's hook prefixes a traceback's lines with "[rank<R>]: ", but the launcher
+            # already prefixes every stderr line: keep one prefix, not two.
+            sys.excepthook = excepthook
         _current = Group(dist.group.WORLD, range(world_size), rank, local_rank, backend, float(timeout),
                          owned=True)
         return _current

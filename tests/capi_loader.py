@@ -1,14 +1,17 @@
 """Load libpybridge.so through cffi's ABI mode, declared from capi/pybridge.h itself."""
 
+import importlib.util
 import os
-import sys
 
 import cffi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIB_PATH = os.environ.get("PYBRIDGE_LIB", os.path.join(ROOT, "build", "libpybridge.so"))
-sys.path.insert(0, os.path.join(ROOT, "capi"))
-import build as capi_build  # noqa: E402
+# The build module on its own, not through the package: importing pybridge here would
+# decide which core the library's embedded interpreter finds.
+_spec = importlib.util.spec_from_file_location("_pb_capi_build", os.path.join(ROOT, "pybridge", "_capi_build.py"))
+_capi_build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_capi_build)
 
 
 _loaded = None
@@ -20,6 +23,6 @@ def load():
     if _loaded is None:
         ffi = cffi.FFI()
         with open(os.path.join(ROOT, "capi", "pybridge.h")) as f:
-            ffi.cdef(capi_build.public_cdef(f.read()))
+            ffi.cdef(_capi_build.public_cdef(f.read()))
         _loaded = ffi, ffi.dlopen(LIB_PATH)
     return _loaded

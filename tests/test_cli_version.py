@@ -14,6 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize("cmd", [
     ["-m", "pybridge.launch"],
     ["-m", "pybridge.recordio"],
+    ["-m", "pybridge.capi"],
     [os.path.join(ROOT, "examples", "mnist", "prepare.py")],
     [os.path.join(ROOT, "bench", "run.py")],
 ])

@@ -77,6 +77,24 @@ def test_failing_rank_stops_job_and_is_named(tmp_path):
     assert took < 40, f"the launcher took {took:.0f}s to stop the job"
 
 
+def test_traceback_of_a_pybridge_rank_has_one_prefix(tmp_path):
+    # torch's init_process_group prefixes tracebacks with "[rank1]: "; the launcher prefixes
+    # every stderr line too, and the two gave "[rank1]:[rank1]: Traceback ...".
+    script = write(tmp_path / "raise.py", """
+        import os, time, pybridge
+        pybridge.init(timeout=60)
+        if os.environ["RANK"] == "1":
+            raise ValueError("the tea kettle is empty")
+        time.sleep(120)  # stopped by the launcher
+    """)
+    rc, out, _ = launch(["--nproc-per-node", "2", script], timeout=90)
+    assert rc == 1, out
+    assert "[rank1]:ValueError: the tea kettle is empty" in out, out
+    assert "[rank1]:[rank1]:" not in out and "[rank1]: [rank1]:" not in out, out
+    tail = out.split("last lines of rank 1's stderr", 1)[1]
+    assert "\nValueError: the tea kettle is empty" in tail, out  # the log holds the bare traceback
+
+
 def test_rank_killed_by_signal_is_named(tmp_path):
     script = write(tmp_path / "kill.py", """
         import os, signal, time
@@ -132,7 +150,8 @@ ALLREDUCE = """
 def test_two_nodes_on_loopback(tmp_path):
     script = write(tmp_path / "ar.py", ALLREDUCE)
     endpoint = f"127.0.0.1:{free_port()}"
-    full_env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    full_env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                "TMPDIR": str(tmp_path)}  # a failed run's logs stay in the test's folder, not /tmp
     procs = [subprocess.Popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", "1",
                                "--nnodes", "2", "--node-rank", str(node), "--rdzv-endpoint", endpoint,
                                script], cwd=ROOT, env=full_env, stdout=subprocess.PIPE,

@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mnist_format as fmt  # noqa: E402
 
 from pybridge import __version__, recordio  # noqa: E402
+from pybridge.progress import progress  # noqa: E402
 
 IDX_FILES = {
     ("train", "images"): "train-images-idx3-ubyte",
@@ -110,7 +111,13 @@ def load_mnist(folder):
 def _fetch(url):
     print(f"prepare: downloading {url}", flush=True)
     with urllib.request.urlopen(url, timeout=30) as r:
-        return r.read()
+        size = r.headers.get("Content-Length")
+        parts = []
+        with progress(int(size) if size and size.isdigit() else None, "prepare: download", "B") as bar:
+            while part := r.read(1 << 16):
+                parts.append(part)
+                bar.update(len(part))
+        return b"".join(parts)
 
 
 def _save_verified(folder, base, raw):
@@ -274,17 +281,19 @@ def render(label, variant, n, rng):
     return (np.clip(img, 0, 1) * 255 + .5).astype(np.uint8).reshape(n, 28, 28)
 
 
-def synthetic(count, rng, batch=64):
+def synthetic(count, rng, batch=64, desc="prepare: synthetic digits"):
     """count images with uniformly random labels (and glyph variants), in random order."""
     labels = rng.integers(0, 10, count).astype(np.uint8)
     variants = np.array([rng.integers(len(GLYPHS[int(l)])) for l in labels])
     images = np.empty((count, 28, 28), np.uint8)
-    for label in range(10):
-        for v in range(len(GLYPHS[label])):
-            idx = np.flatnonzero((labels == label) & (variants == v))
-            for i in range(0, len(idx), batch):
-                part = idx[i:i + batch]
-                images[part] = render(label, v, len(part), rng)
+    with progress(count, desc, "images") as bar:
+        for label in range(10):
+            for v in range(len(GLYPHS[label])):
+                idx = np.flatnonzero((labels == label) & (variants == v))
+                for i in range(0, len(idx), batch):
+                    part = idx[i:i + batch]
+                    images[part] = render(label, v, len(part), rng)
+                    bar.update(len(part))
     return labels, images
 
 
@@ -297,13 +306,15 @@ def write_split(out, split, labels, images, shards, compressor):
     bounds = np.linspace(0, n, shards + 1).round().astype(int)
     names = []
     flat = images.reshape(n, -1)
-    for i in range(shards):
-        name = fmt.shard_name(split, i, shards)
-        with recordio.Writer(os.path.join(out, name), compressor=compressor,
-                             max_chunk_bytes=fmt.CHUNK_RECORDS * fmt.RECORD_BYTES) as w:
-            for j in range(bounds[i], bounds[i + 1]):
-                w.write(fmt.encode_record(labels[j], flat[j]))
-        names.append(name)
+    with progress(n, f"prepare: writing {split}", "records") as bar:
+        for i in range(shards):
+            name = fmt.shard_name(split, i, shards)
+            with recordio.Writer(os.path.join(out, name), compressor=compressor,
+                                 max_chunk_bytes=fmt.CHUNK_RECORDS * fmt.RECORD_BYTES) as w:
+                for j in range(bounds[i], bounds[i + 1]):
+                    w.write(fmt.encode_record(labels[j], flat[j]))
+            bar.update(bounds[i + 1] - bounds[i])
+            names.append(name)
     return names
 
 
@@ -348,7 +359,8 @@ def main(argv=None):
         kind, source = "mnist", os.path.abspath(opts.mnist_dir)
     else:
         rng = np.random.default_rng(opts.seed)
-        data = {"train": synthetic(opts.train_count, rng), "test": synthetic(opts.test_count, rng)}
+        data = {"train": synthetic(opts.train_count, rng, desc="prepare: synthetic train"),
+                "test": synthetic(opts.test_count, rng, desc="prepare: synthetic test")}
         kind, source = "synthetic", f"synthetic digits, seed {opts.seed}"
 
     os.makedirs(opts.out, exist_ok=True)

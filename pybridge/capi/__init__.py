@@ -121,6 +121,8 @@ def install(embedding_ffi, lib):
     ffi = embedding_ffi
     exported = set()
     for info in pkgutil.iter_modules(__path__):  # core, reducer, recordio, ...
+        if info.name.startswith("_"):  # __main__: the build command, not part of the ABI
+            continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         for name, fn in vars(module).items():
             if name.startswith("pb_") and callable(fn):

@@ -10,6 +10,7 @@ import sys
 
 from .._version import __version__
 from ..errors import CorruptData, PyBridgeError
+from ..progress import progress
 from .format import COMPRESSORS, DEFAULT_MAX_CHUNK_BYTES
 from .reader import Reader
 from .writer import Writer
@@ -43,6 +44,7 @@ def cmd_pack(args, out):
     folder = os.path.dirname(args.output)
     if folder:
         os.makedirs(folder, exist_ok=True)
+    bar = progress(desc=f"{PROG} pack", unit="records")  # shown on a terminal only
     try:
         for record in _input_records(args.inputs, args.lines):
             if writer is None or writer.records_written >= args.records:
@@ -53,11 +55,13 @@ def cmd_pack(args, out):
                 written.append(writer)
                 shard += 1
             writer.write(record)
+            bar.update()
         if writer is not None:
             writer.close()
     except OSError as exc:  # an input that cannot be read or a shard that cannot be written
         raise PyBridgeError(f"pack failed: {exc}") from exc
     finally:
+        bar.close()
         if writer is not None and not writer.closed:
             writer.close()
     if not written:  # never leave an empty (unreadable) shard behind

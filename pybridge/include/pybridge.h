@@ -1,0 +1,1 @@
+../../capi/pybridge.h
