@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from . import abi, collectives, comm_hooks, dtypes
+from . import abi, checked, collectives, comm_hooks, dtypes
 from . import group as _group
 from .buffers import check_extent
 from .checks import positive_finite, positive_seconds
@@ -603,6 +603,7 @@ def broadcast_parameters(tensors, root=0, *, group=None, chunk_mb=64.0):
             groups.setdefault((t.dtype, t.device), []).append(t)
     if g.size == 1:
         return
+    _check_same_tensors(tensors, root, g)
     for (dt, _), ts in groups.items():
         chunk, nbytes = [], 0
         for t in ts:
@@ -613,6 +614,22 @@ def broadcast_parameters(tensors, root=0, *, group=None, chunk_mb=64.0):
                 chunk, nbytes = [], 0
         if chunk:
             _broadcast_chunk(chunk, root, g)
+
+
+def _check_same_tensors(tensors, root, g):
+    """One small allgather of (root, number of tensors, hash of their dtypes and counts):
+    ranks passing other tensors would otherwise get garbage, or abort inside gloo."""
+    items = [(str(t.dtype), t.numel()) for t in tensors]
+    rows = checked.gather_rows(g, [root, len(items), checked.signature(items)])
+    if len(set(rows)) > 1:
+        by = {}
+        for r, row in enumerate(rows):
+            by.setdefault(row, []).append(r)
+        parts = "; ".join(f"ranks {rs} pass {n} tensors (root {rt}, dtypes and counts #{i})"
+                          for i, ((rt, n, _), rs) in enumerate(by.items()))
+        raise InvalidArgument(f"broadcast_parameters: ranks pass different tensors: {parts}. "
+                              "Every rank must pass the same dtypes and counts in the same order "
+                              "and the same root")
 
 
 def _broadcast_chunk(ts, root, g):
