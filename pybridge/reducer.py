@@ -625,8 +625,10 @@ def _check_same_tensors(tensors, root, g):
         by = {}
         for r, row in enumerate(rows):
             by.setdefault(row, []).append(r)
-        parts = "; ".join(f"ranks {rs} pass {n} tensors (root {rt}, dtypes and counts #{i})"
-                          for i, ((rt, n, _), rs) in enumerate(by.items()))
+        kinds = {}  # the distinct lists of dtypes and counts, named A, B, ...
+        parts = "; ".join(f"ranks {rs} pass {n} tensors (root {rt}, dtypes and counts "
+                          f"{kinds.setdefault(sig, chr(65 + len(kinds)))})"
+                          for (rt, n, sig), rs in by.items())
         raise InvalidArgument(f"broadcast_parameters: ranks pass different tensors: {parts}. "
                               "Every rank must pass the same dtypes and counts in the same order "
                               "and the same root")
