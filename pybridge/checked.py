@@ -13,6 +13,7 @@ import threading
 import time
 
 import torch
+import torch.distributed as dist
 
 from . import dtypes
 from .errors import InvalidArgument, Timeout, classify
@@ -70,10 +71,35 @@ def _dtype_name(code):
 
 
 def verify(g, seq, op):
-    """All-gather the fingerprint of collective `seq` over g; raise on any difference."""
-    rows = gather_rows(g, op.row(seq))
-    if len(set(rows)) > 1:
-        raise InvalidArgument(mismatch(f"{op.name} #{seq} on {g.describe()}", rows))
+    """Compare the fingerprint of collective `seq` over g; raise on any difference.
+
+    One allreduce(max) of (row, -row) tells every member whether all rows are equal (the
+    max of each field equals its min); only then do the members all-gather the rows to
+    say who differs. Every member sees the same answer, so all take the same path."""
+    row = op.row(seq)
+    buf = g.fingerprint_buffer
+    if buf is None:
+        buf = g.fingerprint_buffer = torch.empty(2 * len(row), dtype=torch.int64, device=g.device)
+    buf.copy_(torch.tensor(row + [-x for x in row], dtype=torch.int64))
+    try:
+        g.pg.allreduce([buf], _MAX).wait()
+    except Exception as exc:  # noqa: BLE001
+        raise classify(exc) from exc
+    both = buf.tolist()
+    n = len(row)
+    if all(both[i] == -both[n + i] for i in range(n)):
+        return
+    rows = gather_rows(g, row)
+    raise InvalidArgument(mismatch(f"{op.name} #{seq} on {g.describe()}", rows))
+
+
+def _max_options():
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    return opts
+
+
+_MAX = _max_options()
 
 
 def gather_rows(g, row):

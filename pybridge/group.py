@@ -57,6 +57,7 @@ class Group:
         self.issued = 0  # collectives started on this group: names them "#seq" in errors
         # seq -> (op, start time, torch work or None) while in flight; None: watchdog off
         self.inflight = ({} if parent.inflight is not None else None) if parent is not None else None
+        self.fingerprint_buffer = None  # checked mode's, made on first use
         self.p2p = {}  # checked mode: (direction, peer, tag) -> (count, last one posted)
 
     @property
