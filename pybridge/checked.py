@@ -146,6 +146,26 @@ def mismatch(what, rows):
     return f"checked mode: ranks disagree on {what}: " + "; ".join(parts)
 
 
+def agree_in_store(g, store, key, value, what):
+    """Publish `value` (a string) under key/rank and wait for every member's: a one-off
+    check through the store, for objects every member opens in the same order."""
+    store.set(f"{key}/{g.rank}", value)
+    keys = [f"{key}/{r}" for r in range(g.size)]
+    deadline = time.monotonic() + g.timeout
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            raise Timeout(f"{what}: ranks {missing} did not open it within {g.timeout:g} s")
+        time.sleep(0.01)
+    values = [store.get(k).decode() for k in keys]
+    if len(set(values)) > 1:
+        by = {}
+        for r, v in enumerate(values):
+            by.setdefault(v, []).append(r)
+        parts = "; ".join(f"{_who(rs)}: {v}" for v, rs in by.items())
+        raise InvalidArgument(f"{what}: ranks disagree: {parts}")
+
+
 # ---- point to point -------------------------------------------------------------------
 
 def p2p(g, store, direction, peer, tag, op, post):

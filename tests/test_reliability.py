@@ -163,3 +163,30 @@ def test_errors_name_the_rank_that_died_and_the_operation():
         assert kind in ("CommError", "Timeout"), res[rank]
         assert msg.startswith("all_reduce #2 (32 bytes) on the world group: ")
         assert "rank 2 (host " in msg and "did not answer (died, or stopped)" in msg
+
+
+def _open_loaders(rank, world, paths):
+    from pybridge import recordio as rio
+    pybridge.init(backend="gloo", timeout=30)
+    out = {}
+    out["batch"] = _error(lambda: rio.Loader(paths, 4 + rank, partition="dynamic"))
+    out["files"] = _error(lambda: rio.Loader(paths[:1 + rank], 4, partition="dynamic"))
+    with rio.Loader(paths, 4, partition="dynamic") as loader:  # the same everywhere: fine
+        out["records"] = sum(len(b) for b in loader)
+    pybridge.finalize()
+    return out
+
+
+def test_dynamic_loaders_opened_differently_fail_on_every_rank(tmp_path):
+    from pybridge import recordio as rio
+    paths = []
+    for f in range(2):
+        paths.append(str(tmp_path / f"d{f}.recordio"))
+        rio.write_file(paths[-1], [bytes([f, i]) for i in range(10)], "none", 4)
+    res = run_ranks(_open_loaders, 2, paths, timeout=90)
+    for out in res:
+        assert out["batch"][0] == "InvalidArgument"
+        assert "dynamic loader open: ranks disagree: rank 0: 2 files, 20 records, batch 4" in out["batch"][1]
+        assert "rank 1: 2 files, 20 records, batch 5" in out["batch"][1]
+        assert "rank 0: 1 files, 10 records" in out["files"][1]
+    assert res[0]["records"] + res[1]["records"] == 20
