@@ -13,8 +13,11 @@ import time
 
 from .errors import InvalidArgument, Timeout
 
-_KEY = "pybridge/who/{}"
-_VERDICT = "pybridge/who/{}/verdict"
+# Keyed by torchrun's restart count too: a restarted job (possibly with another world
+# size) must not read the entries of the previous attempt should the store outlive it.
+_ATTEMPT = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+_KEY = "pybridge/who/" + _ATTEMPT + "/{}"
+_VERDICT = "pybridge/who/" + _ATTEMPT + "/{}/verdict"
 
 
 def me(rank, world_size, checked, watchdog):

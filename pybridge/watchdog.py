@@ -13,6 +13,7 @@ through the rendezvous store, so the hot path only updates a counter and a dict.
   "ranks [2] never started all_reduce #1234; ranks [0, 1] started it and are waiting".
 """
 
+import atexit
 import json
 import os
 import sys
@@ -60,6 +61,9 @@ def start(world, seconds, open_store):
     world.inflight = {}
     _monitor = Monitor(world, seconds, open_store())
     _monitor.thread.start()
+    # Stopped before the interpreter finalizes: a daemon thread caught inside a store call
+    # then could take the process down on its way out.
+    atexit.register(stop)
 
 
 def stop():
