@@ -37,6 +37,10 @@ def _checked_cases(rank, world):
     t = torch.full((4,), float(rank))
     pybridge.all_reduce(t)  # the group is still in step after the refusals
     out["sum"] = t.tolist()
+    sub = pybridge.new_group([2, 0])  # ranks within the subgroup: 0 is world rank 2
+    if sub is not None:
+        out["sub"] = _error(lambda: pybridge.broadcast(torch.ones(2), sub.rank, group=sub))
+        sub.close()
     # point to point: rank 0 sends 4 floats, rank 1 expects 3
     if rank == 0:
         out["p2p"] = _error(lambda: pybridge.send(torch.ones(4), 1))
@@ -67,6 +71,10 @@ def test_checked_mode_names_the_ranks_that_differ():
         assert "rank 1 passed all_gather #5 float32 x 3 into 9 (count, output count differs)" in out["gather"][1]
         assert "rank 1 passed barrier #6 (operation, dtype, count, op or root differs)" in out["kind"][1]
         assert out["sum"] == [3.0] * 4
+    for rank in (0, 2):  # each names itself root: the subgroup's ranks 0 and 1 differ
+        kind, msg = res[rank]["sub"]
+        assert kind == "InvalidArgument" and "ranks disagree on broadcast #1 on group w.1-2_0:" in msg
+        assert "rank 1 passed broadcast #1 (root 1) float32 x 2 (op or root differs); rank 0 broadcast #1 (root 0)" in msg
     for rank in (0, 1):
         kind, msg = res[rank]["p2p"]
         assert kind == "InvalidArgument"
@@ -190,3 +198,22 @@ def test_dynamic_loaders_opened_differently_fail_on_every_rank(tmp_path):
         assert "rank 1: 2 files, 20 records, batch 5" in out["batch"][1]
         assert "rank 0: 1 files, 10 records" in out["files"][1]
     assert res[0]["records"] + res[1]["records"] == 20
+
+
+def test_settings_from_the_environment(monkeypatch):
+    from pybridge import group, watchdog
+    monkeypatch.setenv("PYBRIDGE_CHECKED", "1")
+    assert group._checked_setting(None) is True and group._checked_setting(False) is False
+    monkeypatch.setenv("PYBRIDGE_CHECKED", "maybe")
+    with pytest.raises(pybridge.InvalidArgument, match="PYBRIDGE_CHECKED"):
+        group._checked_setting(None)
+    monkeypatch.delenv("PYBRIDGE_WATCHDOG", raising=False)
+    assert watchdog.threshold(None, 300) == 60 and watchdog.threshold(None, 10) == 5
+    monkeypatch.setenv("PYBRIDGE_WATCHDOG", "off")
+    assert watchdog.threshold(None, 300) == 0 and watchdog.threshold(7, 300) == 7
+    monkeypatch.setenv("PYBRIDGE_WATCHDOG", "-3")
+    with pytest.raises(pybridge.InvalidArgument, match="PYBRIDGE_WATCHDOG"):
+        watchdog.threshold(None, 300)
+    assert watchdog.threshold(False, 300) == 0
+    with pytest.raises(pybridge.InvalidArgument, match="watchdog"):
+        watchdog.threshold(float("inf"), 300)
