@@ -28,6 +28,7 @@ import torch
 
 from . import abi, checked, collectives, comm_hooks, dtypes
 from . import group as _group
+from . import watchdog as _watchdog
 from .buffers import check_extent
 from .checks import positive_finite, positive_seconds
 from .collectives import AVG, SUM
@@ -457,7 +458,7 @@ class Reducer:
                         bucket.flat.copy_(value)  # e.g. decompress in place
             except Exception as exc:  # noqa: BLE001
                 self._start_iteration()
-                raise _bucket_error(exc, bucket) from exc
+                raise _bucket_error(exc, bucket, self._group) from exc
             self.iterations += 1
             if self._rebuild_pending:
                 order = self._order + [i for b in self.buckets for i in b.members
@@ -580,10 +581,14 @@ class Reducer:
         self.generation += 1
 
 
-def _bucket_error(exc, bucket):
-    """A pybridge error that names the bucket whose communication failed."""
+def _bucket_error(exc, bucket, group=None):
+    """A pybridge error that names the bucket whose communication failed (and, given the
+    group, the ranks that died or are late: watchdog.py)."""
+    what = f"bucket {bucket.index} ({len(bucket.members)} gradients)"
+    if group is not None:
+        return _watchdog.explain_latest(group, exc, what)
     err = classify(exc)
-    err.args = (f"bucket {bucket.index} ({len(bucket.members)} gradients): {err}",)
+    err.args = (f"{what}: {err}",)
     return err
 
 

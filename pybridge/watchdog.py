@@ -85,6 +85,22 @@ def explain(g, seq, op, exc):
     return err
 
 
+def explain_latest(g, exc, what):
+    """As explain(), for a failure seen later than its collective (a reducer bucket's
+    future): names where every member is relative to g's latest collective."""
+    err = classify(exc)
+    if isinstance(err, (Timeout, CommError)) and _monitor is not None and g.inflight is not None:
+        diag = _bounded(lambda: _monitor.diagnose(g, g.issued, _Latest), ANSWER_WAIT + 2)
+        err.args = (f"{what} (the latest collective on {g.describe()} is #{g.issued}): {diag}{err}",)
+    else:
+        err.args = (f"{what}: {err}",)
+    return err
+
+
+class _Latest:
+    name = "collective"
+
+
 def _bounded(fn, seconds):
     """fn() on a helper thread, waited for at most `seconds`: the store it asks may be gone."""
     box = []

@@ -217,3 +217,27 @@ def test_settings_from_the_environment(monkeypatch):
     assert watchdog.threshold(False, 300) == 0
     with pytest.raises(pybridge.InvalidArgument, match="watchdog"):
         watchdog.threshold(float("inf"), 300)
+
+
+def _reducer_peer_dies(rank, world):
+    pybridge.init(backend="gloo", timeout=30)
+    red = pybridge.Reducer([(64, "float32")] * 2)
+    for step in range(2):
+        if rank == 2 and step == 1:
+            os._exit(1)
+        for i in range(2):
+            red.mark_ready(i)
+        try:
+            red.finalize()
+        except pybridge.PyBridgeError as exc:
+            return type(exc).__name__, str(exc)
+    return None
+
+
+def test_reducer_errors_name_the_rank_that_died():
+    res = run_ranks(_reducer_peer_dies, 3, timeout=90, expect_fail=(2,))
+    for rank in (0, 1):
+        kind, msg = res[rank]
+        assert kind in ("CommError", "Timeout"), res[rank]
+        assert msg.startswith("bucket 0 (2 gradients) (the latest collective on the world group is #")
+        assert "rank 2 (host " in msg and "did not answer (died, or stopped)" in msg
