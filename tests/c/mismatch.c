@@ -3,6 +3,7 @@
  * different broadcast_params tensors all get PB_ERR_INVALID_ARGUMENT naming the rank that
  * differs, and the group stays usable; ranks disagreeing on the world size all fail.
  * Usage: mismatch RANK PORT checked|worldsize. Exits 0 when every check held. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,10 @@ int main(int argc, char **argv) {
         printf("mismatch: %d failed checks\n", failures);
         return failures != 0;
     }
+    expect("watchdog NaN", pb_init_v2(url, "gloo", rank, 2, rank, 30, 0, NAN, &g),
+           PB_ERR_INVALID_ARGUMENT, "watchdog_seconds is NaN");
+    expect("watchdog infinite", pb_init_v2(url, "gloo", rank, 2, rank, 30, 0, INFINITY, &g),
+           PB_ERR_INVALID_ARGUMENT, "watchdog: expected seconds");
     expect("init checked", pb_init_v2(url, "gloo", rank, 2, rank, 30, PB_INIT_CHECKED, 0, &g), PB_OK, NULL);
     expect("unknown init flag", pb_init_v2(url, "gloo", rank, 2, rank, 30, 64, 0, &g),
            PB_ERR_INVALID_ARGUMENT, "unknown flags");
