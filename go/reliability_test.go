@@ -14,6 +14,7 @@ import (
 func init() {
 	roles["mismatch"] = roleMismatch
 	roles["worldsize"] = roleWorldSize
+	roles["late"] = roleLate
 }
 
 // TestCheckedModeMismatches: in checked mode, ranks passing different dtypes, ops,
@@ -105,4 +106,35 @@ func roleWorldSize() error {
 	}
 	logf("Init: %v", err)
 	return nil
+}
+
+// TestWatchdogNamesTheLateRank: rank 1 reaches its second AllReduce 4 s late; with a
+// 1 s watchdog rank 0 reports on stderr, before the timeout, that rank 1 never started it.
+func TestWatchdogNamesTheLateRank(t *testing.T) {
+	procs := runRanks(t, &launch{role: "late", world: 2, limit: 90 * time.Second})
+	expectPass(t, procs)
+	out := procs[0].out.String()
+	for _, want := range []string{"pybridge watchdog on rank 0 (host ", "all_reduce #2 (4 bytes) on the world group",
+		"ranks [1] never started all_reduce #2", "ranks [0] started all_reduce #2 but have not finished"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("rank 0's output lacks %q\n%s", want, dump(procs))
+		}
+	}
+}
+
+func roleLate() error {
+	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(30*time.Second),
+		pybridge.WithWatchdog(time.Second))
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	data := []float32{1}
+	if err := pybridge.AllReduce(g, data, pybridge.Sum); err != nil {
+		return err
+	}
+	if g.Rank() == 1 {
+		time.Sleep(4 * time.Second)
+	}
+	return pybridge.AllReduce(g, data, pybridge.Sum)
 }

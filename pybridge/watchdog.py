@@ -243,8 +243,8 @@ def _words(g, seq, op, got):
     if silent:
         parts.append(f"{_list(g, silent)} did not answer (died, or stopped)")
     if never:
-        last = ", ".join(f"{i}: #{n}" for i, n in never)
-        parts.append(f"ranks {[i for i, _ in never]} never started {name} (their last collective: {last})")
+        last = ", ".join(f"rank {i} at #{n}" for i, n in never)
+        parts.append(f"ranks {[i for i, _ in never]} never started {name} (last started: {last})")
     if waiting:
         parts.append(f"ranks {waiting} started {name} but have not finished")
     if done:

@@ -151,7 +151,7 @@ def test_watchdog_reports_the_ranks_that_have_not_reached_a_collective():
     for rank in (0, 1):
         text = res[rank]
         assert "pybridge watchdog on rank" in text and "all_reduce #2 (4 bytes) on the world group" in text
-        assert "ranks [2] never started all_reduce #2 (their last collective: 2: #1)" in text
+        assert "ranks [2] never started all_reduce #2 (last started: rank 2 at #1)" in text
         assert "started all_reduce #2 but have not finished" in text
     assert "watchdog" not in res[2]
 
