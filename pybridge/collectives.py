@@ -177,7 +177,7 @@ def _pair(inp, out, group, dtype, factor_in, factor_out, what):
 
 
 def _broadcast_call(buf, root, group, dtype):
-    """Check a broadcast's arguments; return the group, the tensor and what starts it."""
+    """Check a broadcast's arguments; return the group, the tensor, its Op and what starts it."""
     g, t = _prepare(buf, group, dtype)
     g.check_rank("root", root)
     opts = dist.BroadcastOptions()
@@ -186,7 +186,7 @@ def _broadcast_call(buf, root, group, dtype):
 
 
 def _all_reduce_call(buf, op, group, dtype):
-    """Check an all_reduce's arguments; return the group, the tensor and what starts it."""
+    """Check an all_reduce's arguments; return the group, the tensor, its Op and what starts it."""
     g, t = _prepare(buf, group, dtype)
     code = _op_code(op, t.dtype)
     opts = _ALLREDUCE_OPTS[code]
