@@ -2,7 +2,12 @@
 from 1 KiB to 64 MiB, 2 ranks on gloo, three ways in one run:
 raw torch.distributed from Python, pybridge from Python, pybridge from Go (C ABI).
 
-    python bench/collectives.py [--quick] [--only latency|bandwidth]      (make bench runs it)
+    python bench/collectives.py [--quick] [--only latency|bandwidth|modes]      (make bench runs it)
+
+The modes case (--only modes) times pybridge alone from Python in three modes of
+docs/failures.md, launched in turns: the hang watchdog off (PYBRIDGE_WATCHDOG=0), the
+default (watchdog on), and checked mode (PYBRIDGE_CHECKED=1): 1-element allreduce
+latency and 16 MiB allreduce.
 
 Each implementation runs as a program would, alone and continuously: the Python ranks
 (torch.distributed and pybridge, alternating sample by sample) and the Go ranks are
@@ -31,7 +36,9 @@ from common import ROOT, human_bytes, launch, save, table  # noqa: E402
 
 SIZES = [1 << k for k in range(10, 27, 2)]  # 1 KiB ... 64 MiB
 GO_BIN = os.path.join(ROOT, "build", "bench_collectives_go")
-KINDS = ("latency", "bandwidth")
+KINDS = ("latency", "bandwidth", "modes")
+MODES = {"watchdog off": {"PYBRIDGE_WATCHDOG": "0"}, "default": {},
+         "checked": {"PYBRIDGE_CHECKED": "1"}}
 
 
 def iterations(nbytes):
@@ -45,6 +52,9 @@ def iterations(nbytes):
 def plan(quick, only=None):
     """(kind, op, bytes, calls per sample, samples per launch) for each case."""
     sizes = SIZES[::2] if quick else SIZES
+    if only == "modes":
+        return [("latency", "allreduce", 4, 100, 3) if quick else ("latency", "allreduce", 4, 500, 12),
+                ("bandwidth", "allreduce", 16 << 20, 10 if quick else 40, 1 if quick else 4)]
     cases = [("latency", "allreduce", 4, 100, 3) if quick else ("latency", "allreduce", 4, 500, 12)]
     for op in ("allreduce", "broadcast"):
         cases += [("bandwidth", op, n, max(2, iterations(n) // (4 if quick else 1)), 1 if quick else 4)
@@ -52,7 +62,7 @@ def plan(quick, only=None):
     return [c for c in cases if only is None or c[0] == only]
 
 
-def worker(cases, out_path):
+def worker(cases, out_path, impls=("torch", "pybridge-py")):
     """One rank: time raw torch.distributed and pybridge, alternating sample by sample."""
     import torch
     import torch.distributed as dist
@@ -72,6 +82,8 @@ def worker(cases, out_path):
                 buffers[case] = torch.empty(nbytes // 4)
             t = buffers[case]
             for impl, fns in (("torch", raw), ("pybridge-py", bridged)):
+                if impl not in impls:
+                    continue
                 t.fill_(1)
                 fn = fns[op]
                 for _ in range(max(1, iters // 10)):  # warm-up
@@ -106,14 +118,58 @@ def main():
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, not {args.runs}")
     if args.worker:
-        return worker(plan(args.quick, args.only), args.worker)
+        impls = ("pybridge-py",) if args.only == "modes" else ("torch", "pybridge-py")
+        return worker(plan(args.quick, args.only), args.worker, impls)
+    if args.only == "modes":
+        return report_modes(plan(args.quick, "modes"), run_modes(args.runs, args.quick), args.quick)
 
     build_go()
     samples = {}
-    for kind in KINDS if args.only is None else (args.only,):
+    for kind in ("latency", "bandwidth") if args.only is None else (args.only,):
         runs = args.runs * (3 if kind == "latency" else 1)
         launch_in_turns(plan(args.quick, kind), kind, runs, args.quick, samples)
     report(plan(args.quick, args.only), samples, args.quick, args.only)
+    if args.only is None:
+        report_modes(plan(args.quick, "modes"), run_modes(args.runs, args.quick), args.quick)
+
+
+def run_modes(runs, quick):
+    """Launch the pybridge Python ranks in each mode, `runs` times each, in turns."""
+    tmp = os.path.join(ROOT, "build", "bench-collectives-modes.json")
+    cmd = [sys.executable, __file__, "--worker", tmp, "--only", "modes"] + (["--quick"] if quick else [])
+    samples = {mode: {} for mode in MODES}
+    order = list(MODES)
+    for run in range(runs):
+        for mode in order if run % 2 == 0 else order[::-1]:
+            print(f"modes run {run + 1}/{runs}: {mode}...", flush=True)
+            launch(cmd, 2, 900, extra_env=MODES[mode])
+            merge(samples[mode], tmp)
+    return samples
+
+
+def report_modes(cases, samples, quick):
+    """Rows: latency (median, p99) and 16 MiB bandwidth per mode; ratios against the
+    watchdog off, the mode with no bookkeeping at all."""
+    rows, records = [], []
+    for kind, op, nbytes, *_ in cases:
+        calls = {m: [c for sample in samples[m][f"pybridge-py|{op}|{nbytes}"] for c in sample] for m in MODES}
+        median = {m: statistics.median(calls[m]) for m in MODES}
+        if kind == "latency":
+            p99 = {m: statistics.quantiles(calls[m], n=100)[98] for m in MODES}
+            for what, t in (("median", median), ("p99", p99)):
+                rows.append([f"{op} 1 element, {what}", *(f"{t[m] * 1e6:.1f} us" for m in MODES),
+                             *(f"{t[m] / t['watchdog off']:.3f}" for m in list(MODES)[1:])])
+        else:
+            rows.append([f"{op} {human_bytes(nbytes)}", *(f"{nbytes / median[m] / 1e9:.3f} GB/s" for m in MODES),
+                         *(f"{median[m] / median['watchdog off']:.3f}" for m in list(MODES)[1:])])
+        records.append({"kind": kind, "op": op, "bytes": nbytes, "calls": {m: len(calls[m]) for m in MODES},
+                        "seconds_median": median})
+    print()
+    print("pybridge from Python, 2 ranks, gloo, loopback, by mode (docs/failures.md). Time ratio to")
+    print("'watchdog off' (lower is better): default = watchdog on.")
+    print(table(["case", *MODES, "ratio default", "ratio checked"], rows))
+    if not quick:
+        print(f"\nwrote {save('collectives_modes', {'results': records})}")
 
 
 def launch_in_turns(cases, kind, runs, quick, samples):

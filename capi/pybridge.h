@@ -116,6 +116,28 @@ const char *pb_version(void);
 int pb_init(const char *init_method, const char *backend, int32_t rank, int32_t world_size,
             int32_t local_rank, double timeout_seconds, pb_group **out);
 
+/* Flags for pb_init_v2 (OR them together). */
+#define PB_INIT_CHECKED 1  /* checked mode: before each collective the ranks compare its
+                              sequence number, op, dtype, count and root (or, for pb_send and
+                              pb_recv, count and dtype with the peer) and all fail with
+                              PB_ERR_INVALID_ARGUMENT naming the ranks that differ, instead of
+                              aborting or returning garbage. One extra small allgather per
+                              collective. Without the flag, PYBRIDGE_CHECKED=1 turns it on.
+                              Every rank must use the same mode (pb_init_v2 fails otherwise). */
+
+/* pb_init with options (as sqlite3_open_v2).
+ *   flags             0 or PB_INIT_* flags.
+ *   watchdog_seconds  the hang watchdog: a collective unfinished after this long is
+ *                     reported to stderr with the ranks that have not reached it. 0 reads
+ *                     PYBRIDGE_WATCHDOG (seconds, 0 or "off"), else min(60 s, timeout / 2);
+ *                     < 0 turns it off (errors then name the operation but not the ranks).
+ * Every rank publishes its rank, host and pid: ranks disagreeing on the world size or
+ * checked mode all get PB_ERR_INVALID_ARGUMENT; ranks that never join are named in the
+ * PB_ERR_TIMEOUT message. pb_init(...) is pb_init_v2(..., 0, 0, out). */
+int pb_init_v2(const char *init_method, const char *backend, int32_t rank, int32_t world_size,
+               int32_t local_rank, double timeout_seconds, int32_t flags, double watchdog_seconds,
+               pb_group **out);
+
 /* Leave the process group. The handle stays known but every later use returns
  * PB_ERR_CLOSED; a second pb_finalize on it is a no-op returning PB_OK. */
 int pb_finalize(pb_group *group);
@@ -163,7 +185,11 @@ int pb_barrier(pb_group *group);
 
 /* ---- Synchronous collectives (in place on caller memory) ------------------------- */
 
-/* Copy `t` from rank `root` into `t` on every rank. Every rank passes the same count and dtype. */
+/* Errors of a collective name it and its sequence number on the group ("all_reduce #12
+ * (4096 bytes) on the world group: ..."); a PB_ERR_COMM or PB_ERR_TIMEOUT also names the
+ * ranks that died, are late or never started it (docs/failures.md).
+ *
+ * Copy `t` from rank `root` into `t` on every rank. Every rank passes the same count and dtype. */
 int pb_broadcast(pb_group *group, const pb_tensor *t, int32_t root);
 
 /* Reduce `t` element-wise over all ranks with `op` (PB_SUM ... PB_PRODUCT), in place. */
@@ -445,7 +471,8 @@ int pb_reducer_free(pb_reducer *reducer);
 /* Copy `n` tensors from rank `root` to every rank, in place (e.g. initial parameters),
  * coalesced into a few broadcasts per dtype. Synchronous: `tensors` (an array of n
  * descriptors) and their memory are used during the call only. COLLECTIVE: every rank
- * passes the same counts and dtypes in the same order. */
+ * passes the same counts and dtypes in the same order and the same root; when they
+ * differ, every rank gets PB_ERR_INVALID_ARGUMENT (one small allgather checks it). */
 int pb_broadcast_params(pb_group *group, int32_t n, const pb_tensor *tensors, int32_t root);
 
 /* ---- Training state (checkpoints) ---------------------------------------------- */

@@ -36,6 +36,8 @@ type config struct {
 	initMethod, backend        string
 	rank, worldSize, localRank int
 	timeout                    time.Duration
+	checked                    bool
+	watchdog                   time.Duration
 }
 
 // Option configures Init.
@@ -63,13 +65,27 @@ func WithLocalRank(rank int) Option { return func(c *config) { c.localRank = ran
 // keeps the library's default (300 s).
 func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
+// WithChecked turns on checked mode: before each collective (and Send/Recv) the
+// ranks compare its sequence number, op, dtype, count and root, and all fail with
+// ErrInvalidArgument naming the ranks that differ, instead of aborting or returning
+// garbage. It costs one small allgather per collective. Without it, PYBRIDGE_CHECKED=1
+// turns it on. Every rank must use the same mode.
+func WithChecked() Option { return func(c *config) { c.checked = true } }
+
+// WithWatchdog sets how long a collective may be unfinished before the hang watchdog
+// reports, to stderr, the ranks that have not reached it. Zero keeps the default
+// (PYBRIDGE_WATCHDOG, else min(60 s, timeout/2)); a negative duration turns it off
+// (errors then name the operation but not the ranks).
+func WithWatchdog(d time.Duration) Option { return func(c *config) { c.watchdog = d } }
+
 // Init joins the process group. Whatever the options leave unset comes from
 // the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 // MASTER_PORT, as torchrun and pybridge-launch set them).
 //
 // Init fails with ErrAlreadyInitialized while another group is live, with
-// ErrTimeout when a peer does not join within the timeout, and with
-// ErrInvalidArgument for bad options or a missing environment.
+// ErrTimeout when a peer does not join within the timeout (naming the ranks that
+// did not), and with ErrInvalidArgument for bad options, a missing environment, or
+// ranks that disagree on the world size or checked mode.
 func Init(opts ...Option) (*Group, error) {
 	const op = "Init"
 	c := config{rank: -1, worldSize: -1, localRank: -1}
@@ -101,7 +117,16 @@ func Init(opts ...Option) (*Group, error) {
 	}
 	var h *C.pb_group
 	var msg *C.char
-	st := C.pbgo_init(method, backend, rank, size, local, C.double(c.timeout.Seconds()), &h, &msg)
+	var flags C.int32_t
+	if c.checked {
+		flags |= C.PB_INIT_CHECKED
+	}
+	watchdog := c.watchdog.Seconds()
+	if c.watchdog < 0 {
+		watchdog = -1
+	}
+	st := C.pbgo_init(method, backend, rank, size, local, C.double(c.timeout.Seconds()), flags,
+		C.double(watchdog), &h, &msg)
 	if err := check(op, st, msg); err != nil {
 		return nil, err
 	}

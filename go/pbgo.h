@@ -33,9 +33,9 @@ static inline pb_tensor pbgo_tensor(void *data, int64_t count, int32_t dtype) {
 
 static inline int pbgo_init(const char *init_method, const char *backend, int32_t rank,
                             int32_t world_size, int32_t local_rank, double timeout_seconds,
-                            pb_group **out, char **msg) {
-	return pbgo_status(pb_init(init_method, backend, rank, world_size, local_rank,
-	                           timeout_seconds, out), msg);
+                            int32_t flags, double watchdog_seconds, pb_group **out, char **msg) {
+	return pbgo_status(pb_init_v2(init_method, backend, rank, world_size, local_rank,
+	                              timeout_seconds, flags, watchdog_seconds, out), msg);
 }
 
 /* Fills info with rank, size, local rank and device. */

@@ -25,6 +25,7 @@ PB_MIN = 2
 PB_MAX = 3
 PB_PRODUCT = 4
 PB_CPU = -1  # host memory; a value >= 0 is a CUDA device index
+PB_INIT_CHECKED = 1  # checked mode: before each collective the ranks compare its
 PB_PARTITION_STATIC = 0  # fixed disjoint shares, equal batch counts on every rank
 PB_PARTITION_DYNAMIC = 1  # ranks claim tasks through the group's store on demand
 PB_REDUCER_ALLOW_UNUSED = 1  # pb_reducer_wait accepts unmarked gradients and sends

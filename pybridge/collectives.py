@@ -8,12 +8,15 @@ therefore be ordered by the caller.
 """
 
 import threading
+import time
 
 import torch.distributed as dist
 
-from . import abi
+from . import abi, checked
 from . import group as _group
+from . import watchdog as _watchdog
 from .buffers import as_tensor
+from .checked import Op
 from .checks import positive_seconds
 from .errors import InvalidArgument, Timeout, classify
 
@@ -56,9 +59,11 @@ class Work:
     """An asynchronous operation in flight. The buffers it uses stay referenced until
     it is done; their contents are defined only after wait() or a True test()."""
 
-    def __init__(self, work, *buffers):
+    def __init__(self, work, *buffers, explain=None, finish=None):
         self._work = work
         self._buffers = buffers
+        self._explain = explain or classify  # exception -> the pybridge error to raise
+        self._finish = finish  # called once done (the watchdog's bookkeeping)
         self._error = None
         self._finished = False
         self._waiter = None  # thread that completes the work for test(), once started
@@ -102,7 +107,9 @@ class Work:
         try:
             self._work.wait()  # bounded by the process group's timeout
         except Exception as exc:  # noqa: BLE001
-            self._error = classify(exc)
+            self._error = self._explain(exc)
+        if self._finish is not None:
+            self._finish()
         self._buffers = ()
         self._finished = True
 
@@ -112,19 +119,39 @@ class Work:
         return None
 
 
-def _run(start, async_op, *buffers):
-    """Start an operation (`start()` returns torch's work object) and wait for it, or
-    wrap it in a Work that keeps `buffers` alive while it is in flight."""
+def _run(g, op, start, async_op, *buffers):
+    """Start collective `op` on g (`start()` returns torch's work object) and wait for it,
+    or wrap it in a Work that keeps `buffers` alive while it is in flight. Checked mode
+    verifies its fingerprint first; while it runs the watchdog finds it in g.inflight."""
+    g.issued = seq = g.issued + 1
+    inflight = g.inflight
     try:
+        if g.checked:
+            checked.verify(g, seq, op)
+        if inflight is not None:
+            inflight[seq] = (op, time.monotonic(), None)
         work = start()
         if not async_op:
             work.wait()
+            if inflight is not None:
+                del inflight[seq]
             return None
-    except (InvalidArgument, Timeout):
+    except InvalidArgument:
+        _forget(inflight, seq)
         raise
     except Exception as exc:  # noqa: BLE001
-        raise classify(exc) from exc
-    return Work(work, *buffers)
+        err = _watchdog.explain(g, seq, op, exc)  # while still in flight: it is part of the answer
+        _forget(inflight, seq)
+        raise err from exc
+    if inflight is not None:
+        inflight[seq] = (op, inflight[seq][1], work)
+    return Work(work, *buffers, explain=lambda exc: _watchdog.explain(g, seq, op, exc),
+                finish=None if inflight is None else lambda: _forget(inflight, seq))
+
+
+def _forget(inflight, seq):
+    if inflight is not None:
+        inflight.pop(seq, None)
 
 
 def _prepare(buf, group, dtype=None):
@@ -150,51 +177,52 @@ def _pair(inp, out, group, dtype, factor_in, factor_out, what):
 
 
 def _broadcast_call(buf, root, group, dtype):
-    """Check a broadcast's arguments; return the group, the tensor and what starts it."""
+    """Check a broadcast's arguments; return the group, the tensor, its Op and what starts it."""
     g, t = _prepare(buf, group, dtype)
     g.check_rank("root", root)
     opts = dist.BroadcastOptions()
     opts.rootRank = root
-    return g, t, lambda: g.pg.broadcast([t], opts)
+    return g, t, Op(checked.BROADCAST, t, root), lambda: g.pg.broadcast([t], opts)
 
 
 def _all_reduce_call(buf, op, group, dtype):
-    """Check an all_reduce's arguments; return the group, the tensor and what starts it."""
+    """Check an all_reduce's arguments; return the group, the tensor, its Op and what starts it."""
     g, t = _prepare(buf, group, dtype)
-    opts = _ALLREDUCE_OPTS[_op_code(op, t.dtype)]
-    return g, t, lambda: g.pg.allreduce([t], opts)
+    code = _op_code(op, t.dtype)
+    opts = _ALLREDUCE_OPTS[code]
+    return g, t, Op(checked.ALL_REDUCE, t, code), lambda: g.pg.allreduce([t], opts)
 
 
 def broadcast(buf, root, *, group=None, async_op=False, dtype=None):
     """Copy `buf` from rank `root` into `buf` on every rank."""
-    _, t, start = _broadcast_call(buf, root, group, dtype)
-    return _run(start, async_op, t)
+    g, t, op, start = _broadcast_call(buf, root, group, dtype)
+    return _run(g, op, start, async_op, t)
 
 
 def all_reduce(buf, op=SUM, *, group=None, async_op=False, dtype=None):
     """Reduce `buf` element-wise over all ranks (sum, avg, min, max, product), in place."""
-    _, t, start = _all_reduce_call(buf, op, group, dtype)
-    return _run(start, async_op, t)
+    g, t, what, start = _all_reduce_call(buf, op, group, dtype)
+    return _run(g, what, start, async_op, t)
 
 
 def prepare_broadcast(buf, root, *, group=None, dtype=None):
     """Check a synchronous broadcast's arguments once and return a function that runs it
     each time it is called: for callers that send the same buffer again and again."""
-    g, _, start = _broadcast_call(buf, root, group, dtype)
-    return _runner(g, start)
+    g, _, op, start = _broadcast_call(buf, root, group, dtype)
+    return _runner(g, op, start)
 
 
 def prepare_all_reduce(buf, op=SUM, *, group=None, dtype=None):
     """Check a synchronous all_reduce's arguments once and return a function that runs it
     each time it is called: for callers that reduce the same buffer again and again."""
-    g, _, start = _all_reduce_call(buf, op, group, dtype)
-    return _runner(g, start)
+    g, _, what, start = _all_reduce_call(buf, op, group, dtype)
+    return _runner(g, what, start)
 
 
-def _runner(g, start):
+def _runner(g, op, start):
     def run():
         g.check_open()  # the group may have been finalized since
-        _run(start, False)
+        _run(g, op, start, False)
     return run
 
 
@@ -202,32 +230,32 @@ def all_reduce_future(buf, op=SUM, *, group=None, dtype=None):
     """Start an all_reduce and return a torch.futures.Future of [buf] (what DDP comm hooks
     return). Argument errors raise at once; a failure of the operation raises from the
     future's wait()."""
-    _, t, start = _all_reduce_call(buf, op, group, dtype)
-    try:
-        return start().get_future()
-    except Exception as exc:  # noqa: BLE001
-        raise classify(exc) from exc
+    g, t, what, start = _all_reduce_call(buf, op, group, dtype)
+    return _run(g, what, start, True)._work.get_future()
 
 
 def all_gather(input, output, *, group=None, async_op=False, dtype=None):
     """Concatenate every rank's `input` in rank order into `output` (world size x input)."""
     g, t_in, t_out = _pair(input, output, group, dtype, _group_size(group), 1, "all_gather")
-    return _run(lambda: g.pg._allgather_base(t_out, t_in), async_op, t_in, t_out)
+    op = Op(checked.ALL_GATHER, t_in, out=t_out)
+    return _run(g, op, lambda: g.pg._allgather_base(t_out, t_in), async_op, t_in, t_out)
 
 
 def reduce_scatter(input, output, op=SUM, *, group=None, async_op=False, dtype=None):
     """Reduce `input` (world size x output) over ranks; rank r keeps block r in `output`."""
     g, t_in, t_out = _pair(input, output, group, dtype, 1, _group_size(group), "reduce_scatter")
     opts = dist.ReduceScatterOptions()
-    opts.reduceOp = reduce_op(op, t_in.dtype)
-    return _run(lambda: g.pg._reduce_scatter_base(t_out, t_in, opts), async_op, t_in, t_out)
+    code = _op_code(op, t_in.dtype)
+    opts.reduceOp = OPS[code]
+    what = Op(checked.REDUCE_SCATTER, t_in, code, out=t_out)
+    return _run(g, what, lambda: g.pg._reduce_scatter_base(t_out, t_in, opts), async_op, t_in, t_out)
 
 
 def barrier(*, group=None):
     """Block until every rank reaches the barrier."""
     g = group or _group.current()
     g.check_open()
-    _run(lambda: g.pg.barrier(), False)
+    _run(g, Op(checked.BARRIER), lambda: g.pg.barrier(), False)
 
 
 def send(buf, dst, tag=0, *, group=None, dtype=None):
@@ -244,7 +272,7 @@ def isend(buf, dst, tag=0, *, group=None, dtype=None) -> Work:
     g, t = _prepare(buf, group, dtype)
     g.check_rank("destination", dst, allow_self=False)
     _check_tag(tag)
-    return _run(lambda: g.pg.send([t], dst, tag), True, t)  # the group's own ranks
+    return _p2p(g, checked.SEND, dst, tag, t, lambda: g.pg.send([t], dst, tag))  # the group's own ranks
 
 
 def irecv(buf, src, tag=0, *, group=None, dtype=None) -> Work:
@@ -252,7 +280,32 @@ def irecv(buf, src, tag=0, *, group=None, dtype=None) -> Work:
     g, t = _prepare(buf, group, dtype)
     g.check_rank("source", src, allow_self=False)
     _check_tag(tag)
-    return _run(lambda: g.pg.recv([t], src, tag), True, t)
+    return _p2p(g, checked.RECV, src, tag, t, lambda: g.pg.recv([t], src, tag))
+
+
+def _p2p(g, direction, peer, tag, t, post):
+    """Start a send or receive; its errors name the peer. Not counted in g.issued: only
+    two members take part, so the group's collective numbering stays the same everywhere."""
+    op = Op(direction, t)
+    where = "to" if direction == checked.SEND else "from"
+
+    def explain(exc):
+        err = classify(exc)
+        if isinstance(err, InvalidArgument):  # checked mode's message says it all
+            return err
+        err.args = (f"{op.name} {where} {g.who(peer)} (tag {tag}, {op.nbytes} bytes) on "
+                    f"{g.describe()}: {err}",)
+        return err
+    try:
+        if g.checked:
+            work = checked.p2p(g, _group._world_store(), direction, peer, tag, op, post)
+        else:
+            work = post()
+    except InvalidArgument:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise explain(exc) from exc
+    return Work(work, t, explain=explain)
 
 
 def _check_tag(tag):

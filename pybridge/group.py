@@ -2,15 +2,19 @@
 
 import datetime
 import gc
+import importlib
 import os
 import sys
 import threading
+import urllib.parse
 
 import torch
 import torch.distributed as dist
 
+from . import roster as _roster
+from . import watchdog as _watchdog
 from .checks import positive_seconds
-from .errors import AlreadyInitialized, Closed, InvalidArgument, NotInitialized, classify
+from .errors import AlreadyInitialized, Closed, InvalidArgument, NotInitialized, PyBridgeError, classify
 
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds rendezvous and every collective
 BACKENDS = ("auto", "gloo", "nccl")
@@ -29,7 +33,7 @@ class Group:
     """
 
     def __init__(self, pg, ranks, global_rank, local_rank, backend, timeout, *, owned, parent=None,
-                 uid=None):
+                 uid=None, checked=False, roster=None):
         self.pg = pg
         self.ranks = tuple(ranks)  # the global rank of each group rank
         self._rank_of = {r: i for i, r in enumerate(self.ranks)}
@@ -48,6 +52,14 @@ class Group:
         self._created = 0  # subgroups made from this one so far: names the next one's store keys
         self.uid = "w" if parent is None else uid  # the same on every member
         self._store = None
+        # Reliability (docs/failures.md): checked mode, who every rank is, and progress.
+        self.checked = parent.checked if parent is not None else checked
+        self.roster = parent.roster if parent is not None else roster  # by global rank, or None
+        self.issued = 0  # collectives started on this group: names them "#seq" in errors
+        # seq -> (op, start time, torch work or None) while in flight; None: watchdog off
+        self.inflight = ({} if parent.inflight is not None else None) if parent is not None else None
+        self.fingerprint_buffer = None  # checked mode's, made on first use
+        self.p2p = {}  # checked mode: (direction, peer, tag) -> (count, last one posted)
 
     @property
     def store(self):
@@ -83,6 +95,16 @@ class Group:
             raise InvalidArgument(f"global rank {global_rank!r} is not a member of this group "
                                   f"(members: global ranks {list(self.ranks)})")
         return r
+
+    def who(self, group_rank):
+        """'rank 1 (host a, pid 42)' for a member (its global rank in a subgroup)."""
+        g = self.ranks[group_rank]
+        entry = self.roster[g] if self.roster else g
+        text = _roster.describe(entry)
+        return text if self.parent is None else f"{text} (group rank {group_rank})"
+
+    def describe(self):
+        return "the world group" if self.parent is None else f"group {self.uid}"
 
     # ---- subgroups -------------------------------------------------------------------------
 
@@ -248,13 +270,22 @@ def _rendezvous(init_method, master_addr, master_port):
 
 
 def init(init_method=None, backend="auto", rank=None, world_size=None, local_rank=None,
-         timeout=DEFAULT_TIMEOUT, master_addr=None, master_port=None) -> Group:
+         timeout=DEFAULT_TIMEOUT, master_addr=None, master_port=None, *, checked=None,
+         watchdog=None) -> Group:
     """Join the process group and return it.
 
     Anything not given comes from the launcher environment (RANK, WORLD_SIZE,
     LOCAL_RANK, MASTER_ADDR, MASTER_PORT, as torchrun and pybridge-launch set them).
     `timeout` (seconds) bounds the rendezvous and every later collective: a peer
     that never joins or stops answering yields pybridge.Timeout instead of a hang.
+    Every rank publishes who it is (rank, host, pid); ranks that disagree on the world
+    size all fail, and errors name ranks (docs/failures.md).
+
+    `checked=True` (or PYBRIDGE_CHECKED=1) verifies every collective's op, dtype, count
+    and root across the ranks before running it; every rank must use the same setting.
+    `watchdog`: seconds a collective may be stuck before the ranks that have not reached
+    it are reported to stderr; None reads PYBRIDGE_WATCHDOG, else min(60 s, timeout / 2);
+    0 or False turns it off.
     """
     global _current
     with _lock:
@@ -275,25 +306,84 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
         method = _rendezvous(init_method, master_addr, master_port)
         if backend == "nccl":
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        checked = _checked_setting(checked)
+        watchdog = _watchdog.threshold(watchdog, timeout)
         excepthook = sys.excepthook
-        try:
-            dist.init_process_group(backend, init_method=method, rank=rank, world_size=world_size,
-                                    timeout=datetime.timedelta(seconds=timeout))
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error
-            raise classify(exc) from exc
+        roster = _join(backend, method, rank, world_size, timeout, checked, watchdog)
         if os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
             # torch's hook prefixes a traceback's lines with "[rank<R>]: ", but the launcher
             # already prefixes every stderr line: keep one prefix, not two.
             sys.excepthook = excepthook
         _current = Group(dist.group.WORLD, range(world_size), rank, local_rank, backend, float(timeout),
-                         owned=True)
+                         owned=True, checked=checked, roster=roster)
+        _watchdog.start(_current, watchdog, lambda: _own_store(method, timeout))
         return _current
+
+
+def _join(backend, method, rank, world_size, timeout, checked, watchdog):
+    """Rendezvous, publish who this rank is and check that every rank agrees (roster.py),
+    then build the backend over the same store. Returns the roster."""
+    delta = datetime.timedelta(seconds=timeout)
+    try:
+        store = _open_store(method, rank, world_size, delta)
+        store = dist.PrefixStore("default_pg", store)  # torch's own prefix for the world group
+        roster = _roster.join(store, _roster.me(rank, world_size, checked, watchdog), timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=delta)
+    except PyBridgeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error
+        raise classify(exc) from exc
+    return roster
+
+
+def _open_store(method, rank, world_size, timeout):
+    """The rendezvous store. For tcp:// and env:// it is torch's TCPStore without its
+    wait for all workers (which says only "1/2 clients joined"): the roster waits instead
+    and names the ranks that are missing."""
+    rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module, not the function
+    url = urllib.parse.urlparse(method)
+    if url.scheme in ("tcp", "env") and not rdzv._torchelastic_use_agent_store():
+        host = url.hostname if url.scheme == "tcp" else os.environ["MASTER_ADDR"]
+        port = url.port if url.scheme == "tcp" else int(os.environ["MASTER_PORT"])
+        return dist.TCPStore(host, port, None, rank == 0, timeout, wait_for_workers=False,
+                             multi_tenant=True)
+    store, _, _ = next(dist.rendezvous(method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    return store
+
+
+def _own_store(method, timeout):
+    """A second connection to the rendezvous store, for the watchdog: a TCPStore client
+    serializes its calls, so a blocking wait on the shared one (a subgroup's rendezvous)
+    would otherwise hold the watchdog up. Other stores are shared."""
+    url = urllib.parse.urlparse(method)
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+    if url.scheme not in ("tcp", "env") or rdzv._torchelastic_use_agent_store():
+        return _world_store()
+    host = url.hostname if url.scheme == "tcp" else os.environ["MASTER_ADDR"]
+    port = url.port if url.scheme == "tcp" else int(os.environ["MASTER_PORT"])
+    client = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout),
+                           wait_for_workers=False)
+    return dist.PrefixStore("default_pg", client)
+
+
+def _checked_setting(checked):
+    """checked= wins; None reads PYBRIDGE_CHECKED (1/true/yes/on or 0/false/no/off/empty)."""
+    if checked is None:
+        raw = os.environ.get("PYBRIDGE_CHECKED", "").strip().lower()
+        if raw not in ("", "0", "false", "no", "off", "1", "true", "yes", "on"):
+            raise InvalidArgument(f"environment variable PYBRIDGE_CHECKED={raw!r}: use 1 or 0")
+        return raw in ("1", "true", "yes", "on")
+    if not isinstance(checked, bool):
+        raise InvalidArgument(f"checked must be True, False or None, got {checked!r}")
+    return checked
 
 
 def finalize():
     """Leave the process group: its subgroups are closed too. A torch group that pybridge
     adopted (see current()) is left to its owner. Safe to call when not initialized."""
     global _current
+    _watchdog.stop()
     with _lock:
         group, _current = _current, None
         if group is not None:

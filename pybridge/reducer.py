@@ -26,8 +26,9 @@ import time
 
 import torch
 
-from . import abi, collectives, comm_hooks, dtypes
+from . import abi, checked, collectives, comm_hooks, dtypes
 from . import group as _group
+from . import watchdog as _watchdog
 from .buffers import check_extent
 from .checks import positive_finite, positive_seconds
 from .collectives import AVG, SUM
@@ -461,7 +462,7 @@ class Reducer:
                         bucket.flat.copy_(value)  # e.g. decompress in place
             except Exception as exc:  # noqa: BLE001
                 self._start_iteration()
-                raise _bucket_error(exc, bucket) from exc
+                raise _bucket_error(exc, bucket, self._group) from exc
             self.iterations += 1
             if self._rebuild_pending:
                 order = self._order + [i for b in self.buckets for i in b.members
@@ -607,10 +608,14 @@ class Reducer:
         self.generation += 1
 
 
-def _bucket_error(exc, bucket):
-    """A pybridge error that names the bucket whose communication failed."""
+def _bucket_error(exc, bucket, group=None):
+    """A pybridge error that names the bucket whose communication failed (and, given the
+    group, the ranks that died or are late: watchdog.py)."""
+    what = f"bucket {bucket.index} ({len(bucket.members)} gradients)"
+    if group is not None:
+        return _watchdog.explain_latest(group, exc, what)
     err = classify(exc)
-    err.args = (f"bucket {bucket.index} ({len(bucket.members)} gradients): {err}",)
+    err.args = (f"{what}: {err}",)
     return err
 
 
@@ -630,6 +635,7 @@ def broadcast_parameters(tensors, root=0, *, group=None, chunk_mb=64.0):
             groups.setdefault((t.dtype, t.device), []).append(t)
     if g.size == 1:
         return
+    _check_same_tensors(tensors, root, g)
     for (dt, _), ts in groups.items():
         chunk, nbytes = [], 0
         for t in ts:
@@ -640,6 +646,24 @@ def broadcast_parameters(tensors, root=0, *, group=None, chunk_mb=64.0):
                 chunk, nbytes = [], 0
         if chunk:
             _broadcast_chunk(chunk, root, g)
+
+
+def _check_same_tensors(tensors, root, g):
+    """One small allgather of (root, number of tensors, hash of their dtypes and counts):
+    ranks passing other tensors would otherwise get garbage, or abort inside gloo."""
+    items = [(str(t.dtype), t.numel()) for t in tensors]
+    rows = checked.gather_rows(g, [root, len(items), checked.signature(items)])
+    if len(set(rows)) > 1:
+        by = {}
+        for r, row in enumerate(rows):
+            by.setdefault(row, []).append(r)
+        kinds = {}  # the distinct lists of dtypes and counts, named A, B, ...
+        parts = "; ".join(f"ranks {rs} pass {n} tensors (root {rt}, dtypes and counts "
+                          f"{kinds.setdefault(sig, chr(65 + len(kinds)))})"
+                          for (rt, n, sig), rs in by.items())
+        raise InvalidArgument(f"broadcast_parameters: ranks pass different tensors: {parts}. "
+                              "Every rank must pass the same dtypes and counts in the same order "
+                              "and the same root")
 
 
 def _broadcast_chunk(ts, root, g):

@@ -2,7 +2,7 @@
 
 import torch
 
-from .. import capi, collectives, dtypes
+from .. import abi, capi, collectives, dtypes
 from .. import group as _group
 from ..buffers import CPU, check_extent
 from ..errors import InvalidArgument, PyBridgeError
@@ -26,11 +26,21 @@ def _buffer(ptr, what="buffer"):
 # ---- process group -----------------------------------------------------------------
 
 def pb_init(init_method, backend, rank, world_size, local_rank, timeout, out):
+    pb_init_v2(init_method, backend, rank, world_size, local_rank, timeout, 0, 0.0, out)
+
+
+def pb_init_v2(init_method, backend, rank, world_size, local_rank, timeout, flags, watchdog, out):
     if out == capi.ffi.NULL:
         raise InvalidArgument("out (the pointer to store the group handle in) is NULL")
+    if flags & ~abi.PB_INIT_CHECKED:
+        raise InvalidArgument(f"unknown flags {flags:#x}; valid: PB_INIT_CHECKED")
+    if watchdog != watchdog:
+        raise InvalidArgument("watchdog_seconds is NaN")
     g = _group.init(init_method=text(init_method), backend=text(backend), rank=rank,
                     world_size=world_size, local_rank=local_rank,
-                    timeout=_group.DEFAULT_TIMEOUT if timeout <= 0 else timeout)  # NaN is checked there
+                    timeout=_group.DEFAULT_TIMEOUT if timeout <= 0 else timeout,  # NaN is checked there
+                    checked=True if flags & abi.PB_INIT_CHECKED else None,
+                    watchdog=None if watchdog == 0 else (False if watchdog < 0 else watchdog))
     handles.add(g, "pb_group *", out)
 
 

@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 
+from .. import checked
 from ..errors import Closed, InvalidArgument
 from .batch import Batch, decode_fixed  # noqa: F401 - decode_fixed is part of the loader API
 from .index import SIDECAR_SUFFIX
@@ -220,6 +221,7 @@ class Loader:
             if store is None:
                 if group is not None and self.num_replicas > 1:
                     store = group.store
+                    self._check_same_everywhere(store)
                 elif self.num_replicas == 1:
                     store = LocalStore()
                 else:
@@ -231,6 +233,20 @@ class Loader:
                                              name=name, instance=next_instance(name))
         self.epoch = 0
         self.set_epoch(epoch)
+
+    def _check_same_everywhere(self, store):
+        """Ranks opening a dynamic loader over other files or options would each count on
+        counters of their own and read records twice: compare once, through the store."""
+        g = self._group  # the loader's group (a store of the caller's own is not checked)
+        sig = (f"{len(self.files)} files, {self.num_records} records, batch {self.batch_size}, "
+               f"shuffle {self.shuffle}, seed {self.seed}, drop_last {self.drop_last}, data "
+               + dataset_name(self.tasks))
+        try:
+            checked.agree_in_store(g, store, f"pybridge/loader-open/{next_instance('open:' + g.uid)}",
+                                   sig, "dynamic loader open")
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------ epoch and size
 

@@ -1,0 +1,44 @@
+"""Cross-rank mismatches from a plain C program on two ranks (tests/c/mismatch.c): every
+rank gets PB_ERR_INVALID_ARGUMENT naming the rank that differs; no process aborts."""
+
+import os
+import subprocess
+
+import pytest
+
+from capi_loader import LIB_PATH, ROOT
+from ranks import free_port
+
+pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
+
+
+@pytest.fixture(scope="module")
+def exe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("c") / "mismatch"
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
+                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.dirname(LIB_PATH)})
+    subprocess.run(["gcc", "-Wall", "-Werror", "-o", str(path), os.path.join(ROOT, "tests/c/mismatch.c"),
+                    *flags.stdout.split()], check=True)
+    return path
+
+
+def _two_ranks(exe, mode):
+    port = str(free_port())
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    procs = [subprocess.Popen([str(exe), str(r), port, mode], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=90)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    return [(p.returncode, out) for p, out in zip(procs, outs)]
+
+
+@pytest.mark.parametrize("mode", ["checked", "worldsize"])
+def test_mismatches_from_c(exe, mode):
+    for rank, (code, out) in enumerate(_two_ranks(exe, mode)):
+        assert code == 0, f"rank {rank} exited {code}:\n{out}"  # a signal would be negative
+        assert "mismatch: 0 failed checks" in out, out
