@@ -24,22 +24,24 @@ def write(path, text, mode=0o644):
 
 
 ENV_SCRIPT = """
-    import json, os
+    import json, os, sys
     keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
             "MASTER_PORT", "PYBRIDGE_DEVICE", "TORCHELASTIC_RESTART_COUNT"]
-    print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
+    # A file per rank: three ranks' stdout lines can interleave in the launcher's output.
+    with open(os.path.join(sys.argv[1], "env-" + os.environ["RANK"] + ".json"), "w") as f:
+        json.dump({k: os.environ.get(k) for k in keys}, f)
 """
 
 
-def envs_of(out):
-    return [json.loads(line.split("ENV ", 1)[1]) for line in out.splitlines() if "ENV {" in line]
+def envs_of(folder):
+    return [json.loads(p.read_text()) for p in folder.glob("env-*.json")]
 
 
 def test_env_vars_seen_by_ranks(tmp_path):
     script = write(tmp_path / "env.py", ENV_SCRIPT)
-    rc, out, _ = launch(["--nproc-per-node", "3", script])
+    rc, out, _ = launch(["--nproc-per-node", "3", script, str(tmp_path)])
     assert rc == 0, out
-    envs = sorted(envs_of(out), key=lambda e: int(e["RANK"]))
+    envs = sorted(envs_of(tmp_path), key=lambda e: int(e["RANK"]))
     assert [e["RANK"] for e in envs] == ["0", "1", "2"], out
     assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2"]
     for e in envs:
