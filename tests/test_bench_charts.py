@@ -18,6 +18,7 @@ pytest.importorskip("matplotlib")
     ("reducer", ["torch ddp", "ms per training step"]),
     ("recordio", ["plain read", "pybridge loader", "compressor snappy"]),
     ("mnist", ["test accuracy", "go, 2 ranks"]),
+    ("federated", ["federated rounds", "seconds per round", "async"]),
 ])
 def test_each_result_draws_its_chart(tmp_path, monkeypatch, name, words):
     with open(os.path.join(charts.RESULTS, f"{name}.json")) as f:
