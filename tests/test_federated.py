@@ -176,6 +176,14 @@ def _failing_scenario(g, rank, out):
             out["next"] = sorted(r.client for r in server.run_round([0, 1, 2, 4], torch.zeros(5)))
             out["evaluated"] = sorted((r.client, r.payload.tolist(), r.samples)
                                       for r in server.run_round([7, 8], torch.ones(5), evaluate=True))
+            first = server.run_round([0, 1, 2, 4], torch.zeros(5))
+            next(first)
+            second = server.run_round([9], torch.zeros(5))  # drains and drops the rest of `first`
+            try:
+                next(first)
+            except InvalidArgument as exc:
+                out["abandoned"] = str(exc)
+            out["second"] = [r.client for r in second]
         return
 
     def train(model, client):
@@ -234,6 +242,7 @@ def test_a_failing_train_function_is_reported_and_the_worker_goes_on(misc_result
     assert ("no data for client 3" if client == 3 else "trained weights must match") in text, text
     assert out["next"] == [0, 1, 2, 4]
     assert out["evaluated"] == [(7, [5.0, 7.0], 7), (8, [5.0, 8.0], 8)]
+    assert "round 4 was abandoned" in out["abandoned"] and out["second"] == [9]
 
 
 def _faulty_scenario(g, rank, requeue, fault, out):
