@@ -137,6 +137,7 @@ class Server:
     def _results(self, pending, command):
         mine = self.round
         while True:
+            self._check_open()
             if self.round != mine:
                 raise InvalidArgument(f"round {mine} was abandoned: round {self.round} started before its "
                                       "results were all taken (the server runs one round at a time)")
