@@ -5,7 +5,8 @@ Completion detection: one listener thread per worker blocks in a receive from th
 queue in completion order and gives the worker that sent one its next client at once.
 A receive from ANY rank (gloo's recv_anysource) would need one thread in all, but when a
 worker dies it only times out, without saying which; a receive per worker fails at once
-with the connection, so the error names the worker (docs/federated.md has the figures).
+with the connection, so the error names the worker (docs/federated.md has the figures,
+from bench/federated_mechanisms.py).
 """
 
 import collections
