@@ -366,6 +366,7 @@ def test_example_split_gives_each_client_two_digits_and_every_record_once():
 
 
 def test_example_learns_on_synthetic_digits(tmp_path):
+    import importlib.util
     import sys
     sys.path.insert(0, MNIST)
     import prepare
@@ -373,11 +374,19 @@ def test_example_learns_on_synthetic_digits(tmp_path):
     assert prepare.main(["--out", str(tmp_path), "--train-count", "2000", "--test-count", "500",
                          "--shards", "3", "--seed", "0"]) == 0
     code, out, _ = launch(["--nproc-per-node", "3", os.path.join(MNIST, "federated.py"), "--data", str(tmp_path),
-                           "--rounds", "10", "--clients", "20", "--per-round", "5", "--local-epochs", "2"],
-                          timeout=120)
+                           "--rounds", "10", "--clients", "20", "--per-round", "5", "--local-epochs", "2",
+                           "--metrics", str(tmp_path / "rounds.jsonl")], timeout=120)
     assert code == 0, out
     rounds = [line for line in out.splitlines() if line.startswith("round ")]
     assert len(rounds) == 10, out
+    import json
+    from plot import main as plot_main
+    metrics = [json.loads(line) for line in open(tmp_path / "rounds.jsonl")]
+    assert [m["round"] for m in metrics] == list(range(1, 11))
+    assert f"test-acc {metrics[-1]['test_accuracy']:.4f}" in rounds[-1]
+    if importlib.util.find_spec("matplotlib"):
+        assert plot_main([str(tmp_path / "rounds.jsonl"), "--out", str(tmp_path / "rounds.svg")]) == 0
+        assert ">round<" in open(tmp_path / "rounds.svg").read() or "<!-- round -->" in open(tmp_path / "rounds.svg").read()
     # Measured 0.374 and 0.390 (seeds 1 and 2) after 10 rounds; chance is 0.1.
     final = float(out.split("final test accuracy:")[1].split()[0])
     assert final > 0.25, out

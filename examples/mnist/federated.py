@@ -20,6 +20,7 @@ round: any worker can take any client, since every worker holds all the data).
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -48,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.05, help="local SGD learning rate (default 0.05)")
     p.add_argument("--seed", type=int, default=1, help="model, split and client draws (default 1)")
     p.add_argument("--mode", choices=("async", "sync"), default="async", help="client assignment (async)")
+    p.add_argument("--metrics", default=None,
+                   help="the server writes one JSON line per round here (plot with plot.py)")
     opts = p.parse_args(argv)
     if min(opts.rounds, opts.clients, opts.per_round, opts.local_epochs, opts.batch_size) < 1:
         p.error("--rounds, --clients, --per-round, --local-epochs and --batch-size must be positive")
@@ -78,6 +81,8 @@ def serve(opts, group):
     avg = FedAvg(model.parameters())
     print(f"data: {data_kind(opts.data)}, test {len(labels)} | {group.size - 1} workers, {opts.clients} "
           f"clients, {opts.per_round} per round, mode {opts.mode}", flush=True)
+    if opts.metrics:
+        open(opts.metrics, "w").close()
     with Server(group, mode=opts.mode) as server:
         for r in range(1, opts.rounds + 1):
             start = time.perf_counter()
@@ -92,8 +97,13 @@ def serve(opts, group):
             for result in server.run_round(draw.tolist(), avg.vector(), evaluate=True):
                 loss, correct = loss + result.payload[0].item(), correct + result.payload[1].item()
                 samples += result.samples
+            seconds = time.perf_counter() - start
             print(f"round {r}/{opts.rounds}  test-acc {acc:.4f}  client-loss {loss / samples:.4f}  "
-                  f"client-acc {correct / samples:.4f}  seconds {time.perf_counter() - start:.2f}", flush=True)
+                  f"client-acc {correct / samples:.4f}  seconds {seconds:.2f}", flush=True)
+            if opts.metrics:
+                with open(opts.metrics, "a") as f:
+                    f.write(json.dumps({"round": r, "loss": loss / samples, "test_accuracy": acc,
+                                        "client_accuracy": correct / samples, "seconds": seconds}) + "\n")
     print(f"final test accuracy: {acc:.4f}", flush=True)
 
 
