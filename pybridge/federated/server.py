@@ -201,7 +201,7 @@ class Server:
                 err = WorkerTimeout(f"federated worker rank {w} did not return client {due.client} "
                                     f"(round {due.round}) within {self.timeout:g} s", w, due.client)
                 del self._busy[w]
-                self._retire(w, err)
+                self._retire(w, err, stop=True)
                 return "lost", due, err
             outcome = self._handle(event)
             if outcome is not None:
@@ -228,7 +228,7 @@ class Server:
                 or h.command not in (a.command, FAILED):
             err = WorkerFailed(f"federated worker rank {w} sent an unexpected {h.name} message "
                                f"(round {h.round}, client {h.client}, seq {h.seq})", w, a and a.client)
-            self._retire(w, err)
+            self._retire(w, err, stop=True)
             return "lost", a, err
         if h.command == FAILED:
             text = decode_message(payload) if payload is not None else ""
@@ -243,12 +243,13 @@ class Server:
             payload = torch.empty(0, dtype=dtypes.BY_CODE[h.dtype], device=self._links.device)
         return "result", a, Result(h.command, h.round, h.client, w, h.samples, payload, arrived - a.start)
 
-    def _retire(self, w, err):
-        """Stop using worker `w`. One that timed out may just be slow: it gets a terminate
-        (not waited for) so that it stops after its client instead of waiting for tasks."""
+    def _retire(self, w, err, stop=False):
+        """Stop using worker `w`. One still connected (`stop`: it timed out, or answered out
+        of turn) gets a terminate, not waited for, so that it stops after its client instead
+        of waiting for tasks, and its listener ends with the acknowledgement."""
         self._live.discard(w)
         self.lost[w] = err
-        if isinstance(err, WorkerTimeout):
+        if stop:
             try:
                 self._farewells.append(collectives.isend(Header(TERMINATE, self.round).tensor(self._links.device),
                                                          w, TAG_HEADER, group=self._links.down))
