@@ -5,7 +5,7 @@ gloo with a server and 3 workers, one of them 5x slower.
 
 Each round trains 24 clients whose local training is a sleep (0.1 s; 0.5 s on the slow
 worker), so the 2-core machine is not what is measured; the model is 100k float32s,
-broadcast at the start of every round. Rounds of the two modes alternate (each round in a
+sent to every worker at the start of every round. Rounds of the two modes alternate (each round in a
 fresh federation, which mode goes first alternating too) in one launch of 4 ranks.
 Reported per mode: the median round time, the clients each worker took, and the workers'
 idle fraction: 1 - (time the workers held clients, from hand-out to result) / (3 x round

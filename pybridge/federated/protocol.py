@@ -3,10 +3,10 @@ payload. Tensors only (no pickling), so a C or Go peer can speak it.
 
 Rank 0 of the federated group is the server; the others are workers. Two links (subgroups
 of the same members) carry the messages:
-  down: server -> worker: task headers, the model (a broadcast, or a direct send)
+  down: server -> worker: task headers, the model
   up:   worker -> server: result headers and payloads
 Each direction has its own process group so that the server's listener threads (on `up`)
-never share one with the server's sends and broadcasts (on `down`).
+never share one with the server's own sends (on `down`).
 
 Header fields, in order (int64 each):
   command  one of the commands below
@@ -26,15 +26,13 @@ from .. import collectives, dtypes
 from ..errors import CorruptData, InvalidArgument
 
 # Commands.
-UPDATE = 1         # server: new model for `round`; `length` elements follow as a broadcast on down
-UPDATE_DIRECT = 2  # the same, sent to this worker alone (used once a worker was lost)
-TRAIN = 3          # server: train `client` on the current model; worker: its result (pseudo-gradient)
-EVALUATE = 4       # server: evaluate `client`; worker: its metrics
-TERMINATE = 5      # server: stop; worker: acknowledgement, its last message
-FAILED = 6         # worker: the task raised; the payload is the message (UTF-8 bytes, uint8)
+UPDATE = 1     # server: the model for `round`; its `length` elements follow
+TRAIN = 2      # server: train `client` on the current model; worker: its result (pseudo-gradient)
+EVALUATE = 3   # server: evaluate `client`; worker: its metrics
+TERMINATE = 4  # server: stop; worker: acknowledgement, its last message
+FAILED = 5     # worker: the task raised; the payload is the message (UTF-8 bytes, uint8)
 
-NAMES = {UPDATE: "update", UPDATE_DIRECT: "update-direct", TRAIN: "train", EVALUATE: "evaluate",
-         TERMINATE: "terminate", FAILED: "failed"}
+NAMES = {UPDATE: "update", TRAIN: "train", EVALUATE: "evaluate", TERMINATE: "terminate", FAILED: "failed"}
 FIELDS = ("command", "round", "client", "samples", "length", "dtype", "seq")
 HEADER_LEN = len(FIELDS)
 NO_CLIENT = -1

@@ -14,7 +14,7 @@ import operator
 import queue
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -22,8 +22,8 @@ from .. import collectives, dtypes
 from .. import group as _group
 from ..checks import positive_seconds
 from ..errors import Closed, InvalidArgument, PyBridgeError, WorkerFailed, WorkerTimeout, classify
-from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TAG_HEADER, TERMINATE, TRAIN,
-                       UPDATE, UPDATE_DIRECT, Header, Links, decode_message, flat)
+from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TAG_HEADER, TAG_PAYLOAD, TERMINATE, TRAIN,
+                       UPDATE, Header, Links, decode_message, flat)
 
 MODES = ("async", "sync")
 
@@ -115,23 +115,22 @@ class Server:
         return self._results(collections.deque(clients), EVALUATE if evaluate else TRAIN)
 
     def _send_model(self, model):
+        """The round's model to every live worker, point to point and concurrently. Not a
+        collective broadcast: that couples every worker to every other, so one that died
+        unnoticed would leave the others waiting inside it, with no way to reach them;
+        a send fails only for its own worker, which is then retired like any other."""
         links = self._links
         h = Header(UPDATE, self.round, length=model.numel(), dtype=dtypes.code(model.dtype))
-        if not self.lost:  # every worker is there: one broadcast
-            for w in self.workers:
-                try:
-                    links.send_header(h, w, links.down)
-                except PyBridgeError as exc:
-                    raise WorkerFailed(f"federated worker rank {w} was lost at the start of round "
-                                       f"{self.round}: {exc}", w) from exc
-            collectives.broadcast(model, SERVER, group=links.down)
-            return
-        # A broadcast would include the lost workers: send to each live one instead.
-        h = replace(h, command=UPDATE_DIRECT)
-        for w in sorted(self._live):
+        sends = []
+        for w in sorted(self._live):  # every one is idle, waiting for a header
             try:
                 links.send_header(h, w, links.down)
-                links.send_payload(model, w, links.down)
+                sends.append((w, collectives.isend(model, w, TAG_PAYLOAD, group=links.down)))
+            except PyBridgeError as exc:
+                self._events.put(("lost", w, exc))
+        for w, work in sends:
+            try:
+                work.wait()
             except PyBridgeError as exc:
                 self._events.put(("lost", w, exc))
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import collectives, dtypes
+from .. import dtypes
 from .. import group as _group
 from ..errors import Closed, CorruptData, InvalidArgument
-from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE,
-                       UPDATE_DIRECT, Header, Links, encode_message, flat)
+from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE, Header,
+                       Links, encode_message, flat)
 
 
 @dataclass
@@ -65,7 +65,7 @@ class Worker:
         links = self._links
         while True:
             h = links.recv_header(SERVER, links.down)
-            if h.command in (UPDATE, UPDATE_DIRECT):
+            if h.command == UPDATE:
                 self._receive_model(h)
             elif h.command == TERMINATE:
                 links.send_header(Header(TERMINATE, self.round), SERVER, links.up)
@@ -82,10 +82,7 @@ class Worker:
         dtype = dtypes.BY_CODE[h.dtype]
         if self._model is None or self._model.numel() != h.length or self._model.dtype != dtype:
             self._model = torch.empty(h.length, dtype=dtype, device=self._links.device)
-        if h.command == UPDATE:
-            collectives.broadcast(self._model, SERVER, group=self._links.down)
-        else:
-            self._links.recv_payload(h, SERVER, self._links.down, out=self._model)
+        self._links.recv_payload(h, SERVER, self._links.down, out=self._model)
         self.round = h.round
 
     def submit(self, task, result, samples):
