@@ -146,8 +146,26 @@ def gossip_mnist(plt, data):
                   f"MNIST (Go trainer, {data['data']}), {data['ranks']} ranks: gossip vs allreduce")
 
 
+def federated(plt, data):
+    """Round time of each mode, every round a point and the median a bar."""
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    modes = data["modes"]
+    for i, (mode, m) in enumerate(modes.items()):
+        ax.bar(i, m["round_seconds_median"], 0.6, label=f"{mode} (idle {m['idle_fraction_median']:.0%})")
+        ax.plot([i] * len(m["round_seconds"]), m["round_seconds"], "k.", ms=4)
+    ax.set_xticks(range(len(modes)))
+    ax.set_xticklabels(list(modes))
+    ax.set_ylabel("seconds per round (lower is better)")
+    setup = data["setup"]
+    ax.set_title(f"federated rounds, {setup['clients']} clients, {setup['world'] - 1} workers "
+                 f"(one {setup['slowdown']}x slower), gloo")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
 DRAW = {"collectives": collectives, "reducer": reducer, "recordio": recordio, "mnist": mnist,
-        "gossip": gossip, "gossip-mnist": gossip_mnist}
+        "gossip": gossip, "gossip-mnist": gossip_mnist, "federated": federated}
 
 
 def draw(name, data):

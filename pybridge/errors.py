@@ -84,3 +84,20 @@ def classify(exc: BaseException) -> PyBridgeError:
         err = PyBridgeError(text)
     err.__cause__ = exc
     return err
+
+
+class WorkerFailed(CommError):
+    """A federated worker died, lost its connection or its training function raised while it
+    held a client. `worker` is its rank in the federated group, `client` the client it held
+    (None when it held none)."""
+
+    def __init__(self, message, worker=None, client=None):
+        super().__init__(message)
+        self.worker = worker
+        self.client = client
+
+
+class WorkerTimeout(WorkerFailed, Timeout):
+    """A federated worker did not return its client's result within the server's timeout."""
+
+    code = TIMEOUT

@@ -20,6 +20,7 @@ pytest.importorskip("matplotlib")
     ("mnist", ["test accuracy", "go, 2 ranks"]),
     ("gossip", ["gossip, cube", "MiB sent per rank per step", "8 ranks, (b)"]),
     ("gossip-mnist", ["gossip-cube, sync every 4", "allreduce", "test accuracy"]),
+    ("federated", ["federated rounds", "seconds per round", "async"]),
 ])
 def test_each_result_draws_its_chart(tmp_path, monkeypatch, name, words):
     with open(os.path.join(charts.RESULTS, f"{name}.json")) as f:

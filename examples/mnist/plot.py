@@ -3,7 +3,7 @@
     python examples/mnist/plot.py build/go-2ranks.jsonl build/py-2ranks.jsonl --out curves.svg
 
 Each file is one curve, labelled with its file name (or --labels). Two panels: training loss
-and test accuracy per epoch. Needs matplotlib (pip install 'pybridge[plot]').
+and test accuracy per epoch (per round for federated.py's files). Needs matplotlib (pip install 'pybridge[plot]').
 """
 
 import argparse
@@ -21,9 +21,11 @@ def read_metrics(path):
                 continue
             try:
                 row = json.loads(line)
-                rows.append({k: row[k] for k in ("epoch", "loss", "test_accuracy")} | row)
+                x = "round" if "round" in row else "epoch"  # federated.py counts rounds
+                rows.append({k: row[k] for k in (x, "loss", "test_accuracy")} | row | {"x": x})
             except (ValueError, KeyError, TypeError) as exc:
-                raise SystemExit(f"{path}:{n}: not a metrics line (need epoch, loss, test_accuracy): {exc}")
+                raise SystemExit(f"{path}:{n}: not a metrics line (need epoch or round, loss, "
+                                 f"test_accuracy): {exc}")
     if not rows:
         raise SystemExit(f"{path}: no epochs recorded")
     return rows
@@ -33,11 +35,12 @@ def figure(plt, curves, title=None):
     """The two-panel figure of [(label, metrics rows)] (bench/charts.py draws it too)."""
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(9, 3.4))
     for label, rows in curves:
-        epochs = [r["epoch"] for r in rows]
-        loss_ax.plot(epochs, [r["loss"] for r in rows], marker="o", ms=3, label=label)
-        acc_ax.plot(epochs, [r["test_accuracy"] for r in rows], marker="o", ms=3, label=label)
-    loss_ax.set(xlabel="epoch", ylabel="training loss", title="loss")
-    acc_ax.set(xlabel="epoch", ylabel="test accuracy", title="test accuracy")
+        xs = [r[r["x"]] for r in rows]
+        loss_ax.plot(xs, [r["loss"] for r in rows], marker="o", ms=3, label=label)
+        acc_ax.plot(xs, [r["test_accuracy"] for r in rows], marker="o", ms=3, label=label)
+    x = " or ".join(sorted({r["x"] for _, rows in curves for r in rows}))
+    loss_ax.set(xlabel=x, ylabel="training loss", title="loss")
+    acc_ax.set(xlabel=x, ylabel="test accuracy", title="test accuracy")
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -1,0 +1,9 @@
+"""Federated training with asynchronous client assignment: rank 0 of a group is the server,
+the other ranks are workers holding the clients' data (see docs/federated.md)."""
+
+from .aggregate import FedAvg
+from .protocol import EVALUATE, TRAIN, Header
+from .server import Result, Server
+from .worker import Task, Worker
+
+__all__ = ["FedAvg", "Server", "Result", "Worker", "Task", "Header", "TRAIN", "EVALUATE"]

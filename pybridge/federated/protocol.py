@@ -1,0 +1,130 @@
+"""The federated wire protocol: a fixed int64 header per message, then at most one flat
+payload. Tensors only (no pickling), so a C or Go peer can speak it.
+
+Rank 0 of the federated group is the server; the others are workers. Two links (subgroups
+of the same members) carry the messages:
+  down: server -> worker: task headers, the model
+  up:   worker -> server: result headers and payloads
+Each direction has its own process group so that the server's listener threads (on `up`)
+never share one with the server's own sends (on `down`).
+
+Header fields, in order (int64 each):
+  command  one of the commands below
+  round    the server's round number (the model's version)
+  client   client id (-1 for none)
+  samples  the client's sample count (results of TRAIN), else 0
+  length   elements in the payload that follows (0: none)
+  dtype    the payload's element type (pybridge dtype code, as PB_FLOAT32 ...)
+  seq      per-worker task number: a result carries its task's seq
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import collectives, dtypes
+from ..errors import CorruptData, InvalidArgument
+
+# Commands.
+UPDATE = 1     # server: the model for `round`; its `length` elements follow
+TRAIN = 2      # server: train `client` on the current model; worker: its result (pseudo-gradient)
+EVALUATE = 3   # server: evaluate `client`; worker: its metrics
+TERMINATE = 4  # server: stop; worker: acknowledgement, its last message
+FAILED = 5     # worker: the task raised; the payload is the message (UTF-8 bytes, uint8)
+
+NAMES = {UPDATE: "update", TRAIN: "train", EVALUATE: "evaluate", TERMINATE: "terminate", FAILED: "failed"}
+FIELDS = ("command", "round", "client", "samples", "length", "dtype", "seq")
+HEADER_LEN = len(FIELDS)
+NO_CLIENT = -1
+MAX_LENGTH = 1 << 40  # elements; a header beyond this is corrupt, not an allocation to try
+
+# Tags: a header and its payload travel on the same link, the payload after its header.
+TAG_HEADER = 1
+TAG_PAYLOAD = 2
+
+SERVER = 0  # the server's rank in the federated group
+
+DEFAULT_LINK_TIMEOUT = 86400.0  # seconds a link may stay silent (see open_links)
+
+
+@dataclass(frozen=True)
+class Header:
+    command: int
+    round: int = 0
+    client: int = NO_CLIENT
+    samples: int = 0
+    length: int = 0
+    dtype: int = dtypes.FLOAT32
+    seq: int = 0
+
+    def tensor(self, device="cpu"):
+        return torch.tensor([getattr(self, f) for f in FIELDS], dtype=torch.int64, device=device)
+
+    @classmethod
+    def parse(cls, t):
+        """A header from a received tensor; CorruptData if it cannot be one."""
+        h = cls(*(int(v) for v in t.tolist()))
+        if h.command not in NAMES:
+            raise CorruptData(f"federated header has unknown command {h.command}")
+        if not 0 <= h.length <= MAX_LENGTH or h.dtype not in dtypes.BY_CODE:
+            raise CorruptData(f"federated header has a bad payload (length {h.length}, dtype code {h.dtype})")
+        if h.samples < 0:
+            raise CorruptData(f"federated header has a negative sample count {h.samples}")
+        return h
+
+    @property
+    def name(self):
+        return NAMES[self.command]
+
+
+class Links:
+    """The two subgroups of a federated group (see the module docstring)."""
+
+    def __init__(self, group, timeout):
+        # Collectives over `group`: the server and every worker create them in this order.
+        # Their timeout is long because a gloo operation that times out closes its
+        # connection for good; a dead peer is noticed at once anyway (its connection
+        # closes) and a slow client is the server's own `timeout`.
+        self.group = group
+        self.down = group.split(0, timeout=timeout)
+        self.up = group.split(0, timeout=timeout)
+        self.device = group.device
+
+    def send_header(self, header, dst, link):
+        collectives.send(header.tensor(self.device), dst, TAG_HEADER, group=link)
+
+    def recv_header(self, src, link):
+        t = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
+        collectives.recv(t, src, TAG_HEADER, group=link)
+        return Header.parse(t)
+
+    def send_payload(self, payload, dst, link):
+        collectives.send(payload, dst, TAG_PAYLOAD, group=link)
+
+    def recv_payload(self, header, src, link, out=None):
+        t = torch.empty(header.length, dtype=dtypes.BY_CODE[header.dtype], device=self.device) \
+            if out is None else out
+        collectives.recv(t, src, TAG_PAYLOAD, group=link)
+        return t
+
+    def close(self):
+        for g in (self.up, self.down):
+            if not g.closed:
+                g.close()
+
+
+def flat(t, what="payload"):
+    """`t` as a contiguous 1-D tensor (a view where possible)."""
+    if not isinstance(t, torch.Tensor):
+        raise InvalidArgument(f"{what} must be a torch tensor, got {type(t).__name__}")
+    dtypes.torch_dtype(t.dtype)  # raises for an element type the protocol cannot name
+    return t.detach().reshape(-1).contiguous()
+
+
+def encode_message(text):
+    data = (text or "(no message)").encode("utf-8", "replace")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def decode_message(t):
+    return bytes(t.cpu().numpy().tobytes()).decode("utf-8", "replace")

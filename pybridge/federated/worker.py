@@ -1,0 +1,148 @@
+"""The worker side: receive a task (a client to train or evaluate on the round's model),
+return its result. Two ways to drive it:
+
+  pull:  task = worker.next_task(); ...; worker.submit(task, weights, samples)
+         (what a C or Go worker needs: no callbacks into the caller)
+  loop:  worker.serve(train, evaluate)  (Python: calls the functions for each task)
+
+The worker holds the client data; the server sends only client ids.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import dtypes
+from .. import group as _group
+from ..errors import Closed, CorruptData, InvalidArgument
+from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE, Header,
+                       Links, encode_message, flat)
+
+
+@dataclass
+class Task:
+    """A client to train (command TRAIN) or evaluate (EVALUATE) on the round's model.
+    `model` is this task's own copy of the model (flat): train it in place if you like."""
+
+    command: int
+    round: int
+    client: int
+    seq: int
+    model: torch.Tensor
+
+    @property
+    def evaluate(self) -> bool:
+        return self.command == EVALUATE
+
+
+class Worker:
+    """A worker of a federated group: any rank but 0 (the server). Creating it is a
+    collective with the server's Server() (both create the links).
+
+    link_timeout (seconds) bounds how long the worker waits for its next task."""
+
+    def __init__(self, group=None, *, link_timeout=DEFAULT_LINK_TIMEOUT):
+        g = group or _group.current()
+        if g.size < 2:
+            raise InvalidArgument("a federated group needs a server (rank 0) and at least one worker")
+        if g.rank == SERVER:
+            raise InvalidArgument("rank 0 of a federated group is the server; create a Server there")
+        self.rank = g.rank
+        self._links = Links(g, link_timeout)
+        self._model = None  # the current round's model, as received
+        self.round = 0
+        self._task = None  # the task handed out and not yet answered
+        self.closed = False
+
+    def next_task(self):
+        """Block until the server hands out a client; returns a Task, or None once the server
+        has terminated the federation (the worker is then closed)."""
+        if self.closed:
+            return None
+        if self._task is not None:
+            raise InvalidArgument(f"client {self._task.client} was not answered yet: "
+                                  "submit() or fail() it before asking for the next task")
+        links = self._links
+        while True:
+            h = links.recv_header(SERVER, links.down)
+            if h.command == UPDATE:
+                self._receive_model(h)
+            elif h.command == TERMINATE:
+                links.send_header(Header(TERMINATE, self.round), SERVER, links.up)
+                self.close()
+                return None
+            elif h.command in (TRAIN, EVALUATE) and self._model is not None and h.round == self.round:
+                self._task = Task(h.command, h.round, h.client, h.seq, self._model.clone())
+                return self._task
+            else:
+                raise CorruptData(f"worker {self.rank} got an unexpected {h.name} message for round "
+                                  f"{h.round} (its model is for round {self.round})")
+
+    def _receive_model(self, h):
+        dtype = dtypes.BY_CODE[h.dtype]
+        if self._model is None or self._model.numel() != h.length or self._model.dtype != dtype:
+            self._model = torch.empty(h.length, dtype=dtype, device=self._links.device)
+        self._links.recv_payload(h, SERVER, self._links.down, out=self._model)
+        self.round = h.round
+
+    def submit(self, task, result, samples):
+        """Answer `task`. TRAIN: `result` is the client's trained weights (same size and
+        dtype as the model) and `samples` the number of examples trained on; the server
+        receives the pseudo-gradient (round model - result). EVALUATE: `result` is any flat
+        tensor of metrics, sent as is; `samples` the number of examples evaluated."""
+        self._send(task, *self._payload(task, result, samples))
+
+    def fail(self, task, message):
+        """Tell the server that `task` could not be done (it raises, naming this worker)."""
+        self._check_task(task)
+        self._send(task, encode_message(str(message)).to(self._links.device), 0, FAILED)
+
+    def serve(self, train, evaluate=None):
+        """Answer tasks until the server terminates: train(model, client) and
+        evaluate(model, client) return (tensor, samples) as submit() takes them. An
+        exception in them is reported to the server (fail()) and the loop goes on."""
+        while (task := self.next_task()) is not None:
+            fn = evaluate if task.evaluate else train
+            try:
+                if fn is None:
+                    raise InvalidArgument(f"worker {self.rank} has no evaluate function")
+                payload = self._payload(task, *fn(task.model, task.client))
+            except Exception as exc:  # noqa: BLE001 - the server decides what a failed client means
+                self.fail(task, f"{type(exc).__name__}: {exc}")
+                continue
+            self._send(task, *payload)
+
+    def _check_task(self, task):
+        if self.closed:
+            raise Closed("the federated worker was terminated")
+        if task is None or task is not self._task:
+            raise InvalidArgument("that task is not this worker's open task (answer each task once)")
+
+    def _payload(self, task, result, samples):
+        self._check_task(task)
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise InvalidArgument(f"samples must be a non-negative integer, got {samples!r}")
+        result = flat(result, "result")
+        if task.command == TRAIN:
+            if result.numel() != self._model.numel() or result.dtype != self._model.dtype:
+                raise InvalidArgument(
+                    f"trained weights must match the model ({self._model.numel()} x {self._model.dtype}); "
+                    f"got {result.numel()} x {result.dtype}")
+            result = self._model - result.to(self._model.device)  # the pseudo-gradient
+        return result.to(self._links.device), samples, task.command
+
+    def _send(self, task, payload, samples, command):
+        links = self._links
+        h = Header(command, task.round, task.client, samples, payload.numel(), dtypes.code(payload.dtype),
+                   task.seq)
+        links.send_header(h, SERVER, links.up)
+        if payload.numel():
+            links.send_payload(payload, SERVER, links.up)
+        self._task = None
+
+    def close(self):
+        """Free the links. The server's terminate does it; call it to leave early."""
+        if not self.closed:
+            self.closed = True
+            self._task = None
+            self._links.close()

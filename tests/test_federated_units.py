@@ -1,0 +1,76 @@
+"""The federated pieces that need no ranks: the header's encoding and its checks, and
+FedAvg's arithmetic (weights, order independence, misuse)."""
+
+import pytest
+import torch
+
+from pybridge.errors import CorruptData, InvalidArgument
+from pybridge.federated import EVALUATE, TRAIN, FedAvg, Header, Result
+from pybridge.federated.protocol import HEADER_LEN, UPDATE
+
+
+def test_a_header_round_trips_through_its_tensor():
+    h = Header(TRAIN, round=7, client=42, samples=600, length=1 << 33, dtype=0, seq=9)
+    t = h.tensor()
+    assert t.dtype == torch.int64 and t.tolist() == [TRAIN, 7, 42, 600, 1 << 33, 0, 9] and len(t) == HEADER_LEN
+    assert Header.parse(t) == h and Header.parse(t).name == "train"
+
+
+@pytest.mark.parametrize("fields,words", [
+    ([99, 1, 0, 0, 0, 0, 0], "unknown command 99"),
+    ([UPDATE, 1, -1, 0, -5, 0, 0], "bad payload"),
+    ([UPDATE, 1, -1, 0, 4, 77, 0], "dtype code 77"),
+    ([TRAIN, 1, 3, -2, 4, 0, 1], "negative sample count"),
+])
+def test_a_corrupt_header_is_refused(fields, words):
+    with pytest.raises(CorruptData, match=words):
+        Header.parse(torch.tensor(fields, dtype=torch.int64))
+
+
+def _result(client, payload, samples, command=TRAIN):
+    return Result(command, 1, client, 1, samples, payload, 0.0)
+
+
+def test_fedavg_is_the_sample_weighted_mean_and_ignores_arrival_order():
+    gen = torch.Generator().manual_seed(5)
+    deltas = [torch.randn(1000, generator=gen) for _ in range(12)]
+    models = []
+    for order in (range(12), reversed(range(12)), [5, 0, 11, 3, 8, 1, 10, 2, 7, 4, 9, 6]):
+        w = torch.nn.Parameter(torch.ones(10, 100))
+        avg = FedAvg([w])
+        for c in order:
+            avg.add(_result(c, deltas[c], c + 1))
+        assert avg.step() == 12
+        models.append(w.detach().clone())
+    want = 1 - (sum((c + 1) * deltas[c].double() for c in range(12)) / 78).float().view(10, 100)
+    torch.testing.assert_close(models[0], want, rtol=0, atol=1e-6)
+    # float64 sums: every order rounds to the same float32 model (for this seed, bit for bit)
+    assert torch.equal(models[0], models[1]) and torch.equal(models[0], models[2])
+
+
+def test_fedavg_splits_the_flat_update_over_parameters_and_uses_the_optimizer():
+    a, b = torch.nn.Parameter(torch.zeros(2, 3)), torch.nn.Parameter(torch.zeros(4))
+    avg = FedAvg([a, b], torch.optim.SGD([a, b], lr=0.5))
+    assert avg.numel == 10 and avg.vector().tolist() == [0.0] * 10
+    avg.add(_result(0, -torch.arange(10.0), 2))
+    avg.step()
+    assert a.tolist() == [[0.0, 0.5, 1.0], [1.5, 2.0, 2.5]] and b.tolist() == [3.0, 3.5, 4.0, 4.5]
+    assert avg.vector().tolist() == [i / 2 for i in range(10)]
+
+
+def test_fedavg_misuse_is_refused():
+    w = torch.nn.Parameter(torch.zeros(3))
+    avg = FedAvg([w])
+    with pytest.raises(InvalidArgument, match="no samples"):
+        avg.step()
+    avg.add(_result(4, torch.ones(3), 1))
+    with pytest.raises(InvalidArgument, match="client 4 was already added"):
+        avg.add(_result(4, torch.ones(3), 1))
+    with pytest.raises(InvalidArgument, match="has 2 elements"):
+        avg.add(_result(5, torch.ones(2), 1))
+    with pytest.raises(InvalidArgument, match="evaluated"):
+        avg.add(_result(6, torch.ones(3), 1, EVALUATE))
+    with pytest.raises(InvalidArgument, match="at least one"):
+        FedAvg([])
+    with pytest.raises(InvalidArgument, match="one floating-point dtype"):
+        FedAvg([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
