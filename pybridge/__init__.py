@@ -3,7 +3,7 @@
 from .collectives import (AVG, MAX, MIN, PRODUCT, SUM, Work, all_gather, all_reduce, all_reduce_future,
                           barrier, broadcast, irecv, isend, recv, reduce_scatter, send)
 from .errors import (AlreadyInitialized, Closed, CommError, CorruptData, InvalidArgument,
-                     IOFailure, NotInitialized, PyBridgeError, Timeout)
+                     IOFailure, NotInitialized, PyBridgeError, Timeout, WorkerFailed, WorkerTimeout)
 from .ddp import DistributedDataParallel
 from .group import (Group, current, finalize, init, is_initialized, local_rank, new_group, node_groups,
                     rank, size, split)

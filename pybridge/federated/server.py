@@ -135,7 +135,12 @@ class Server:
                 self._events.put(("lost", w, exc))
 
     def _results(self, pending, command):
+        mine = self.round
         while True:
+            self._check_open()
+            if self.round != mine:
+                raise InvalidArgument(f"round {mine} was abandoned: round {self.round} started before its "
+                                      "results were all taken (the server runs one round at a time)")
             if self.mode == "async" or not self._busy:  # sync: a wave once the last one is back
                 for w in self._idle():
                     if not pending:
