@@ -308,3 +308,26 @@ func TestFederatedGoWorkersUnderAPythonServer(t *testing.T) {
 func TestFederatedGoServerWithGoAndPythonWorkers(t *testing.T) {
 	fedLaunch(t, "fedserver", map[int]string{3: "worker"})
 }
+
+func TestFederatedNilValuesAreErrors(t *testing.T) {
+	if _, err := pybridge.NewFedServer[float32](nil); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		t.Errorf("NewFedServer(nil): %v", err)
+	}
+	if _, err := pybridge.NewFedWorker[float64](nil); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		t.Errorf("NewFedWorker(nil): %v", err)
+	}
+	var s *pybridge.FedServer[float32]
+	if _, _, err := s.Next(); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		t.Errorf("nil server Next: %v", err)
+	}
+	if err := s.Close(); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		t.Errorf("nil server Close: %v", err)
+	}
+	var w *pybridge.FedWorker[float32]
+	if err := w.Submit([]float32{1}, 1); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		t.Errorf("nil worker Submit: %v", err)
+	}
+	if err := w.Fail("x"); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		t.Errorf("nil worker Fail: %v", err)
+	}
+}
