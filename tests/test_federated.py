@@ -247,7 +247,8 @@ def test_a_failing_train_function_is_reported_and_the_worker_goes_on(misc_result
 
 def _faulty_scenario(g, rank, requeue, fault, out):
     """Worker 2 dies (fault "kill") or stalls (fault "stall": until the server has seen the
-    timeout) on its second client, after writing that client's id to the store."""
+    timeout) on its second client, after writing that client's id to the store; or (fault
+    "idle") dies between the first and second rounds. Three rounds of 12 clients in all."""
     from pybridge.errors import WorkerFailed, WorkerTimeout
     from pybridge.federated import FedAvg, Server, Worker
     key = f"{fault}-{requeue}"
@@ -255,8 +256,14 @@ def _faulty_scenario(g, rank, requeue, fault, out):
         param = torch.nn.Parameter(torch.zeros(5))
         avg = FedAvg([param])
         server = Server(g, requeue=requeue, timeout=3 if fault == "stall" else 30)
+        out["rounds"] = []
         try:
-            out["rounds"] = _fedavg_rounds(server, avg, range(12), 2)
+            if fault == "idle":
+                out["rounds"] = _fedavg_rounds(server, avg, range(12), 1)
+                g.store.set(f"release-{key}", "1")
+                g.store.wait([f"client-{key}"], datetime.timedelta(seconds=60))
+                time.sleep(1)  # its connection closes as it exits
+            out["rounds"] += _fedavg_rounds(server, avg, range(12), 3 - len(out["rounds"]))
         except WorkerFailed as exc:
             out["error"] = (type(exc).__name__, exc.worker, exc.client, str(exc), exc.code,
                             isinstance(exc, WorkerTimeout))
@@ -268,17 +275,26 @@ def _faulty_scenario(g, rank, requeue, fault, out):
         out["threads"] = _listeners()
         return
     tasks = []
+    worker = Worker(g)
+    if fault == "idle" and rank == 2:  # dies between rounds, holding no client
+        def die():
+            g.store.wait([f"release-{key}"], datetime.timedelta(seconds=60))
+            g.store.set(f"client-{key}", "-1")
+            os._exit(3)
+        # after Worker(): the store's client serves one call at a time, and creating the
+        # links uses it
+        threading.Thread(target=die, daemon=True).start()
 
     def train(model, client):
         tasks.append(client)
-        if rank == 2 and len(tasks) == 2:
+        if rank == 2 and len(tasks) == 2 and fault != "idle":
             g.store.set(f"client-{key}", str(client))
             if fault == "kill":
                 os._exit(3)
             g.store.wait([f"release-{key}"], datetime.timedelta(seconds=60))
         time.sleep(0.02)
         return _known_update(model, client)
-    Worker(g).serve(train)
+    worker.serve(train)
 
 
 def faulty(rank, world, fault, requeues):
@@ -302,12 +318,11 @@ def test_a_killed_worker_is_named_with_its_client_or_requeued(requeue):
         assert "rank 2" in text and f"client {client}" in text, text
         return
     assert "error" not in server, server.get("error")
-    first, second = server["rounds"]
-    assert sorted(c for c, _, _ in first) == list(range(12))
+    first, *later = server["rounds"]
+    assert [sorted(c for c, _, _ in r) for r in server["rounds"]] == [list(range(12))] * 3
     assert [w for c, w, _ in first if c == server["faulty_client"]] in ([1], [3])
-    assert sorted(c for c, _, _ in second) == list(range(12))
-    assert {w for _, w, _ in second} == {1, 3}  # the model went to the survivors directly
-    assert server["model"] == (_FEDAVG + _FEDAVG).tolist()
+    assert {w for r in later for _, w, _ in r} == {1, 3}  # the model went to the survivors directly
+    assert server["model"] == (_FEDAVG * 3).tolist()
 
 
 def test_a_stalled_worker_times_out_named_with_its_client_or_is_requeued():
@@ -322,8 +337,8 @@ def test_a_stalled_worker_times_out_named_with_its_client_or_is_requeued():
     server = res[True]
     assert "error" not in server, server.get("error")
     assert server["lost"] == [2] and server["threads"] == []
-    assert [sorted(c for c, _, _ in r) for r in server["rounds"]] == [list(range(12))] * 2
-    assert server["model"] == (_FEDAVG + _FEDAVG).tolist()
+    assert [sorted(c for c, _, _ in r) for r in server["rounds"]] == [list(range(12))] * 3
+    assert server["model"] == (_FEDAVG * 3).tolist()
 
 
 # ---- the federated MNIST example ------------------------------------------------------------
@@ -366,3 +381,12 @@ def test_example_learns_on_synthetic_digits(tmp_path):
     # Measured 0.374 and 0.390 (seeds 1 and 2) after 10 rounds; chance is 0.1.
     final = float(out.split("final test accuracy:")[1].split()[0])
     assert final > 0.25, out
+
+
+def test_a_worker_that_dies_between_rounds_is_retired_without_an_error():
+    server = run_ranks(faulty, WORLD, "idle", [False], timeout=90, expect_fail={2})[0][False]
+    assert "error" not in server, server.get("error")
+    assert server["lost"] == [2] and server["threads"] == []
+    assert [sorted(c for c, _, _ in r) for r in server["rounds"]] == [list(range(12))] * 3
+    assert {w for _, w, _ in server["rounds"][1] + server["rounds"][2]} == {1, 3}
+    assert server["model"] == (_FEDAVG * 3).tolist()
