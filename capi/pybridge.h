@@ -509,6 +509,141 @@ int pb_checkpoint_restore(pb_group *group, const char *directory, int32_t n,
                           const char *const *names, const pb_tensor *tensors, pb_loader *loader,
                           pb_reducer *reducer, int64_t *step);
 
+/* ---- Federated training ---------------------------------------------------------- */
+/* FLUTE-style federated learning with asynchronous client assignment (docs/federated.md):
+ * rank 0 of a group is the server, every other rank a worker that holds the clients' data.
+ * Each round the server sends the model to the workers and hands out client ids; a worker
+ * trains one client at a time on the round's model and returns its weights; a worker that
+ * returns a result gets its next client at once. The server pulls results in completion
+ * order and aggregates them with FedAvg. Both sides are pull APIs: no callbacks.
+ * Creating a server and its workers is COLLECTIVE over the group (rank 0 creates the
+ * server, every other rank one worker, in the same order as other collectives). Every
+ * call copies caller memory during the call only; nothing is kept after it returns. */
+
+typedef struct pb_fed_server pb_fed_server; /* rank 0: hands out clients, aggregates */
+typedef struct pb_fed_worker pb_fed_worker; /* ranks 1 ..: trains the clients handed to it */
+
+/* Server modes (pb_fed_server_new). */
+#define PB_FED_ASYNC 0 /* a worker gets its next client as soon as it returns one */
+#define PB_FED_SYNC 1  /* waves of one client per worker, each wave waited for (FLUTE on gloo) */
+
+/* Task commands (pb_fed_task.command, pb_fed_result.command, pb_fed_server_start_round);
+ * the same numbers travel in the protocol's header (pybridge/federated/protocol.py). */
+#define PB_FED_TRAIN 2    /* train the client; the result is its trained weights */
+#define PB_FED_EVALUATE 3 /* evaluate the client; the result is the worker's metrics */
+
+/* One result pulled by the server (pb_fed_server_next_result). */
+typedef struct pb_fed_result {
+    int32_t command; /* PB_FED_TRAIN or PB_FED_EVALUATE; 0 when a worker failure is described */
+    int32_t worker;  /* the worker's rank in the federated group (-1: none) */
+    int64_t round;   /* the server's round number, 1 for the first round */
+    int64_t client;  /* the client id (-1: none) */
+    int64_t samples; /* examples the worker trained or evaluated on */
+    int64_t length;  /* elements in the payload (pb_fed_server_result_payload) */
+    int32_t dtype;   /* the payload's element type: the model's for PB_FED_TRAIN */
+    int32_t reserved;
+    double seconds;  /* from handing the client out to the result's arrival */
+} pb_fed_result;
+
+/* One task handed to a worker (pb_fed_worker_next_task). */
+typedef struct pb_fed_task {
+    int32_t command; /* PB_FED_TRAIN or PB_FED_EVALUATE */
+    int32_t dtype;   /* the model's element type */
+    int64_t round;   /* the server's round number */
+    int64_t client;  /* the client to train or evaluate */
+    int64_t length;  /* elements in the model (pb_fed_worker_task_model) */
+} pb_fed_task;
+
+/* Create the server on rank 0 of `group` and store its handle in *out. COLLECTIVE with the
+ * workers' pb_fed_worker_new (both create the links, two subgroups of `group`).
+ *   mode             PB_FED_ASYNC or PB_FED_SYNC.
+ *   timeout_seconds  how long a worker may hold a client; <= 0 means the group's timeout.
+ *   requeue          1: a worker lost while holding a client (dead, or past the timeout)
+ *                    has its client handed to the remaining workers, so the round
+ *                    completes; 0: pb_fed_server_next_result fails, naming worker and client.
+ * Errors: PB_ERR_INVALID_ARGUMENT on a rank other than 0, for a group of one rank, an
+ * unknown mode or a requeue other than 0 or 1. */
+int pb_fed_server_new(pb_group *group, int32_t mode, double timeout_seconds, int32_t requeue,
+                      pb_fed_server **out);
+
+/* Start a round: send `model` (any count, a floating-point dtype, read during the call
+ * only) to the workers, then hand out the `n` client ids (each >= 0, each once) with
+ * `command` (PB_FED_TRAIN or PB_FED_EVALUATE). The server keeps its own copy of the model
+ * for aggregation. Results are then pulled with pb_fed_server_next_result. A round left
+ * unfinished is drained (its results dropped) when the next one starts.
+ * Errors: PB_ERR_INVALID_ARGUMENT (NULL arrays, duplicate or negative ids, an unknown
+ * command); PB_ERR_COMM when no worker is left. */
+int pb_fed_server_start_round(pb_fed_server *server, const int64_t *clients, int64_t n,
+                              const pb_tensor *model, int32_t command);
+
+/* Wait for the round's next result, in completion order. On PB_OK, *has_result is 1 and
+ * *out describes it, or *has_result is 0 when every client of the round is done. A
+ * PB_FED_TRAIN result of the current round is added to the round's FedAvg sum here (see
+ * pb_fed_server_aggregate); its payload is the client's pseudo-gradient (round model -
+ * trained weights). The payload stays available (pb_fed_server_result_payload) until the
+ * next call. Errors: PB_ERR_COMM when a worker died, lost its connection or reported a
+ * failure (pb_fed_worker_fail) while holding a client; PB_ERR_TIMEOUT when it held the
+ * client past the timeout. Then the message names the worker and the client, and *out
+ * holds them too (command 0, worker, client); with requeue a lost worker's client is
+ * handed out again instead, but a reported failure is still returned. An error ends the
+ * round: later calls report *has_result 0, the clients not yet handed out are not, and
+ * those still out are waited for (their results dropped) when the next round starts. */
+int pb_fed_server_next_result(pb_fed_server *server, pb_fed_result *out, int32_t *has_result);
+
+/* Copy the last result's payload into `out`: out->count must equal the result's length
+ * and out->dtype its dtype. Errors: PB_ERR_INVALID_ARGUMENT when they differ or no
+ * result was pulled since the last call to pb_fed_server_next_result. */
+int pb_fed_server_result_payload(pb_fed_server *server, const pb_tensor *out);
+
+/* FedAvg the PB_FED_TRAIN results pulled this round: the model's gradient becomes
+ * sum(samples_i * pseudo_gradient_i) / sum(samples_i) (a float64 sum: the order results
+ * came in does not matter beyond float64 rounding) and SGD with learning rate `lr` steps
+ * (1.0 is plain FedAvg: the sample-weighted mean of the clients' weights). The new model
+ * is written to `model` (same count and dtype as the round's); the number of clients
+ * aggregated to *clients (may be NULL). The sum is then cleared.
+ * Errors: PB_ERR_INVALID_ARGUMENT when no samples were pulled, lr is not > 0, or `model`
+ * does not match the round's model. */
+int pb_fed_server_aggregate(pb_fed_server *server, double lr, const pb_tensor *model,
+                            int32_t *clients);
+
+/* Terminate the workers (after the clients still out are back) and stop the server's
+ * threads, waiting the server's timeout at most. The handle is released, also when an
+ * error is returned; later use returns PB_ERR_INVALID_ARGUMENT. */
+int pb_fed_server_close(pb_fed_server *server);
+
+/* Create a worker on a rank other than 0 of `group` and store its handle in *out.
+ * COLLECTIVE with the server's pb_fed_server_new.
+ * Errors: PB_ERR_INVALID_ARGUMENT on rank 0 or for a group of one rank. */
+int pb_fed_worker_new(pb_group *group, pb_fed_worker **out);
+
+/* Block until the server hands out a client. On PB_OK, *has_task is 1 and *task describes
+ * it (fetch the model with pb_fed_worker_task_model), or *has_task is 0 once the server
+ * has terminated the federation (the worker is then done: free it). Each task must be
+ * answered (pb_fed_worker_submit or pb_fed_worker_fail) before the next call.
+ * Errors: PB_ERR_INVALID_ARGUMENT when the previous task is unanswered; PB_ERR_COMM when
+ * the server's connection broke. */
+int pb_fed_worker_next_task(pb_fed_worker *worker, pb_fed_task *task, int32_t *has_task);
+
+/* Copy the open task's model (the round's model) into `out`: out->count must equal the
+ * task's length and out->dtype its dtype. May be called more than once per task. */
+int pb_fed_worker_task_model(pb_fed_worker *worker, const pb_tensor *out);
+
+/* Answer the open task. PB_FED_TRAIN: `result` holds the client's trained weights (the
+ * model's count and dtype) and `samples` the number of examples trained on; the server
+ * receives the pseudo-gradient. PB_FED_EVALUATE: `result` holds any metrics (any count,
+ * any dtype) and `samples` the number of examples evaluated. Read during the call only.
+ * Errors: PB_ERR_INVALID_ARGUMENT when no task is open, samples < 0 or the weights do
+ * not match the model (the task stays open: submit again or fail it). */
+int pb_fed_worker_submit(pb_fed_worker *worker, const pb_tensor *result, int64_t samples);
+
+/* Tell the server that the open task could not be done; `message` (UTF-8, may be NULL)
+ * is part of the server's error. */
+int pb_fed_worker_fail(pb_fed_worker *worker, const char *message);
+
+/* Release the worker (leaving the federation early if the server has not terminated it:
+ * the server then sees it as lost). The handle is then unknown. */
+int pb_fed_worker_free(pb_fed_worker *worker);
+
 #ifdef __cplusplus
 }
 #endif

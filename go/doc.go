@@ -42,6 +42,14 @@
 // or dynamic partition), Scanner-style: for l.Next() { b := l.Batch() }, then
 // l.Err(). The sub-package recordio reads and writes the format in pure Go.
 //
+// # Federated training
+//
+// NewFedServer (rank 0) and NewFedWorker (the other ranks) run federated
+// learning with asynchronous client assignment: the server hands clients to
+// workers as they finish and aggregates their results with FedAvg; a worker is
+// a loop the program drives (Next, then Submit or Fail). Both interoperate
+// with Python and C peers (docs/federated.md).
+//
 // # Errors
 //
 // Functions return errors (never panic, also for a nil *Group); each is an

@@ -95,6 +95,7 @@ type launch struct {
 	only  []int         // ranks to start; nil starts all (the others never join)
 	limit time.Duration // every rank is killed after this
 	env   []string
+	argv  func(rank int) []string // a rank's own program and arguments; nil runs this binary
 }
 
 // rankEnv is the environment a launcher such as torchrun gives rank r.
@@ -128,6 +129,11 @@ func runRanks(t *testing.T, l *launch) []*rankProc {
 		p := &rankProc{rank: r, out: &lockedBuffer{}}
 		procs[i] = p
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+		if l.argv != nil {
+			if argv := l.argv(r); argv != nil {
+				cmd = exec.CommandContext(ctx, argv[0], argv[1:]...)
+			}
+		}
 		cmd.Env = rankEnv(l.role, r, l.world, port, l.env)
 		cmd.Stdout, cmd.Stderr = p.out, p.out
 		cmd.WaitDelay = 5 * time.Second

@@ -40,3 +40,7 @@ PB_HOOK_POWERSGD = 3  # torch's PowerSGD low-rank compression (averages)
 PB_HOOK_NO_WARM_START = 1  # pb_reducer_set_hook flag: PowerSGD redraws Q every step
 PB_GOSSIP_CUBE = 0  # partner i XOR 2^k: symmetric pairs; N a power of two mixes exactly
 PB_GOSSIP_DISSEMINATION = 1  # send to i + 2^k, receive from i - 2^k: every node, any N
+PB_FED_ASYNC = 0  # a worker gets its next client as soon as it returns one
+PB_FED_SYNC = 1  # waves of one client per worker, each wave waited for (FLUTE on gloo)
+PB_FED_TRAIN = 2  # train the client; the result is its trained weights
+PB_FED_EVALUATE = 3  # evaluate the client; the result is the worker's metrics

@@ -8,6 +8,8 @@
 // loader, computes gradients in plain Go straight into the reducer's buckets
 // (last layer first, each marked ready as soon as it is complete, so its
 // allreduce overlaps the rest of the backward pass), and steps SGD with momentum.
+// With -federated it is instead a worker of federated_go.py's federated server
+// (federated.go).
 package main
 
 import (
@@ -31,11 +33,11 @@ const (
 type options struct {
 	data, checkpoint, initWeights, saveWeights string
 	metrics, reduce                            string
-	syncEvery                                  int
+	syncEvery, localEpochs                     int
 	epochs, batchSize, steps                   int
 	lr, momentum                               float64
 	seed                                       int64
-	resume                                     bool
+	resume, federated                          bool
 }
 
 func parseFlags(args []string) (options, error) {
@@ -55,6 +57,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.metrics, "metrics", "", "rank 0 writes one JSON line per epoch here (plot with plot.py)")
 	fs.StringVar(&o.reduce, "reduce", "allreduce", "gradient reduction: allreduce, gossip-cube or gossip-dissemination")
 	fs.IntVar(&o.syncEvery, "sync-every", 0, "gossip: average the parameters over all ranks every N steps (0: only before evaluating)")
+	fs.BoolVar(&o.federated, "federated", false, "run as a federated worker of federated_go.py's server (--batch-size is then the local batch)")
+	fs.IntVar(&o.localEpochs, "local-epochs", 1, "federated: passes over a client's data per task")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -63,6 +67,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if _, ok := reductions[o.reduce]; !ok {
 		return o, fmt.Errorf("--reduce %q: choose allreduce, gossip-cube or gossip-dissemination", o.reduce)
+	}
+	if o.localEpochs < 1 {
+		return o, errors.New("--local-epochs must be positive")
 	}
 	if o.syncEvery < 0 {
 		return o, errors.New("--sync-every must be >= 0")
@@ -78,7 +85,9 @@ func main() {
 	if err == flag.ErrHelp {
 		return
 	}
-	if err == nil {
+	if err == nil && opts.federated {
+		err = runFederatedWorker(opts)
+	} else if err == nil {
 		err = run(opts)
 	}
 	if err != nil {

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import collectives, dtypes
+from .. import abi, collectives, dtypes
 from ..errors import CorruptData, InvalidArgument
 
 # Commands.
 UPDATE = 1     # server: the model for `round`; its `length` elements follow
-TRAIN = 2      # server: train `client` on the current model; worker: its result (pseudo-gradient)
-EVALUATE = 3   # server: evaluate `client`; worker: its metrics
+TRAIN = abi.PB_FED_TRAIN        # 2, server: train `client` on the current model; worker: its result (pseudo-gradient)
+EVALUATE = abi.PB_FED_EVALUATE  # 3, server: evaluate `client`; worker: its metrics
 TERMINATE = 4  # server: stop; worker: acknowledgement, its last message
 FAILED = 5     # worker: the task raised; the payload is the message (UTF-8 bytes, uint8)
 

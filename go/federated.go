@@ -1,0 +1,392 @@
+package pybridge
+
+/*
+#include "pbgo_federated.h"
+*/
+import "C"
+
+import (
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// Federated training (docs/federated.md): rank 0 of a group runs a FedServer,
+// every other rank a FedWorker that holds the clients' data. Each round the
+// server sends the model and hands out client ids; a worker trains one client
+// at a time and returns its weights, and gets its next client at once. The
+// server pulls results in completion order and aggregates them with FedAvg.
+// The logic is the Python core's; these are thin wrappers over the C ABI.
+// Server and workers interoperate with Python and C peers.
+//
+// A worker's loop, driven by the Go program:
+//
+//	w, err := pybridge.NewFedWorker[float32](g)
+//	defer w.Close()
+//	for {
+//		task, ok, err := w.Next()
+//		if err != nil || !ok {
+//			break // !ok: the server ended the federation
+//		}
+//		weights, samples := train(task.Model, task.Client) // your code
+//		err = w.Submit(weights, samples)                  // or w.Fail("why")
+//	}
+
+// FedMode is how a FedServer hands out clients.
+type FedMode int32
+
+// Federated server modes (PB_FED_* of pybridge.h).
+const (
+	FedAsync FedMode = C.PB_FED_ASYNC // a worker gets its next client as soon as it returns one
+	FedSync  FedMode = C.PB_FED_SYNC  // waves of one client per worker (FLUTE on gloo)
+)
+
+// FedCommand is what a task asks of a worker.
+type FedCommand int32
+
+// Federated task commands (PB_FED_* of pybridge.h).
+const (
+	FedTrain    FedCommand = C.PB_FED_TRAIN    // train the client; the result is its weights
+	FedEvaluate FedCommand = C.PB_FED_EVALUATE // evaluate the client; the result is metrics
+)
+
+func (c FedCommand) String() string {
+	switch c {
+	case FedTrain:
+		return "train"
+	case FedEvaluate:
+		return "evaluate"
+	}
+	return "FedCommand(" + strconv.Itoa(int(c)) + ")"
+}
+
+type fedConfig struct {
+	mode    FedMode
+	timeout time.Duration
+	requeue bool
+}
+
+// FedOption configures NewFedServer.
+type FedOption func(*fedConfig)
+
+// WithFedMode chooses FedAsync (the default) or FedSync.
+func WithFedMode(m FedMode) FedOption { return func(c *fedConfig) { c.mode = m } }
+
+// WithClientTimeout bounds how long a worker may hold a client (default: the
+// group's timeout).
+func WithClientTimeout(d time.Duration) FedOption { return func(c *fedConfig) { c.timeout = d } }
+
+// WithRequeue hands the client of a worker lost while holding it (dead, or past
+// the client timeout) to the remaining workers, so that the round completes.
+func WithRequeue() FedOption { return func(c *fedConfig) { c.requeue = true } }
+
+// FedWorkerError is the server's error for a worker that died, timed out or
+// reported a failure while holding a client. It wraps the library's *Error, so
+// errors.Is(err, ErrComm) or errors.Is(err, ErrTimeout) hold.
+type FedWorkerError struct {
+	Worker int // the worker's rank in the federated group
+	Client int // the client it held, or -1
+	Err    error
+}
+
+func (e *FedWorkerError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the library's *Error.
+func (e *FedWorkerError) Unwrap() error { return e.Err }
+
+// FedResult describes one client's result, pulled by FedServer.Next.
+type FedResult struct {
+	Command FedCommand
+	Round   int // the server's round, 1 for the first
+	Client  int
+	Worker  int // the worker's rank in the federated group
+	Samples int // examples the worker trained or evaluated on
+	Len     int // elements in the payload (FedServer.Payload)
+	DType   DType
+	Elapsed time.Duration // from handing the client out to the result's arrival
+}
+
+// FedServer is rank 0 of a federated group; T is the model's element type.
+// Use it from one goroutine.
+type FedServer[T Float] struct {
+	mu sync.Mutex
+	h  *C.pb_fed_server
+}
+
+// NewFedServer creates the server on rank 0 of g. It is a collective with the
+// workers' NewFedWorker. ErrInvalidArgument on any other rank.
+func NewFedServer[T Float](g *Group, opts ...FedOption) (*FedServer[T], error) {
+	const op = "NewFedServer"
+	gh, err := g.handle(op)
+	if err != nil {
+		return nil, err
+	}
+	c := fedConfig{}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	secs := 0.0 // the group's timeout
+	if c.timeout > 0 {
+		secs = c.timeout.Seconds()
+	}
+	var h *C.pb_fed_server
+	var msg *C.char
+	st := C.pbgo_fed_server_new(gh, C.int32_t(c.mode), C.double(secs), cbool(c.requeue), &h, &msg)
+	if err := check(op, st, msg); err != nil {
+		return nil, err
+	}
+	return &FedServer[T]{h: h}, nil
+}
+
+// lock returns the handle with s.mu held; a closed server's handle is gone, so
+// it never reaches the library again.
+func (s *FedServer[T]) lock(op string) (*C.pb_fed_server, error) {
+	if s == nil {
+		return nil, newError(statusInvalidArgument, op, "nil *FedServer")
+	}
+	s.mu.Lock()
+	if s.h == nil {
+		s.mu.Unlock()
+		return nil, newError(statusClosed, op, "federated server is closed")
+	}
+	return s.h, nil
+}
+
+// StartRound sends model to the workers and hands out clients (ids >= 0, each
+// once) to train. Pull the results with Next, then Aggregate.
+func (s *FedServer[T]) StartRound(clients []int, model []T) error {
+	return s.start("FedServer.StartRound", clients, model, FedTrain)
+}
+
+// StartEvaluation is StartRound for evaluation: the results carry the
+// workers' metrics (read them with Payload) and are not aggregated.
+func (s *FedServer[T]) StartEvaluation(clients []int, model []T) error {
+	return s.start("FedServer.StartEvaluation", clients, model, FedEvaluate)
+}
+
+func (s *FedServer[T]) start(op string, clients []int, model []T, cmd FedCommand) error {
+	h, err := s.lock(op)
+	if err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	ids := make([]C.int64_t, len(clients))
+	for i, c := range clients {
+		ids[i] = C.int64_t(c)
+	}
+	var idp *C.int64_t
+	if len(ids) > 0 {
+		idp = &ids[0]
+	}
+	data, n := dataOf(model)
+	var msg *C.char
+	st := C.pbgo_fed_server_start_round(h, idp, C.int64_t(len(ids)), data, n, dtypeOf[T](), C.int32_t(cmd), &msg)
+	return check(op, st, msg)
+}
+
+// Next waits for the round's next result, in completion order; ok is false
+// when every client of the round is done. A worker that died, timed out or
+// failed its client gives a *FedWorkerError and ends the round.
+func (s *FedServer[T]) Next() (r FedResult, ok bool, err error) {
+	const op = "FedServer.Next"
+	h, err := s.lock(op)
+	if err != nil {
+		return r, false, err
+	}
+	defer s.mu.Unlock()
+	var res C.pb_fed_result
+	var has C.int32_t
+	var msg *C.char
+	if err := check(op, C.pbgo_fed_server_next_result(h, &res, &has, &msg), msg); err != nil {
+		if res.worker >= 0 {
+			return r, false, &FedWorkerError{Worker: int(res.worker), Client: int(res.client), Err: err}
+		}
+		return r, false, err
+	}
+	if has == 0 {
+		return r, false, nil
+	}
+	return FedResult{
+		Command: FedCommand(res.command), Round: int(res.round), Client: int(res.client),
+		Worker: int(res.worker), Samples: int(res.samples), Len: int(res.length), DType: DType(res.dtype),
+		Elapsed: time.Duration(float64(res.seconds) * float64(time.Second)),
+	}, true, nil
+}
+
+// Payload copies the last result's payload into dst: len(dst) must be its Len
+// and its DType T's. For a training result it is the pseudo-gradient (round
+// model - trained weights), already added to the round's FedAvg.
+func (s *FedServer[T]) Payload(dst []T) error {
+	const op = "FedServer.Payload"
+	h, err := s.lock(op)
+	if err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	data, n := dataOf(dst)
+	var msg *C.char
+	return check(op, C.pbgo_fed_server_result_payload(h, data, n, dtypeOf[T](), &msg), msg)
+}
+
+// Aggregate applies FedAvg to the training results pulled this round and
+// writes the new model into model (the round's length): the sample-weighted
+// mean of the pseudo-gradients, stepped with learning rate lr (1.0 is plain
+// FedAvg). It returns the number of clients aggregated.
+func (s *FedServer[T]) Aggregate(lr float64, model []T) (int, error) {
+	const op = "FedServer.Aggregate"
+	h, err := s.lock(op)
+	if err != nil {
+		return 0, err
+	}
+	defer s.mu.Unlock()
+	data, n := dataOf(model)
+	var clients C.int32_t
+	var msg *C.char
+	st := C.pbgo_fed_server_aggregate(h, C.double(lr), data, n, dtypeOf[T](), &clients, &msg)
+	return int(clients), check(op, st, msg)
+}
+
+// Close terminates the workers (after the clients still out are back) and
+// releases the server; closing again returns nil.
+func (s *FedServer[T]) Close() error {
+	const op = "FedServer.Close"
+	if s == nil {
+		return newError(statusInvalidArgument, op, "nil *FedServer")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == nil {
+		return nil
+	}
+	h := s.h
+	s.h = nil
+	var msg *C.char
+	return check(op, C.pbgo_fed_server_close(h, &msg), msg)
+}
+
+// FedTask is a client to train or evaluate on the round's model.
+type FedTask[T Float] struct {
+	Command FedCommand
+	Round   int
+	Client  int
+	Model   []T // this task's own copy of the model: train it in place if you like
+}
+
+// FedWorker is a worker of a federated group (any rank but 0); T is the
+// model's element type. Use it from one goroutine.
+type FedWorker[T Float] struct {
+	mu sync.Mutex
+	h  *C.pb_fed_worker
+}
+
+// NewFedWorker creates a worker on a rank other than 0 of g. It is a
+// collective with the server's NewFedServer. ErrInvalidArgument on rank 0.
+func NewFedWorker[T Float](g *Group) (*FedWorker[T], error) {
+	const op = "NewFedWorker"
+	gh, err := g.handle(op)
+	if err != nil {
+		return nil, err
+	}
+	var h *C.pb_fed_worker
+	var msg *C.char
+	if err := check(op, C.pbgo_fed_worker_new(gh, &h, &msg), msg); err != nil {
+		return nil, err
+	}
+	return &FedWorker[T]{h: h}, nil
+}
+
+func (w *FedWorker[T]) lock(op string) (*C.pb_fed_worker, error) {
+	if w == nil {
+		return nil, newError(statusInvalidArgument, op, "nil *FedWorker")
+	}
+	w.mu.Lock()
+	if w.h == nil {
+		w.mu.Unlock()
+		return nil, newError(statusClosed, op, "federated worker is closed")
+	}
+	return w.h, nil
+}
+
+// Next blocks until the server hands out a client; ok is false once the
+// server has ended the federation. Answer each task (Submit or Fail) before
+// the next call. A model whose element type is not T is refused (the task is
+// failed, so the server hears of it) with ErrInvalidArgument.
+func (w *FedWorker[T]) Next() (task *FedTask[T], ok bool, err error) {
+	const op = "FedWorker.Next"
+	h, err := w.lock(op)
+	if err != nil {
+		return nil, false, err
+	}
+	defer w.mu.Unlock()
+	var t C.pb_fed_task
+	var has C.int32_t
+	var msg *C.char
+	if err := check(op, C.pbgo_fed_worker_next_task(h, &t, &has, &msg), msg); err != nil || has == 0 {
+		return nil, false, err
+	}
+	if t.dtype != dtypeOf[T]() {
+		err := newError(statusInvalidArgument, op, "the server's model is %v; this worker takes %v",
+			DType(t.dtype), DType(dtypeOf[T]()))
+		text := C.CString(err.Error())
+		defer C.free(unsafe.Pointer(text))
+		C.pbgo_fed_worker_fail(h, text, nil)
+		return nil, false, err
+	}
+	model := make([]T, int(t.length))
+	data, n := dataOf(model)
+	if err := check(op, C.pbgo_fed_worker_task_model(h, data, n, t.dtype, &msg), msg); err != nil {
+		return nil, false, err
+	}
+	return &FedTask[T]{Command: FedCommand(t.command), Round: int(t.round), Client: int(t.client), Model: model}, true, nil
+}
+
+// Submit answers the open task. Training: result is the client's trained
+// weights (the model's length) and samples the examples trained on; the server
+// receives the pseudo-gradient. Evaluation: result holds any metrics.
+func (w *FedWorker[T]) Submit(result []T, samples int) error {
+	const op = "FedWorker.Submit"
+	h, err := w.lock(op)
+	if err != nil {
+		return err
+	}
+	defer w.mu.Unlock()
+	data, n := dataOf(result)
+	var msg *C.char
+	return check(op, C.pbgo_fed_worker_submit(h, data, n, dtypeOf[T](), C.int64_t(samples), &msg), msg)
+}
+
+// Fail tells the server that the open task could not be done; message is
+// part of the server's error.
+func (w *FedWorker[T]) Fail(message string) error {
+	const op = "FedWorker.Fail"
+	h, err := w.lock(op)
+	if err != nil {
+		return err
+	}
+	defer w.mu.Unlock()
+	text := C.CString(message)
+	defer C.free(unsafe.Pointer(text))
+	var msg *C.char
+	return check(op, C.pbgo_fed_worker_fail(h, text, &msg), msg)
+}
+
+// Close releases the worker (leaving early if the server has not ended the
+// federation: the server then sees it as lost); closing again returns nil.
+func (w *FedWorker[T]) Close() error {
+	const op = "FedWorker.Close"
+	if w == nil {
+		return newError(statusInvalidArgument, op, "nil *FedWorker")
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.h == nil {
+		return nil
+	}
+	h := w.h
+	w.h = nil
+	var msg *C.char
+	return check(op, C.pbgo_fed_worker_free(h, &msg), msg)
+}

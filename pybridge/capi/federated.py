@@ -1,0 +1,209 @@
+"""C ABI functions for federated training (capi/pybridge.h, section "Federated training").
+
+Conversion only: the protocol, the server's assignment and FedAvg live in
+pybridge/federated/. A server handle keeps the round's result iterator, the last result's
+payload (until the next pull) and its own copy of the round's model, which FedAvg updates;
+a worker handle keeps its open task. Caller memory is read or written during a call only.
+"""
+
+import torch
+
+from .. import abi, capi, dtypes
+from ..checks import positive_finite
+from ..errors import InvalidArgument, WorkerFailed
+from ..federated import EVALUATE, TRAIN, FedAvg, Server, Worker
+from . import handles, live_group, tensor
+
+MODES = {abi.PB_FED_ASYNC: "async", abi.PB_FED_SYNC: "sync"}
+COMMANDS = (TRAIN, EVALUATE)  # the header's PB_FED_TRAIN and PB_FED_EVALUATE
+
+
+class FedServer:
+    def __init__(self, server):
+        self.server = server
+        self.results = None  # the current round's iterator
+        self.payload = None  # the last result's payload, until the next pull
+        self.model = None    # the server's copy of the round's model: FedAvg's parameter
+        self.avg = None      # the round's FedAvg (a fresh one each round)
+
+
+class FedWorker:
+    def __init__(self, worker):
+        self.worker = worker
+        self.task = None  # the open task
+
+
+def _server(ptr):
+    return handles.get(ptr, FedServer, "server")
+
+
+def _worker(ptr):
+    return handles.get(ptr, FedWorker, "worker")
+
+
+def _not_null(*pairs):
+    for ptr, what in pairs:
+        if ptr == capi.ffi.NULL:
+            raise InvalidArgument(f"{what} is NULL")
+
+
+def _copy_out(source, out, what):
+    """Copy `source` into the caller's descriptor `out`, which must match it exactly."""
+    t = tensor(out, "out")
+    if t.numel() != source.numel() or t.dtype != source.dtype:
+        raise InvalidArgument(f"out must hold the {what}: {source.numel()} elements of {source.dtype}; "
+                              f"got {t.numel()} of {t.dtype}")
+    t.copy_(source.reshape(-1))
+
+
+# ---- server ------------------------------------------------------------------------------
+
+def pb_fed_server_new(group, mode, timeout, requeue, out):
+    g = live_group(group)
+    _not_null((out, "out (the pointer to store the server handle in)"))  # before the collective
+    if mode not in MODES:
+        raise InvalidArgument(f"mode must be PB_FED_ASYNC (0) or PB_FED_SYNC (1), got {mode}")
+    if requeue not in (0, 1):
+        raise InvalidArgument(f"requeue must be 0 or 1, got {requeue}")
+    s = Server(g, mode=MODES[mode], timeout=None if timeout <= 0 else timeout, requeue=bool(requeue))
+    try:
+        handles.add(FedServer(s), "pb_fed_server *", out)
+    except BaseException:
+        s.close()
+        raise
+
+
+def pb_fed_server_start_round(server, clients, n, model, command):
+    s = _server(server)
+    if command not in COMMANDS:
+        raise InvalidArgument(f"command must be PB_FED_TRAIN ({abi.PB_FED_TRAIN}) or PB_FED_EVALUATE "
+                              f"({abi.PB_FED_EVALUATE}), got {command}")
+    if n < 0:
+        raise InvalidArgument(f"n must be >= 0, got {n}")
+    if n and clients == capi.ffi.NULL:
+        raise InvalidArgument(f"clients is NULL with n = {n}")
+    m = tensor(model, "model")
+    if not m.dtype.is_floating_point:
+        raise InvalidArgument(f"the model must have a floating-point dtype, got {m.dtype}")
+    ids = [int(clients[i]) for i in range(n)]
+    if s.model is None or s.model.numel() != m.numel() or s.model.dtype != m.dtype \
+            or s.model.device != m.device:
+        s.model = torch.empty(m.numel(), dtype=m.dtype, device=m.device)
+    s.model.copy_(m)
+    s.results = s.payload = s.avg = None  # an earlier round's are of no use now
+    s.results = s.server.run_round(ids, s.model, evaluate=command == abi.PB_FED_EVALUATE)
+    s.avg = FedAvg([s.model], torch.optim.SGD([s.model], lr=1.0))
+
+
+def pb_fed_server_next_result(server, out, has_result):
+    s = _server(server)
+    _not_null((out, "out"), (has_result, "has_result"))
+    has_result[0] = 0
+    out.command, out.worker, out.round, out.client = 0, -1, 0, -1
+    out.samples, out.length, out.dtype, out.reserved, out.seconds = 0, 0, 0, 0, 0.0
+    s.payload = None
+    if s.results is None:
+        raise InvalidArgument("no round was started: call pb_fed_server_start_round first")
+    try:
+        r = next(s.results, None)
+    except WorkerFailed as exc:
+        out.round = s.server.round
+        out.worker = -1 if exc.worker is None else exc.worker
+        out.client = -1 if exc.client is None else exc.client
+        raise
+    if r is None:
+        return
+    if r.command == TRAIN:
+        s.avg.add(r)
+    out.command, out.worker, out.round, out.client = r.command, r.worker, r.round, r.client
+    out.samples, out.length, out.dtype, out.seconds = r.samples, r.payload.numel(), dtypes.code(r.payload.dtype), \
+        r.seconds
+    s.payload = r.payload
+    has_result[0] = 1
+
+
+def pb_fed_server_result_payload(server, out):
+    s = _server(server)
+    if s.payload is None:
+        raise InvalidArgument("no result to copy: pb_fed_server_next_result returned none since the last call")
+    _copy_out(s.payload, out, "result's payload")
+
+
+def pb_fed_server_aggregate(server, lr, model, clients):
+    s = _server(server)
+    if s.avg is None:
+        raise InvalidArgument("no round was started: call pb_fed_server_start_round first")
+    lr = positive_finite("lr", lr)
+    t = tensor(model, "model")
+    if t.numel() != s.model.numel() or t.dtype != s.model.dtype:
+        raise InvalidArgument(f"model must match the round's model ({s.model.numel()} x {s.model.dtype}); "
+                              f"got {t.numel()} x {t.dtype}")
+    s.avg.optimizer.param_groups[0]["lr"] = lr
+    count = s.avg.step()
+    t.copy_(s.model)
+    if clients != capi.ffi.NULL:
+        clients[0] = count
+
+
+def pb_fed_server_close(server):
+    s = handles.remove(server, FedServer, "server")
+    s.results = s.payload = s.avg = None
+    s.server.close()
+
+
+# ---- worker ------------------------------------------------------------------------------
+
+def pb_fed_worker_new(group, out):
+    g = live_group(group)
+    _not_null((out, "out (the pointer to store the worker handle in)"))  # before the collective
+    w = Worker(g)
+    try:
+        handles.add(FedWorker(w), "pb_fed_worker *", out)
+    except BaseException:
+        w.close()
+        raise
+
+
+def pb_fed_worker_next_task(worker, task, has_task):
+    c = _worker(worker)
+    _not_null((task, "task"), (has_task, "has_task"))
+    has_task[0] = 0
+    t = c.worker.next_task()
+    if t is None:
+        c.task = None
+        return
+    c.task = t
+    task.command, task.dtype, task.round = t.command, dtypes.code(t.model.dtype), t.round
+    task.client, task.length = t.client, t.model.numel()
+    has_task[0] = 1
+
+
+def _open_task(c):
+    if c.task is None:
+        raise InvalidArgument("no task is open: call pb_fed_worker_next_task first")
+    return c.task
+
+
+def pb_fed_worker_task_model(worker, out):
+    c = _worker(worker)
+    _copy_out(_open_task(c).model, out, "task's model")
+
+
+def pb_fed_worker_submit(worker, result, samples):
+    c = _worker(worker)
+    c.worker.submit(_open_task(c), tensor(result, "result"), samples)
+    c.task = None
+
+
+def pb_fed_worker_fail(worker, message):
+    c = _worker(worker)
+    text = "" if message == capi.ffi.NULL else capi.ffi.string(message).decode("utf-8", "replace")
+    c.worker.fail(_open_task(c), text)
+    c.task = None
+
+
+def pb_fed_worker_free(worker):
+    c = handles.remove(worker, FedWorker, "worker")
+    c.task = None
+    c.worker.close()
+

