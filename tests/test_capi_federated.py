@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from capi_loader import LIB_PATH, load
+from pybridge import abi
 from ranks import run_ranks
 from test_capi import _init, _tensor
 
@@ -75,13 +76,13 @@ def _py_worker(rank, out):
     tasks = []
 
     def train(model, client):
-        tasks.append((w.round, client, 3))
+        tasks.append((w.round, client, abi.PB_FED_TRAIN))
         if client == FAILING:
             raise ValueError(f"client {client} has no data")
         return model + (client + 1) * torch.from_numpy(V), client + 1
 
     def evaluate(model, client):
-        tasks.append((w.round, client, 4))
+        tasks.append((w.round, client, abi.PB_FED_EVALUATE))
         return torch.tensor([2.0 * client, rank], dtype=torch.float64), 3
 
     w.serve(train, evaluate)
@@ -235,7 +236,7 @@ def _check_rounds(seen, tasks, fed, rounds):
         got = [(c, w, n) for rr, c, w, n in seen if rr == r]
         assert sorted(c for c, _, _ in got) == CLIENTS
         assert all(n == c + 1 for c, _, n in got)
-        done = sorted((c, w) for w in (1, 2, 3) for rr, c, cmd in tasks[w][fed] if rr == r and cmd == 3)
+        done = sorted((c, w) for w in (1, 2, 3) for rr, c, cmd in tasks[w][fed] if rr == r and cmd == abi.PB_FED_TRAIN)
         assert done == sorted((c, w) for c, w, _ in got)
 
 
