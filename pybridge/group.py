@@ -8,6 +8,7 @@ import threading
 import torch
 import torch.distributed as dist
 
+from . import rendezvous
 from .checks import positive_seconds
 from .errors import AlreadyInitialized, Closed, InvalidArgument, NotInitialized, classify
 
@@ -275,7 +276,9 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
         if backend == "nccl":
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
         try:
-            dist.init_process_group(backend, init_method=method, rank=rank, world_size=world_size,
+            # pybridge builds the store: torch's own rendezvous can wait far past the timeout
+            store = rendezvous.store(method, rank, world_size, timeout)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=timeout))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error
             raise classify(exc) from exc
