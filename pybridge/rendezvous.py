@@ -13,6 +13,7 @@ init fails within the timeout and says that rank 0, the store's host, is missing
 import datetime
 import os
 import socket
+import struct
 import time
 from urllib.parse import urlparse
 
@@ -22,6 +23,7 @@ from .errors import InvalidArgument, Timeout, classify
 
 RETRY_SECONDS = 0.05  # between connection attempts to a store host that is not up yet
 MIN_STORE_SECONDS = 1.0  # the least a TCPStore is given to connect to a host that answered
+REPLY_MARGIN_SECONDS = 2.0  # a store reply may take the store's timeout (a wait for a key), plus this
 
 
 def store(method, rank, world_size, timeout):
@@ -74,6 +76,7 @@ def _tcp_store(host, port, rank, world_size, timeout):
         s = dist.TCPStore(host, port, world_size, hosting, datetime.timedelta(seconds=left),
                           multi_tenant=True)
         s.set_timeout(datetime.timedelta(seconds=timeout))  # for the keys waited on later
+        _bound_replies(host, port, timeout + REPLY_MARGIN_SECONDS)
     except Exception as exc:  # noqa: BLE001
         err = classify(exc)
         if hosting and "address already in use" in str(exc).lower():
@@ -98,3 +101,37 @@ def _wait_for_host(host, port, rank, timeout, deadline):
     raise Timeout(f"rank {rank}: the rendezvous store at {host}:{port}, hosted by rank 0, did not "
                   f"accept a connection within {timeout:g} s ({last.strerror or last}): rank 0 is "
                   "missing, has not started yet, or the address is wrong")
+
+
+def _bound_replies(host, port, seconds):
+    """Give this process's connections to the store a receive timeout.
+
+    The TCPStore client waits for each reply in a recv() without a deadline: with the host
+    stopped or cut off (no FIN, no RST), an add() or a subgroup's rendezvous waited for ever.
+    Every legitimate reply comes within the store's timeout (waits for a key are bounded by
+    it), so `seconds` above it only ends the hangs; torch then raises a timeout. Linux
+    (/proc/self/fd); elsewhere nothing changes."""
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+        addrs = {ai[4][0] for ai in socket.getaddrinfo(host, port)}
+    except OSError:
+        return
+    limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    for fd in fds:
+        try:
+            copy = os.dup(fd)  # closing the copy leaves the store's own
+        except OSError:
+            continue  # closed meanwhile
+        try:
+            s = socket.socket(fileno=copy)
+        except OSError:
+            os.close(copy)
+            continue  # not a socket
+        try:
+            peer = s.getpeername()
+            if peer[1] == port and peer[0].removeprefix("::ffff:") in addrs:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+        except (OSError, IndexError, TypeError):
+            pass  # unconnected, or not an IP socket
+        finally:
+            s.close()

@@ -81,8 +81,8 @@ def capi_ranks(rank, world, path):
                        ("loader", lambda: lib.pb_loader_next(lp[0], data, offsets, count, has))):
         rc = call()
         got[name] = (rc, ffi.string(lib.pb_last_error()).decode() if rc else "")
-    lib.pb_loader_close(lp[0])
-    lib.pb_reducer_free(rp[0])
+    got["close"] = (lib.pb_loader_close(lp[0]), "")  # freeing still works
+    got["free"] = (lib.pb_reducer_free(rp[0]), "")
     return got, int(lib.PB_ERR_CLOSED), int(lib.PB_ERR_INVALID_ARGUMENT)
 
 
@@ -93,5 +93,6 @@ def test_capi_objects_are_closed_after_finalize(tmp_path, world):
     for rank, (got, closed, invalid) in enumerate(run_ranks(capi_ranks, world, path, timeout=90)):
         seed_rc, seed_msg = got.pop("seed")
         assert seed_rc == invalid and "seed" in seed_msg, (rank, seed_rc, seed_msg)
+        assert got.pop("close") == (0, "") and got.pop("free") == (0, ""), (rank, got)
         for name, (rc, msg) in got.items():
             assert rc == closed and "finalized" in msg, (rank, name, rc, msg)

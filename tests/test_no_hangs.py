@@ -8,6 +8,7 @@ import os
 import socket
 
 import pytest
+import torch
 
 from capi_loader import LIB_PATH, load
 from launcher import launch
@@ -126,3 +127,35 @@ def test_launcher_refuses_a_port_in_use(tmp_path):
             rc, out, _ = launch(["--nproc-per-node", "1", *extra, "--master-port", str(port), "/bin/true"],
                                 timeout=60)
             assert rc != 0 and f"rendezvous port {port} is already in use" in out, out
+
+
+def store_host_stops(rank, world, path):
+    import signal
+    import time
+
+    import pybridge
+    from pybridge.recordio import Loader
+    g = pybridge.init(backend="gloo", timeout=2)
+    pids = torch.zeros(world, dtype=torch.int64)
+    pids[rank] = os.getpid()
+    pybridge.all_reduce(pids)
+    loader = Loader([path], 1, partition="dynamic", group=g)
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)  # the store's host hangs without closing anything
+    time.sleep(0.5)
+    got = {}
+    try:
+        for _ in loader:
+            pass
+        got["loader"] = "no error"
+    except pybridge.PyBridgeError as exc:
+        got["loader"] = f"{type(exc).__name__}: {exc}"
+    if rank == 1:
+        os.kill(int(pids[0]), signal.SIGKILL)
+    return got
+
+
+def test_store_host_stopped_claims_fail_instead_of_hanging(tmp_path):
+    path = _rio(tmp_path / "d.rio")
+    _, got = run_ranks(store_host_stops, 2, path, timeout=90, expect_fail=(0,))
+    assert got["loader"].startswith("Timeout:"), got
