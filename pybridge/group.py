@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from . import rendezvous
 from .checks import positive_seconds
-from .errors import AlreadyInitialized, Closed, InvalidArgument, NotInitialized, classify
+from .errors import AlreadyInitialized, Closed, InvalidArgument, NotInitialized, Timeout, classify
 
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds rendezvous and every collective
 BACKENDS = ("auto", "gloo", "nccl")
@@ -194,14 +194,41 @@ def _backend_group(backend, rank, size, store, timeout):
     groups of some members only) wait on different keys for ever. The subgroup is therefore
     pybridge's: its collectives go through pybridge (torch.distributed's own functions take
     the world group)."""
-    try:
+    device = torch.cuda.current_device() if backend == "nccl" else None
+
+    def make():
         if backend == "nccl":
+            torch.cuda.set_device(device)  # the current device is per thread
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = datetime.timedelta(seconds=timeout)
             return dist.ProcessGroupNCCL(store, rank, size, opts)
         return dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=timeout))
-    except Exception as exc:  # noqa: BLE001
-        raise classify(exc) from exc
+    return _within(timeout + SUBGROUP_GRACE_SECONDS, "creating the subgroup's backend", make)
+
+
+SUBGROUP_GRACE_SECONDS = 2.0  # beyond the timeout, which bounds the wait for the members
+
+
+def _within(seconds, what, fn):
+    """fn(), given up after `seconds` with Timeout. Its rendezvous can make several store round
+    trips that each wait up to the timeout when the store's host stops answering; the helper
+    thread left behind ends with that round trip's own timeout and its result is dropped."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+    worker = threading.Thread(target=run, name="pybridge-subgroup", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise Timeout(f"{what} did not finish within {seconds:g} s: a member, or rank 0 (the "
+                      "store's host), is not answering")
+    if "error" in box:
+        raise classify(box["error"]) from box["error"]
+    return box["value"]
 
 
 def _env_int(name):

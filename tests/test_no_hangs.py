@@ -150,12 +150,17 @@ def store_host_stops(rank, world, path):
         got["loader"] = "no error"
     except pybridge.PyBridgeError as exc:
         got["loader"] = f"{type(exc).__name__}: {exc}"
+    try:
+        pybridge.new_group([1])  # its backend's rendezvous goes through the store
+        got["new_group"] = "no error"
+    except pybridge.PyBridgeError as exc:
+        got["new_group"] = f"{type(exc).__name__}: {exc}"
     if rank == 1:
         os.kill(int(pids[0]), signal.SIGKILL)
     return got
 
 
-def test_store_host_stopped_claims_fail_instead_of_hanging(tmp_path):
+def test_store_host_stopped_claims_and_subgroups_fail_instead_of_hanging(tmp_path):
     path = _rio(tmp_path / "d.rio")
     _, got = run_ranks(store_host_stops, 2, path, timeout=90, expect_fail=(0,))
-    assert got["loader"].startswith("Timeout:"), got
+    assert got["loader"].startswith("Timeout:") and got["new_group"].startswith("Timeout:"), got
