@@ -9,7 +9,7 @@ import sys
 sys.path.insert(0, os.path.dirname(HERE := os.path.dirname(os.path.abspath(__file__))))
 from pybridge._version import __version__  # noqa: E402
 
-ORDER = ["collectives", "reducer", "recordio", "mnist", "gpu"]
+ORDER = ["collectives", "reducer", "recordio", "mnist", "failures", "gpu"]
 
 
 def main(argv):
