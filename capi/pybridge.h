@@ -112,7 +112,9 @@ const char *pb_version(void);
  *                Every timeout of this header is at most 1e7 s; NaN and infinity are
  *                PB_ERR_INVALID_ARGUMENT, as are element counts of more than 2^47 bytes.
  * Errors: PB_ERR_ALREADY_INITIALIZED if a group is live; PB_ERR_TIMEOUT if a peer does
- * not join in time; PB_ERR_INVALID_ARGUMENT for bad values or a missing environment. */
+ * not join in time (rank 0, the store's host, missing: within the timeout, naming it);
+ * PB_ERR_INVALID_ARGUMENT for bad values, a missing environment, or a file:// path whose
+ * directory does not exist. */
 int pb_init(const char *init_method, const char *backend, int32_t rank, int32_t world_size,
             int32_t local_rank, double timeout_seconds, pb_group **out);
 

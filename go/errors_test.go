@@ -220,6 +220,9 @@ func roleNoJoin() error {
 	if err := expect("Init without a peer", err, pybridge.ErrTimeout); err != nil {
 		return err
 	}
+	if os.Getenv("RANK") != "0" && !strings.Contains(err.Error(), "hosted by rank 0") {
+		return fmt.Errorf("Init without rank 0: %v does not say that rank 0 (the store's host) is missing", err)
+	}
 	// The bound is generous: start-up of the embedded core is included.
 	if took > 10*time.Second {
 		return fmt.Errorf("Init took %v to time out with a 2s timeout", took)

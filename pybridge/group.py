@@ -11,10 +11,11 @@ import urllib.parse
 import torch
 import torch.distributed as dist
 
+from . import rendezvous
 from . import roster as _roster
 from . import watchdog as _watchdog
 from .checks import positive_seconds
-from .errors import AlreadyInitialized, Closed, InvalidArgument, NotInitialized, PyBridgeError, classify
+from .errors import AlreadyInitialized, Closed, InvalidArgument, NotInitialized, PyBridgeError, Timeout, classify
 
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds rendezvous and every collective
 BACKENDS = ("auto", "gloo", "nccl")
@@ -219,14 +220,41 @@ def _backend_group(backend, rank, size, store, timeout):
     groups of some members only) wait on different keys for ever. The subgroup is therefore
     pybridge's: its collectives go through pybridge (torch.distributed's own functions take
     the world group)."""
-    try:
+    device = torch.cuda.current_device() if backend == "nccl" else None
+
+    def make():
         if backend == "nccl":
+            torch.cuda.set_device(device)  # the current device is per thread
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = datetime.timedelta(seconds=timeout)
             return dist.ProcessGroupNCCL(store, rank, size, opts)
         return dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=timeout))
-    except Exception as exc:  # noqa: BLE001
-        raise classify(exc) from exc
+    return _within(timeout + SUBGROUP_GRACE_SECONDS, "creating the subgroup's backend", make)
+
+
+SUBGROUP_GRACE_SECONDS = 2.0  # beyond the timeout, which bounds the wait for the members
+
+
+def _within(seconds, what, fn):
+    """fn(), given up after `seconds` with Timeout. Its rendezvous can make several store round
+    trips that each wait up to the timeout when the store's host stops answering; the helper
+    thread left behind ends with that round trip's own timeout and its result is dropped."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+    worker = threading.Thread(target=run, name="pybridge-subgroup", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise Timeout(f"{what} did not finish within {seconds:g} s: a member, or rank 0 (the "
+                      "store's host), is not answering")
+    if "error" in box:
+        raise classify(box["error"]) from box["error"]
+    return box["value"]
 
 
 def _env_int(name):
@@ -328,8 +356,8 @@ def _join(backend, method, rank, world_size, timeout, checked, watchdog):
     then build the backend over the same store. Returns the roster."""
     delta = datetime.timedelta(seconds=timeout)
     try:
-        store = _open_store(method, rank, world_size, delta)
-        store = dist.PrefixStore("default_pg", store)  # torch's own prefix for the world group
+        # pybridge builds the store: torch's own rendezvous can wait far past the timeout
+        store = rendezvous.store(method, rank, world_size, timeout)
         roster = _roster.join(store, _roster.me(rank, world_size, checked, watchdog), timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=delta)
     except PyBridgeError:
@@ -337,22 +365,6 @@ def _join(backend, method, rank, world_size, timeout, checked, watchdog):
     except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error
         raise classify(exc) from exc
     return roster
-
-
-def _open_store(method, rank, world_size, timeout):
-    """The rendezvous store. For tcp:// and env:// it is torch's TCPStore without its
-    wait for all workers (which says only "1/2 clients joined"): the roster waits instead
-    and names the ranks that are missing."""
-    rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module, not the function
-    url = urllib.parse.urlparse(method)
-    if url.scheme in ("tcp", "env") and not rdzv._torchelastic_use_agent_store():
-        host = url.hostname if url.scheme == "tcp" else os.environ["MASTER_ADDR"]
-        port = url.port if url.scheme == "tcp" else int(os.environ["MASTER_PORT"])
-        return dist.TCPStore(host, port, None, rank == 0, timeout, wait_for_workers=False,
-                             multi_tenant=True)
-    store, _, _ = next(dist.rendezvous(method, rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
-    return store
 
 
 def _own_store(method, timeout):

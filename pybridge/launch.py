@@ -16,8 +16,10 @@ rendezvous, multi-node, restarts and failure handling are torchrun's. pybridge a
     "cpu" otherwise (with --isolate-gpus, CUDA_VISIBLE_DEVICES is set to that one GPU and
     PYBRIDGE_DEVICE to "cuda:0");
   * a readable failure report: when a rank fails, torchrun stops the others and this launcher
-    exits non-zero with a line naming the rank,
+    exits non-zero with a line naming the rank that failed first (exit times are taken to the
+    millisecond, see exit_clock.py; ranks that report a lost peer come after it),
         pybridge-launch: rank 1 (local rank 1, node 0) failed with exit code 3
+        pybridge-launch: rank 1 (local rank 1) was killed by signal SIGKILL
     followed by the last lines of that rank's stderr. The exit status is the failed rank's
     exit code (128 + N when it was killed by signal N; 1 when unknown).
 
@@ -43,10 +45,12 @@ import glob
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 
 from ._version import __version__
+from .exit_clock import ExitClock
 
 PROG = "pybridge-launch"
 DEFAULT_CPU_NPROC = 2
@@ -169,6 +173,25 @@ def _endpoint(opts):
     return None
 
 
+def _check_port_free(host, port):
+    """Refuse a rendezvous port that another program holds on this machine, before torchrun
+    connects to that program and waits for ever (c10d) or fails seconds later (static)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError:
+            return  # not an address of this machine: another node hosts the rendezvous
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's server
+        try:
+            probe.bind(("", port))
+        except OSError as exc:
+            raise SystemExit(f"{PROG}: rendezvous port {port} is already in use on this machine "
+                             f"({exc.strerror or exc}): another job or program holds it; choose "
+                             "another --master-port / --rdzv-endpoint port (a single-node job "
+                             "without one gets a free port)") from None
+
+
 def torchrun_args(opts, log_dir, gpus):
     """The torchrun argument list equivalent to our options (worker command included), and the
     number of processes on this node. gpus: a function returning the number of GPUs (it imports
@@ -193,9 +216,13 @@ def torchrun_args(opts, log_dir, gpus):
             raise SystemExit(f"{PROG}: --node-rank needs a fixed --nnodes, not a range")
         if not 0 <= opts.node_rank < max_nodes:
             raise SystemExit(f"{PROG}: --node-rank {opts.node_rank} is not in 0..{max_nodes - 1}")
+        if opts.node_rank == 0:
+            _check_port_free(*endpoint)
         args += ["--rdzv-backend", "static", "--node-rank", str(opts.node_rank),
                  "--master-addr", endpoint[0], "--master-port", str(endpoint[1])]
     else:
+        if max_nodes == 1:  # this launcher hosts the rendezvous
+            _check_port_free(*endpoint)
         args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint[0]}:{endpoint[1]}",
                  "--rdzv-id", opts.rdzv_id]
     if opts.module:
@@ -254,26 +281,33 @@ def _stopped_by_us(failure):
     return failure.exitcode == -signal.SIGTERM
 
 
-def format_failure(exc, log_dir, node_rank):
+def format_failure(exc, log_dir, node_rank, exit_time=None):
     """A report of a torchrun ChildFailedError, and the exit status to leave with.
 
     The first rank that failed on its own is reported with its stderr tail; ranks that torchrun
-    stopped afterwards (SIGTERM) are listed in one line.
+    stopped afterwards (SIGTERM) are listed in one line. exit_time(pid): when that worker
+    exited (an ExitClock's), or None where unknown.
     """
     failures = exc.failures
     own = [r for r, f in failures.items() if not _stopped_by_us(f)] or list(failures)
     logs = {r: _stderr_log(log_dir, failures[r].local_rank) for r in own}
     tails = {r: _tail(path) if path else None for r, path in logs.items()}
-    # A peer's death makes the survivors fail too, often in the same monitoring pass, so
-    # the timestamps do not tell cause from effect: ranks that report a lost peer go last.
-    own.sort(key=lambda r: (_lost_a_peer(tails[r]), failures[r].timestamp, r))
+    # A peer's death makes the survivors fail too, often in the same monitoring pass, where
+    # torchrun's whole-second timestamps are equal: the exit times of the ExitClock order
+    # them (when known for every rank), ranks that report a lost peer go last, and of ranks
+    # that exited at the same time, one killed by a signal goes first (nothing made it exit).
+    times = {r: exit_time(getattr(failures[r], "pid", None)) if exit_time else None for r in own}
+    precise = all(t is not None for t in times.values())
+    own.sort(key=lambda r: (_lost_a_peer(tails[r]), times[r] if precise else failures[r].timestamp,
+                            failures[r].exitcode >= 0, r))
     stopped = sorted(r for r in failures if r not in own)
     out, status = [], 1
     for i, rank in enumerate(own):
         f = failures[rank]
         where = f"local rank {f.local_rank}" + (f", node {node_rank}" if node_rank is not None else "")
         how = f"failed with exit code {f.exitcode}" if f.exitcode >= 0 else _signal_exit(f.exitcode)
-        out.append(f"{PROG}: rank {rank} ({where}) {how}")
+        when = f" ({times[rank] - times[own[0]]:.3f} s after rank {own[0]})" if precise and i else ""
+        out.append(f"{PROG}: rank {rank} ({where}) {how}{when}")
         if i == 0:
             status = f.exitcode if 0 < f.exitcode < 256 else (128 - f.exitcode if f.exitcode < 0 else 1)
         msg = (f.error_file_data or {}).get("message")
@@ -289,6 +323,19 @@ def format_failure(exc, log_dir, node_rank):
     if stopped:
         out.append(f"{PROG}: stopped the other rank(s) on this node: {', '.join(map(str, stopped))}")
     return "\n".join(out), min(max(status, 1), 255)
+
+
+def _kept(log_dir):
+    """Keep our temporary log folder after a failure, and say so, if any file in it holds
+    something; ranks that wrote nothing leave only empty logs, not worth keeping."""
+    for path in glob.glob(os.path.join(log_dir, "**"), recursive=True):
+        try:
+            if os.path.isfile(path) and os.path.getsize(path) > 0:
+                print(f"{PROG}: logs kept in {log_dir}", file=sys.stderr, flush=True)
+                return True
+        except OSError:
+            pass
+    return False
 
 
 def main(argv=None):
@@ -320,26 +367,25 @@ def main(argv=None):
     if nproc > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun does, without its banner
     args = torchrun.parse_args(targs)
-    ok = False
+    clock = ExitClock().start()
     try:
         torchrun.run(args)
-        ok = True
     except ChildFailedError as exc:
-        text, status = format_failure(exc, log_dir, opts.node_rank)
+        text, status = format_failure(exc, log_dir, opts.node_rank, clock.exit_time)
         sys.stdout.flush()
         print(text, file=sys.stderr, flush=True)
-        if own_log_dir:
-            print(f"{PROG}: logs kept in {log_dir}", file=sys.stderr, flush=True)
+        own_log_dir = own_log_dir and not _kept(log_dir)
         return status
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        own_log_dir = own_log_dir and not _kept(log_dir)
         return 130
     except Exception as exc:  # noqa: BLE001 - rendezvous and setup failures: one clear line
         print(f"{PROG}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        ok = True  # no rank ran: the log folder holds nothing worth keeping
         return 1
     finally:
-        if ok and own_log_dir:
+        clock.stop()
+        if own_log_dir:  # a success, or nothing worth keeping
             shutil.rmtree(log_dir, ignore_errors=True)
     print(f"{PROG}: all {nproc} rank(s) on this node finished successfully", file=sys.stderr, flush=True)
     return 0

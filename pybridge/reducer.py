@@ -406,8 +406,7 @@ class Reducer:
             self._mark(i)
 
     def _check_mark(self, i):
-        if self._closed:
-            raise Closed("reducer is closed")
+        self._check_open()
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self._ready):
             raise InvalidArgument(f"gradient index {i!r} is out of range for "
                                   f"{len(self.specs)} parameters")
@@ -517,6 +516,8 @@ class Reducer:
     def _check_open(self):
         if self._closed:
             raise Closed("reducer is closed")
+        if self._group.closed:  # also on 1 rank, where no collective would notice
+            raise Closed("the process group this reducer was made from was finalized")
 
     def _check(self, i):
         self._check_open()

@@ -12,11 +12,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FAULT_VARS = ("PYBRIDGE_TEST_FAIL_AT_STEP", "PYBRIDGE_TEST_FAIL_MARKER", "PYBRIDGE_TEST_FAIL_RANK")
 
 
-def launch(args, env=None, timeout=60, cwd=ROOT):
+def launch(args, env=None, timeout=60, cwd=ROOT, tmpdir=None):
     """Run the launcher with `args`; return (exit code, combined output, seconds).
 
     This checkout's pybridge comes first on PYTHONPATH, and fault-injection variables
-    reach the ranks only when `env` sets them.
+    reach the ranks only when `env` sets them. `tmpdir`: the launcher's TMPDIR, left for
+    the caller to inspect (default: a temporary folder removed afterwards).
     """
     full_env = {k: v for k, v in os.environ.items() if k not in _FAULT_VARS}
     full_env.update(env or {})
@@ -25,7 +26,7 @@ def launch(args, env=None, timeout=60, cwd=ROOT):
     # The launcher keeps a failed run's logs in a temporary folder: give it one of ours, so
     # that the tests that make ranks fail leave nothing behind in /tmp.
     with tempfile.TemporaryDirectory(prefix="pybridge-test-") as tmp:
-        full_env["TMPDIR"] = tmp
+        full_env["TMPDIR"] = str(tmpdir or tmp)
         try:
             p = subprocess.run([sys.executable, "-m", "pybridge.launch", *args], cwd=cwd, env=full_env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)

@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"syscall"
 )
 
 // Reader reads the records of a RecordIO stream in order, Scanner-style:
@@ -49,16 +50,35 @@ func NewReader(r io.Reader, name string) *Reader {
 // Open opens the file at path for reading. A missing or unreadable file gives
 // an error wrapping the *os.PathError (errors.Is(err, fs.ErrNotExist) works).
 func Open(path string) (*Reader, error) {
-	f, err := os.Open(path)
+	f, size, err := openRegular(path)
 	if err != nil {
-		return nil, fmt.Errorf("recordio: cannot open: %w", err)
+		return nil, err
+	}
+	return &Reader{r: f, f: f, name: path, size: size}, nil
+}
+
+// ErrNotRegular is wrapped by the error for a path that is not a regular file.
+var ErrNotRegular = errors.New("not a regular file")
+
+// openRegular opens a regular file and returns its size. Anything else is
+// refused: opening a FIFO would block until a writer comes (O_NONBLOCK makes
+// the open return at once; it changes nothing for a regular file), and a
+// device never ends.
+func openRegular(path string) (*os.File, int64, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("recordio: cannot open: %w", err)
 	}
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("recordio: cannot stat: %w", err)
+		return nil, 0, fmt.Errorf("recordio: cannot stat: %w", err)
 	}
-	return &Reader{r: f, f: f, name: path, size: st.Size()}, nil
+	if !st.Mode().IsRegular() {
+		f.Close()
+		return nil, 0, fmt.Errorf("recordio: cannot read %s: %w (%v)", path, ErrNotRegular, st.Mode().Type())
+	}
+	return f, st.Size(), nil
 }
 
 // Next advances to the next record; it returns false at the end of the
@@ -224,22 +244,18 @@ type Chunk struct {
 // Index scans the chunk headers of the file at path (payloads are skipped,
 // not read or checked) and returns where each chunk and its records lie.
 func Index(path string) ([]Chunk, error) {
-	f, err := os.Open(path)
+	f, size, err := openRegular(path)
 	if err != nil {
-		return nil, fmt.Errorf("recordio: cannot open: %w", err)
+		return nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("recordio: cannot stat: %w", err)
-	}
-	if st.Size() == 0 {
+	if size == 0 {
 		return nil, &CorruptError{Path: path, Msg: "file is empty: a RecordIO file holds at least one chunk"}
 	}
 	var chunks []Chunk
 	var off, first int64
 	var hdr [HeaderSize]byte
-	for i := 0; off < st.Size(); i++ {
+	for i := 0; off < size; i++ {
 		bad := func(format string, args ...any) error {
 			return &CorruptError{Path: path, Chunk: i, Offset: off, Msg: fmt.Sprintf(format, args...)}
 		}
@@ -256,8 +272,8 @@ func Index(path string) ([]Chunk, error) {
 			return nil, bad("wrong magic 0x%08x (expected 0x%08x): not a RecordIO chunk", h.Magic, uint32(Magic))
 		case !h.Compressor.valid():
 			return nil, bad("unknown compressor %d (known: 0 none, 1 snappy, 2 gzip)", uint32(h.Compressor))
-		case off+HeaderSize+int64(h.Size) > st.Size():
-			return nil, bad("payload size %d is larger than the file: only %d bytes follow the header", h.Size, st.Size()-off-HeaderSize)
+		case off+HeaderSize+int64(h.Size) > size:
+			return nil, bad("payload size %d is larger than the file: only %d bytes follow the header", h.Size, size-off-HeaderSize)
 		}
 		chunks = append(chunks, Chunk{ChunkHeader: h, Offset: off, First: first})
 		off += HeaderSize + int64(h.Size)

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, classify
 
 _MASK64 = (1 << 64) - 1
 
@@ -287,7 +287,10 @@ class DynamicPartition:
         order = epoch_order(self.tasks, epoch, self.seed, self.shuffle)
         key = self.key(epoch, pass_no)
         while True:
-            i = int(self.store.add(key, 1)) - 1
+            try:
+                i = int(self.store.add(key, 1)) - 1
+            except Exception as exc:  # noqa: BLE001 - the store's host died or stopped answering
+                raise classify(exc) from exc
             if i >= len(order):
                 return
             yield order[i]

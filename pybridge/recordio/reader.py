@@ -27,6 +27,7 @@ Not thread-safe: use one Reader per thread (the Loader does).
 
 import mmap as _mmap
 import os
+import stat
 import sys
 import threading
 from collections import OrderedDict
@@ -299,6 +300,29 @@ def join(spans) -> Batch:
     return Batch.from_pieces([(data, lengths[0] if len(lengths) == 1 else np.concatenate(lengths))])
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def open_regular(path):
+    """Open a regular file for reading (unbuffered). Anything else is refused, naming what it
+    is: opening a FIFO would block until a writer comes, and a device never ends. O_NONBLOCK
+    makes the open itself return at once; it changes nothing for a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise io_failure(path, None, None, f"cannot open: {exc.strerror or exc}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+            raise io_failure(path, None, None, f"cannot read: not a regular file but {kind}")
+        return open(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class Reader:
     """Read a RecordIO file.
 
@@ -341,10 +365,7 @@ class Reader:
     # ------------------------------------------------------------ file handle
 
     def _open(self):
-        try:
-            self._f = open(self.path, "rb", buffering=0)
-        except OSError as exc:
-            raise io_failure(self.path, None, None, f"cannot open: {exc.strerror or exc}") from exc
+        self._f = open_regular(self.path)
         if self.use_mmap:
             try:
                 size = os.fstat(self._f.fileno()).st_size
