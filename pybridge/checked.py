@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from . import dtypes
-from .errors import InvalidArgument, Timeout, classify
+from .errors import InvalidArgument, PyBridgeError, Timeout, classify
 
 BROADCAST, ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BARRIER, SEND, RECV = range(1, 8)
 NAMES = {BROADCAST: "broadcast", ALL_REDUCE: "all_reduce", ALL_GATHER: "all_gather",
@@ -149,6 +149,21 @@ def mismatch(what, rows):
 def agree_in_store(g, store, key, value, what):
     """Publish `value` (a string) under key/rank and wait for every member's: a one-off
     check through the store, for objects every member opens in the same order."""
+    try:
+        values = _gather_in_store(g, store, key, value, what)
+    except PyBridgeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the store failing (its host gone) is a pybridge error
+        raise classify(exc) from exc
+    if len(set(values)) > 1:
+        by = {}
+        for r, v in enumerate(values):
+            by.setdefault(v, []).append(r)
+        parts = "; ".join(f"{_who(rs)}: {v}" for v, rs in by.items())
+        raise InvalidArgument(f"{what}: ranks disagree: {parts}")
+
+
+def _gather_in_store(g, store, key, value, what):
     store.set(f"{key}/{g.rank}", value)
     keys = [f"{key}/{r}" for r in range(g.size)]
     deadline = time.monotonic() + g.timeout
@@ -157,13 +172,7 @@ def agree_in_store(g, store, key, value, what):
             missing = [r for r, k in enumerate(keys) if not store.check([k])]
             raise Timeout(f"{what}: ranks {missing} did not open it within {g.timeout:g} s")
         time.sleep(0.01)
-    values = [store.get(k).decode() for k in keys]
-    if len(set(values)) > 1:
-        by = {}
-        for r, v in enumerate(values):
-            by.setdefault(v, []).append(r)
-        parts = "; ".join(f"{_who(rs)}: {v}" for v, rs in by.items())
-        raise InvalidArgument(f"{what}: ranks disagree: {parts}")
+    return [store.get(k).decode() for k in keys]
 
 
 # ---- point to point -------------------------------------------------------------------

@@ -140,6 +140,7 @@ def store_host_stops(rank, world, path):
     pids[rank] = os.getpid()
     pybridge.all_reduce(pids)
     loader = Loader([path], 1, partition="dynamic", group=g)
+    pybridge.barrier()  # both ranks are done opening the loader (its check uses the store)
     if rank == 0:
         os.kill(os.getpid(), signal.SIGSTOP)  # the store's host hangs without closing anything
     time.sleep(0.5)
