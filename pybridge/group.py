@@ -6,6 +6,7 @@ import importlib
 import os
 import sys
 import threading
+import time
 import urllib.parse
 
 import torch
@@ -403,7 +404,9 @@ def finalize():
         group, _current = _current, None
         if group is not None:
             group._close()
+        world = []
         if dist.is_initialized() and (group is None or group._owned):
+            world.append(dist.group.WORLD)
             try:
                 dist.destroy_process_group()
             except Exception as exc:  # noqa: BLE001
@@ -412,6 +415,23 @@ def finalize():
         # the gloo context: free them now, not during interpreter teardown, where gloo
         # aborts the process ("terminate called without an active exception").
         gc.collect()
+        if world:
+            _free_here(world)
+
+
+FREE_WAIT_SECONDS = 2.0
+
+
+def _free_here(holder):
+    """Drop the last reference to a process group on this thread. A future callback that
+    has just run on one of gloo's worker threads (torch's PowerSGD hook keeps the group in
+    its closures) releases its closure there a moment later; if that were the last
+    reference, gloo would join its own thread and abort ("Resource deadlock avoided", seen
+    at exit in 3 of 10 runs). So wait, briefly, until only this reference is left."""
+    pg = holder.pop()
+    deadline = time.monotonic() + FREE_WAIT_SECONDS
+    while sys.getrefcount(pg) > 2 and time.monotonic() < deadline:  # `pg` and the argument
+        time.sleep(0.001)
 
 
 def _adopt():
