@@ -366,7 +366,11 @@ def main(argv=None):
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if nproc > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun does, without its banner
-    args = torchrun.parse_args(targs)
+    # torchrun's parser takes abbreviations: a target argument such as --log would be
+    # read as an ambiguous prefix of --log-dir. Ours has already split its own options off.
+    parser = torchrun.get_args_parser()
+    parser.allow_abbrev = False
+    args = parser.parse_args(targs)
     clock = ExitClock().start()
     try:
         torchrun.run(args)

@@ -57,9 +57,9 @@ def test_script_arguments_pass_through(tmp_path):
         import os, sys
         print("ARGS", os.environ["RANK"], sys.argv[1:], flush=True)
     """)
-    rc, out, _ = launch(["--nproc-per-node", "1", script, "--epochs", "3", "x y"])
-    assert rc == 0, out
-    assert "ARGS 0 ['--epochs', '3', 'x y']" in out
+    rc, out, _ = launch(["--nproc-per-node", "1", script, "--epochs", "3", "x y", "--log", "--m"])
+    assert rc == 0, out  # --log and --m are prefixes of torchrun's --log-dir and --master-*
+    assert "ARGS 0 ['--epochs', '3', 'x y', '--log', '--m']" in out
 
 
 def test_failing_rank_stops_job_and_is_named(tmp_path):
