@@ -21,8 +21,7 @@ def read_metrics(path):
                 continue
             try:
                 row = json.loads(line)
-                x = "round" if "round" in row else "epoch"  # federated.py counts rounds
-                rows.append({k: row[k] for k in (x, "loss", "test_accuracy")} | row | {"x": x})
+                rows.append({k: row[k] for k in (x_of(row), "loss", "test_accuracy")} | row)
             except (ValueError, KeyError, TypeError) as exc:
                 raise SystemExit(f"{path}:{n}: not a metrics line (need epoch or round, loss, "
                                  f"test_accuracy): {exc}")
@@ -31,14 +30,19 @@ def read_metrics(path):
     return rows
 
 
+def x_of(row):
+    """The x axis of a metrics row: federated.py counts rounds, the trainers epochs."""
+    return "round" if "round" in row else "epoch"
+
+
 def figure(plt, curves, title=None):
     """The two-panel figure of [(label, metrics rows)] (bench/charts.py draws it too)."""
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(9, 3.4))
     for label, rows in curves:
-        xs = [r[r["x"]] for r in rows]
+        xs = [r[x_of(r)] for r in rows]
         loss_ax.plot(xs, [r["loss"] for r in rows], marker="o", ms=3, label=label)
         acc_ax.plot(xs, [r["test_accuracy"] for r in rows], marker="o", ms=3, label=label)
-    x = " or ".join(sorted({r["x"] for _, rows in curves for r in rows}))
+    x = " or ".join(sorted({x_of(r) for _, rows in curves for r in rows}))
     loss_ax.set(xlabel=x, ylabel="training loss", title="loss")
     acc_ax.set(xlabel=x, ylabel="test accuracy", title="test accuracy")
     for ax in (loss_ax, acc_ax):
