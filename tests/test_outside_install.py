@@ -41,7 +41,8 @@ static void print_core(void) {
     int (*run)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "PyRun_SimpleString");
     if (!ensure || !release || !run) { printf("CORE unknown\n"); return; }
     int gil = ensure();
-    run("import pybridge; print('CORE', pybridge.__file__, flush=True)");
+    /* one write(2) per line: the two ranks' prints interleaved when print() wrote in pieces */
+    run("import os, pybridge; os.write(1, ('CORE ' + pybridge.__file__ + '\\n').encode())");
     release(gil);
 }
 
