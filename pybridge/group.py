@@ -2,7 +2,6 @@
 
 import datetime
 import gc
-import importlib
 import os
 import sys
 import threading
@@ -372,12 +371,9 @@ def _own_store(method, timeout):
     """A second connection to the rendezvous store, for the watchdog: a TCPStore client
     serializes its calls, so a blocking wait on the shared one (a subgroup's rendezvous)
     would otherwise hold the watchdog up. Other stores are shared."""
-    url = urllib.parse.urlparse(method)
-    rdzv = importlib.import_module("torch.distributed.rendezvous")
-    if url.scheme not in ("tcp", "env") or rdzv._torchelastic_use_agent_store():
+    if urllib.parse.urlparse(method).scheme not in ("tcp", "env") or rendezvous.agent_hosts_store():
         return _world_store()
-    host = url.hostname if url.scheme == "tcp" else os.environ["MASTER_ADDR"]
-    port = url.port if url.scheme == "tcp" else int(os.environ["MASTER_PORT"])
+    host, port = rendezvous.tcp_address(method)
     client = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout),
                            wait_for_workers=False)
     return dist.PrefixStore("default_pg", client)

@@ -32,13 +32,24 @@ def store(method, rank, world_size, timeout):
     url = urlparse(method)
     if url.scheme == "file":
         return _file_store(url.path, world_size, timeout)
-    if url.scheme == "env":
-        host, port = os.environ["MASTER_ADDR"], _port(os.environ["MASTER_PORT"], "MASTER_PORT")
-    else:
-        host, port = url.hostname, _port(url.port, f"init_method {method!r}")
-        if not host:
-            raise InvalidArgument(f"init_method {method!r} names no host")
+    host, port = tcp_address(method)
     return dist.PrefixStore("default_pg", _tcp_store(host, port, rank, world_size, timeout))
+
+
+def tcp_address(method):
+    """(host, port) of the store of an env:// or tcp://HOST:PORT method."""
+    url = urlparse(method)
+    if url.scheme == "env":
+        return os.environ["MASTER_ADDR"], _port(os.environ["MASTER_PORT"], "MASTER_PORT")
+    host, port = url.hostname, _port(url.port, f"init_method {method!r}")
+    if not host:
+        raise InvalidArgument(f"init_method {method!r} names no host")
+    return host, port
+
+
+def agent_hosts_store():
+    """Under torchrun's agent store, the agent (not rank 0) hosts the store."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
 def _port(value, what):
@@ -67,7 +78,7 @@ def _file_store(path, world_size, timeout):
 
 
 def _tcp_store(host, port, rank, world_size, timeout):
-    hosting = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    hosting = rank == 0 and not agent_hosts_store()
     deadline = time.monotonic() + timeout
     if not hosting:
         _wait_for_host(host, port, rank, timeout, deadline)
