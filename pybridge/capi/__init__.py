@@ -95,6 +95,13 @@ def text(cstr):
     return None if cstr == ffi.NULL else ffi.string(cstr).decode()
 
 
+def flag(value, what):
+    """A C int used as a boolean: 0 or 1, nothing else."""
+    if value not in (0, 1):
+        raise InvalidArgument(f"{what} must be 0 or 1, got {value}")
+    return bool(value)
+
+
 # ---- registration ------------------------------------------------------------------------
 
 def _fail(lib, name, err):

@@ -12,7 +12,7 @@ from .. import abi, capi, dtypes
 from ..checks import positive_finite
 from ..errors import InvalidArgument, WorkerFailed
 from ..federated import EVALUATE, TRAIN, FedAvg, Server, Worker
-from . import handles, live_group, tensor
+from . import flag, handles, live_group, tensor
 
 MODES = {abi.PB_FED_ASYNC: "async", abi.PB_FED_SYNC: "sync"}
 COMMANDS = (TRAIN, EVALUATE)  # the header's PB_FED_TRAIN and PB_FED_EVALUATE
@@ -63,9 +63,8 @@ def pb_fed_server_new(group, mode, timeout, requeue, out):
     _not_null((out, "out (the pointer to store the server handle in)"))  # before the collective
     if mode not in MODES:
         raise InvalidArgument(f"mode must be PB_FED_ASYNC (0) or PB_FED_SYNC (1), got {mode}")
-    if requeue not in (0, 1):
-        raise InvalidArgument(f"requeue must be 0 or 1, got {requeue}")
-    s = Server(g, mode=MODES[mode], timeout=None if timeout <= 0 else timeout, requeue=bool(requeue))
+    requeue = flag(requeue, "requeue")
+    s = Server(g, mode=MODES[mode], timeout=None if timeout <= 0 else timeout, requeue=requeue)
     try:
         handles.add(FedServer(s), "pb_fed_server *", out)
     except BaseException:

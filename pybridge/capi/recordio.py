@@ -12,7 +12,7 @@ from .. import group as _group
 from ..errors import Closed, InvalidArgument
 from ..recordio import Loader
 from ..recordio.partition import LocalStore
-from . import handles, put, text
+from . import flag, handles, put, text
 
 PARTITIONS = {abi.PB_PARTITION_STATIC: "static", abi.PB_PARTITION_DYNAMIC: "dynamic"}
 _EMPTY_OFFSETS = np.zeros(1, np.int64)
@@ -50,12 +50,6 @@ def _files(files, nfiles):
     return out
 
 
-def _flag(value, what):
-    if value not in (0, 1):
-        raise InvalidArgument(f"{what} must be 0 or 1, got {value}")
-    return bool(value)
-
-
 def pb_loader_open(group, files, nfiles, batch_size, partition, shuffle, seed, drop_last,
                    skip_corrupt, out):
     if out == capi.ffi.NULL:
@@ -71,9 +65,9 @@ def pb_loader_open(group, files, nfiles, batch_size, partition, shuffle, seed, d
         g.check_open()
         replicas = rank = store = None  # the group's
     loader = Loader(paths, batch_size, partition=PARTITIONS[partition], group=g, num_replicas=replicas,
-                    rank=rank, store=store, shuffle=_flag(shuffle, "shuffle"), seed=seed,
-                    drop_last=_flag(drop_last, "drop_last"),
-                    skip_corrupt=_flag(skip_corrupt, "skip_corrupt"))
+                    rank=rank, store=store, shuffle=flag(shuffle, "shuffle"), seed=seed,
+                    drop_last=flag(drop_last, "drop_last"),
+                    skip_corrupt=flag(skip_corrupt, "skip_corrupt"))
     try:
         handles.add(LoaderHandle(loader), "pb_loader *", out)
     except BaseException:
