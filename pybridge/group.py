@@ -122,14 +122,17 @@ class Group:
             return None
         return self._make_child([self.ranks[r] for r in members], seq)
 
-    def split(self, color, key=None, *, timeout=None):
+    def split(self, color, key=None, *, timeout=None, backend=None):
         """MPI_Comm_split: every member calls it (a collective over this group); members that
         pass the same color form one subgroup, ranked by (key, rank in this group). A negative
         or None color joins no group and gets None. key defaults to the rank in this group.
         timeout (seconds) bounds the subgroup's operations; default: this group's.
+        backend: the subgroup's ("gloo" or "nccl"); default: this group's. A gloo subgroup of
+        an NCCL group carries CPU tensors beside it (small control messages, for example).
         """
         self.check_open()
         timeout = self.timeout if timeout is None else positive_seconds("timeout", timeout)
+        backend = self.backend if backend is None else _pick_backend(backend)
         color = -1 if color is None else _int_arg("color", color)
         key = self.rank if key is None else _int_arg("key", key)
         from . import collectives  # late: collectives imports this module
@@ -141,21 +144,22 @@ class Group:
         if color < 0:
             return None
         order = sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)
-        return self._make_child([self.ranks[r] for _, r in order], seq, timeout)
+        return self._make_child([self.ranks[r] for _, r in order], seq, timeout, backend)
 
     def _next_seq(self):
         with _lock:
             self._created += 1
             return self._created
 
-    def _make_child(self, global_ranks, seq, timeout=None):
+    def _make_child(self, global_ranks, seq, timeout=None, backend=None):
         # Named by the parent, its creation count and the members: the same on every member,
         # whatever other groups each of them made before.
         uid = f"{self.uid}.{seq}-{'_'.join(map(str, global_ranks))}"
         timeout = self.timeout if timeout is None else timeout
-        pg = _backend_group(self.backend, global_ranks.index(self.global_rank), len(global_ranks),
+        backend = backend or self.backend
+        pg = _backend_group(backend, global_ranks.index(self.global_rank), len(global_ranks),
                             dist.PrefixStore(f"pybridge/{uid}/pg/", _world_store()), timeout)
-        child = Group(pg, global_ranks, self.global_rank, self.local_rank, self.backend,
+        child = Group(pg, global_ranks, self.global_rank, self.local_rank, backend,
                       timeout, owned=True, parent=self, uid=uid)
         with _lock:
             self._children.append(child)
@@ -470,9 +474,9 @@ def new_group(ranks, *, group=None):
     return (group or current()).new_group(ranks)
 
 
-def split(color, key=None, *, group=None, timeout=None):
+def split(color, key=None, *, group=None, timeout=None, backend=None):
     """Split `group` (default: the world) by color; see Group.split."""
-    return (group or current()).split(color, key, timeout=timeout)
+    return (group or current()).split(color, key, timeout=timeout, backend=backend)
 
 
 def node_groups(ranks_per_node=None, *, group=None):

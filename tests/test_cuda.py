@@ -136,3 +136,44 @@ def capi_nccl(rank, world):
 @pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` first")
 def test_c_abi_under_nccl():
     assert run_ranks(capi_nccl, 1, timeout=120) == ["ok"]
+
+
+def federated_on_nccl(rank, world):
+    import pybridge
+    from pybridge.errors import WorkerFailed
+    from pybridge.federated import FedAvg, Server, Worker
+    g = pybridge.init(backend="nccl", timeout=60)
+    v = torch.arange(1.0, 6.0, device="cuda")
+    if rank == 0:
+        param = torch.nn.Parameter(torch.zeros(5, device="cuda"))
+        avg = FedAvg([param])
+        devices = set()
+        with Server(g, timeout=60) as s:
+            for r in s.run_round(range(6), avg.vector()):
+                devices.add(r.payload.device.type)
+                avg.add(r)
+            avg.step()
+            try:
+                list(s.run_round([99], avg.vector()))
+                failed = None
+            except WorkerFailed as exc:
+                failed = (exc.worker, exc.client)
+        out = (param.detach().cpu().tolist(), sorted(devices), failed)
+    else:
+        def train(model, client):
+            if client == 99:
+                raise ValueError("no data")
+            return model + (client + 1) * v, client + 1
+        Worker(g).serve(train)
+        out = None
+    pybridge.finalize()
+    return out
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank: 2 GPUs")
+def test_federated_server_and_worker_on_nccl():
+    model, devices, failed = run_ranks(federated_on_nccl, 2, timeout=180)[0]
+    # Client c trained to model + (c+1) v from c+1 samples: FedAvg moves the model by
+    # sum((c+1)^2) / sum(c+1) v = 91/21 v.
+    assert model == pytest.approx([91 / 21 * i for i in range(1, 6)], rel=1e-5)
+    assert devices == ["cuda"] and failed == (1, 99)

@@ -61,6 +61,15 @@ def subgroup_suite(rank, world, data_dir):
     solo = parity.split(parity.rank, key=0)
     assert solo.size == 1 and solo.ranks == (rank,)
     assert g.split(-1) is None and g.split(None) is None
+    # A subgroup may name its own backend (gloo beside an NCCL world: CPU control messages).
+    cpu = g.split(0, backend="gloo")
+    assert cpu.backend == "gloo" and cpu.device.type == "cpu"
+    c = torch.tensor([1.0])
+    pybridge.all_reduce(c, group=cpu)
+    out["gloo_split"] = c.item()
+    assert "unknown backend 'mpi'" in _fails(lambda: g.split(0, backend="mpi"), InvalidArgument)
+    if not torch.cuda.is_available():
+        assert "needs CUDA" in _fails(lambda: g.split(0, backend="nccl"), InvalidArgument)
     # new_group: ranks within the parent, members only (a non-member gets None at once).
     firsts = g.new_group([0, 2])
     assert (firsts is None) == (rank % 2 == 1)
@@ -115,6 +124,7 @@ def test_subgroups_on_four_ranks(tmp_path):
     assert [r["rev_root"] for r in res] == [3.0] * 4
     assert all(r["rev_gather"] == [3.0, 2.0, 1.0, 0.0] for r in res)  # in the group's rank order
     assert [r.get("firsts") for r in res] == [2.0, None, 2.0, None]
+    assert [r["gloo_split"] for r in res] == [4.0] * 4
     assert [r["nodes"] for r in res] == [((0, 1), (0, 2)), ((0, 1), (1, 3)), ((2, 3), (0, 2)), ((2, 3), (1, 3))]
     assert [r["reducer"] for r in res] == [0.5, 0.5, 2.5, 2.5]
     everything = sorted(b"%d:%d" % (f, i) for f in range(2) for i in range(20))

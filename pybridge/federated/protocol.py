@@ -1,12 +1,18 @@
 """The federated wire protocol: a fixed int64 header per message, then at most one flat
 payload. Tensors only (no pickling), so a C or Go peer can speak it.
 
-Rank 0 of the federated group is the server; the others are workers. Two links (subgroups
-of the same members) carry the messages:
-  down: server -> worker: task headers, the model
-  up:   worker -> server: result headers and payloads
-Each direction has its own process group so that the server's listener threads (on `up`)
-never share one with the server's own sends (on `down`).
+Rank 0 of the federated group is the server; the others are workers. Four links (subgroups
+of the same members) carry the messages, a header on a control link and its payload after
+it on the data link of the same direction:
+  down: server -> worker: task headers; the model
+  up:   worker -> server: result headers; result payloads
+Each direction has its own process groups so that the server's listener threads (on `up`)
+never share one with the server's own sends (on `down`). Control links are gloo, on the
+CPU, whatever the group's backend: a header is read on the host to decide what comes next,
+and a CPU receive blocks until the bytes are there, where an NCCL one only queues work on a
+GPU stream. Data links use the group's backend, so on NCCL the model and results move
+GPU to GPU. On a gloo group the data links are gloo too, kept apart all the same: one
+layout for both backends, so the gloo tests exercise the NCCL layout.
 
 Header fields, in order (int64 each):
   command  one of the commands below
@@ -57,8 +63,8 @@ class Header:
     dtype: int = dtypes.FLOAT32
     seq: int = 0
 
-    def tensor(self, device="cpu"):
-        return torch.tensor([getattr(self, f) for f in FIELDS], dtype=torch.int64, device=device)
+    def tensor(self):
+        return torch.tensor([getattr(self, f) for f in FIELDS], dtype=torch.int64)
 
     @classmethod
     def parse(cls, t):
@@ -78,7 +84,7 @@ class Header:
 
 
 class Links:
-    """The two subgroups of a federated group (see the module docstring)."""
+    """The four subgroups of a federated group (see the module docstring)."""
 
     def __init__(self, group, timeout):
         # Collectives over `group`: the server and every worker create them in this order.
@@ -86,29 +92,41 @@ class Links:
         # connection for good; a dead peer is noticed at once anyway (its connection
         # closes) and a slow client is the server's own `timeout`.
         self.group = group
-        self.down = group.split(0, timeout=timeout)
-        self.up = group.split(0, timeout=timeout)
-        self.device = group.device
+        self.down = group.split(0, timeout=timeout, backend="gloo")
+        self.up = group.split(0, timeout=timeout, backend="gloo")
+        self.data_down = group.split(0, timeout=timeout)
+        self.data_up = group.split(0, timeout=timeout)
+        self.device = self.data_down.device  # where payloads live
 
     def send_header(self, header, dst, link):
-        collectives.send(header.tensor(self.device), dst, TAG_HEADER, group=link)
+        collectives.send(header.tensor(), dst, TAG_HEADER, group=link)
+
+    def isend_header(self, header, dst, link):
+        return collectives.isend(header.tensor(), dst, TAG_HEADER, group=link)
 
     def recv_header(self, src, link):
-        t = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
+        t = torch.empty(HEADER_LEN, dtype=torch.int64)
         collectives.recv(t, src, TAG_HEADER, group=link)
         return Header.parse(t)
 
+    def data(self, link):
+        """The data link beside control link `link`."""
+        return self.data_down if link is self.down else self.data_up
+
     def send_payload(self, payload, dst, link):
-        collectives.send(payload, dst, TAG_PAYLOAD, group=link)
+        collectives.send(payload, dst, TAG_PAYLOAD, group=self.data(link))
+
+    def isend_payload(self, payload, dst, link):
+        return collectives.isend(payload, dst, TAG_PAYLOAD, group=self.data(link))
 
     def recv_payload(self, header, src, link, out=None):
         t = torch.empty(header.length, dtype=dtypes.BY_CODE[header.dtype], device=self.device) \
             if out is None else out
-        collectives.recv(t, src, TAG_PAYLOAD, group=link)
+        collectives.recv(t, src, TAG_PAYLOAD, group=self.data(link))
         return t
 
     def close(self):
-        for g in (self.up, self.down):
+        for g in (self.up, self.down, self.data_up, self.data_down):
             if not g.closed:
                 g.close()
 

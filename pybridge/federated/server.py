@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import collectives, dtypes
+from .. import dtypes
 from .. import group as _group
 from ..checks import positive_seconds
 from ..errors import Closed, InvalidArgument, PyBridgeError, WorkerFailed, WorkerTimeout, classify
-from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TAG_HEADER, TAG_PAYLOAD, TERMINATE, TRAIN,
+from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN,
                        UPDATE, Header, Links, decode_message, flat)
 
 MODES = ("async", "sync")
@@ -125,7 +125,7 @@ class Server:
         for w in sorted(self._live):  # every one is idle, waiting for a header
             try:
                 links.send_header(h, w, links.down)
-                sends.append((w, collectives.isend(model, w, TAG_PAYLOAD, group=links.down)))
+                sends.append((w, links.isend_payload(model, w, links.down)))
             except PyBridgeError as exc:
                 self._events.put(("lost", w, exc))
         for w, work in sends:
@@ -177,6 +177,8 @@ class Server:
     def _listen(self, w):
         """Receive everything worker `w` sends, in order, until its terminate or its end."""
         links = self._links
+        if links.device.type == "cuda":
+            torch.cuda.set_device(links.device)  # the current device is per thread
         while True:
             try:
                 h = links.recv_header(w, links.up)
@@ -250,8 +252,8 @@ class Server:
         self.lost[w] = err
         if stop:
             try:
-                self._farewells.append(collectives.isend(Header(TERMINATE, self.round).tensor(self._links.device),
-                                                         w, TAG_HEADER, group=self._links.down))
+                self._farewells.append(self._links.isend_header(Header(TERMINATE, self.round), w,
+                                                                self._links.down))
             except PyBridgeError:
                 pass  # its connection is gone too: nothing left to stop
 
