@@ -137,13 +137,25 @@ def gossip(plt, data):
     return fig
 
 
-def gossip_mnist(plt, data):
-    """Loss and test accuracy per epoch of each reduction (examples/mnist/plot.py's figure)."""
+def training_curves(plt, curves, title):
+    """examples/mnist/plot.py's two panels (loss, test accuracy) of [(label, metrics rows)]."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                     "examples", "mnist"))
     from plot import figure
-    return figure(plt, [(r["label"], r["epochs"]) for r in data["runs"]],
-                  f"MNIST (Go trainer, {data['data']}), {data['ranks']} ranks: gossip vs allreduce")
+    return figure(plt, curves, title)
+
+
+def gossip_mnist(plt, data):
+    """Loss and test accuracy per epoch of each reduction."""
+    return training_curves(plt, [(r["label"], r["epochs"]) for r in data["runs"]],
+                           f"MNIST (Go trainer, {data['data']}), {data['ranks']} ranks: gossip vs allreduce")
+
+
+def federated_mnist(plt, data):
+    """Loss and test accuracy per round of each run."""
+    return training_curves(plt, [(r["label"], r["rounds"]) for r in data["runs"]],
+                           f"federated MNIST ({data['data']}), {data['clients']} clients of 2 digits, "
+                           f"{data['per_round']} per round, {data['world'] - 1} workers")
 
 
 def federated(plt, data):
@@ -165,7 +177,8 @@ def federated(plt, data):
 
 
 DRAW = {"collectives": collectives, "reducer": reducer, "recordio": recordio, "mnist": mnist,
-        "gossip": gossip, "gossip-mnist": gossip_mnist, "federated": federated}
+        "gossip": gossip, "gossip-mnist": gossip_mnist, "federated": federated,
+        "federated-mnist": federated_mnist}
 
 
 def draw(name, data):
