@@ -623,7 +623,8 @@ int pb_fed_worker_new(pb_group *group, pb_fed_worker **out);
  * has terminated the federation (the worker is then done: free it). Each task must be
  * answered (pb_fed_worker_submit or pb_fed_worker_fail) before the next call.
  * Errors: PB_ERR_INVALID_ARGUMENT when the previous task is unanswered; PB_ERR_COMM when
- * the server's connection broke. */
+ * the server's connection broke (it died: the message names rank 0); the call does not
+ * wait on a dead server. */
 int pb_fed_worker_next_task(pb_fed_worker *worker, pb_fed_task *task, int32_t *has_task);
 
 /* Copy the open task's model (the round's model) into `out`: out->count must equal the

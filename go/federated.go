@@ -189,7 +189,9 @@ func (s *FedServer[T]) start(op string, clients []int, model []T, cmd FedCommand
 
 // Next waits for the round's next result, in completion order; ok is false
 // when every client of the round is done. A worker that died, timed out or
-// failed its client gives a *FedWorkerError and ends the round.
+// failed its client gives a *FedWorkerError and ends the round: ErrComm, or
+// ErrTimeout past the client timeout (WithRequeue hands a dead or timed-out
+// worker's client to the others instead).
 func (s *FedServer[T]) Next() (r FedResult, ok bool, err error) {
 	const op = "FedServer.Next"
 	h, err := s.lock(op)
@@ -313,7 +315,8 @@ func (w *FedWorker[T]) lock(op string) (*C.pb_fed_worker, error) {
 // Next blocks until the server hands out a client; ok is false once the
 // server has ended the federation. Answer each task (Submit or Fail) before
 // the next call. A model whose element type is not T is refused (the task is
-// failed, so the server hears of it) with ErrInvalidArgument.
+// failed, so the server hears of it) with ErrInvalidArgument. A server that died
+// gives ErrComm naming rank 0, not a wait.
 func (w *FedWorker[T]) Next() (task *FedTask[T], ok bool, err error) {
 	const op = "FedWorker.Next"
 	h, err := w.lock(op)
