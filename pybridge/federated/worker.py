@@ -14,7 +14,7 @@ import torch
 
 from .. import dtypes
 from .. import group as _group
-from ..errors import Closed, CorruptData, InvalidArgument
+from ..errors import Closed, CommError, CorruptData, InvalidArgument
 from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE, Header,
                        Links, encode_message, flat)
 
@@ -64,9 +64,9 @@ class Worker:
                                   "submit() or fail() it before asking for the next task")
         links = self._links
         while True:
-            h = links.recv_header(SERVER, links.down)
+            h = self._from_server(links.recv_header, SERVER, links.down)
             if h.command == UPDATE:
-                self._receive_model(h)
+                self._from_server(self._receive_model, h)
             elif h.command == TERMINATE:
                 links.send_header(Header(TERMINATE, self.round), SERVER, links.up)
                 self.close()
@@ -77,6 +77,15 @@ class Worker:
             else:
                 raise CorruptData(f"worker {self.rank} got an unexpected {h.name} message for round "
                                   f"{h.round} (its model is for round {self.round})")
+
+    def _from_server(self, receive, *args):
+        """receive(*args); a lost connection is said to be the server's."""
+        try:
+            return receive(*args)
+        except CommError as exc:
+            err = type(exc)(f"federated worker {self.rank} lost the server (rank {SERVER}) while waiting "
+                            f"for its next task: {exc}")
+            raise err from exc
 
     def _receive_model(self, h):
         dtype = dtypes.BY_CODE[h.dtype]
