@@ -119,7 +119,7 @@ class Ranks:
         except (EOFError, OSError):
             self._gone(rank)
         if isinstance(got, _Raised):
-            self.fail(f"rank {rank} raised {tidy(got)}")
+            self.fail(f"rank {rank} raised {tidy(got, 100)}")
         return got
 
     def _gone(self, rank):
@@ -131,7 +131,7 @@ class Ranks:
         except (EOFError, OSError):
             last = None
         if isinstance(last, _Raised):
-            self.fail(f"rank {rank} raised {tidy(last)}")
+            self.fail(f"rank {rank} raised {tidy(last, 100)}")
         self.fail(f"rank {rank} {exit_words(proc.exitcode)}")
 
     def fail(self, why):
