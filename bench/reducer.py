@@ -6,7 +6,8 @@ a naive per-parameter allreduce and a flatten-then-one-allreduce, on 2 ranks ove
 Prints a table with ratios against torch DDP measured in the same run and writes
 bench/results/reducer.json. Each method runs in its own pair of rank processes (so methods
 cannot disturb each other's heap and caches), and the methods take turns in rounds so that
-machine noise hits all.
+machine noise hits all. A method whose pair dies, raises or hangs (--case-timeout) is killed
+and shown as failed with a one-line reason; the others go on. Progress lines go to stderr.
 The Go rows (model (a) only) come from bench/reducer_go, run as 2 Go ranks after the
 Python ranks: forward and backward in plain Go loops, the Go reducer (C ABI) marking each
 layer's gradients ready as backward produces them.
@@ -257,7 +258,7 @@ def run_go(threads, rounds, iters):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / ranks)")
     ap.add_argument("--models", default=",".join(MODELS), help="which models, e.g. 'b' (default a,b)")
@@ -335,9 +336,9 @@ def main():
         print("Go rows: forward and backward are plain scalar Go loops (no BLAS, no SIMD), so the Go "
               "step time mostly measures Go's matmul against torch's; 'exposed sync' is the time "
               "left in Wait after backward, 'sync only' marks all 100 gradients and waits, no compute.")
-    # A partial run (--models, --no-go) must not overwrite the full results.
+    # A partial run (--models, --no-go) or a smoke run (--quick) must not overwrite the full results.
     partial = models != list(MODELS) or go_results is None or args.no_hooks
-    path = save("reducer" + ("-" + "".join(models) if partial else ""), report)
+    path = save("reducer" + ("-" + "".join(models) if partial else "") + ("-quick" if args.quick else ""), report)
     print(f"wrote {os.path.relpath(path)} in {time.time() - start:.0f} s")
 
 
