@@ -6,14 +6,14 @@ a naive per-parameter allreduce and a flatten-then-one-allreduce, on 2 ranks ove
 Prints a table with ratios against torch DDP measured in the same run and writes
 bench/results/reducer.json. Each method runs in its own pair of rank processes (so methods
 cannot disturb each other's heap and caches), and the methods take turns in rounds so that
-machine noise hits all.
+machine noise hits all. A method whose pair dies, raises or hangs (--case-timeout) is killed
+and shown as failed with a one-line reason; the others go on. Progress lines go to stderr.
 The Go rows (model (a) only) come from bench/reducer_go, run as 2 Go ranks after the
 Python ranks: forward and backward in plain Go loops, the Go reducer (C ABI) marking each
 layer's gradients ready as backward produces them.
 """
 
 import argparse
-import multiprocessing as mp
 import os
 import json
 import shutil
@@ -24,7 +24,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, free_port, launch, save, table  # noqa: E402
+from common import ROOT, CaseFailed, Ranks, launch, progress, save, table  # noqa: E402
 
 WORLD = 2
 MODELS = {
@@ -123,12 +123,11 @@ def loopback_bytes():
     return None
 
 
-def method_rank(method, key, rank, port, threads, conn):
-    """One rank of one method's own 2-rank job. Answers the parent over `conn`: first rank 0's
-    gradients after one step (to check that every method computes the same thing), then, for
-    each request of n, the times of n steps; None ends it."""
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "RANK": str(rank), "WORLD_SIZE": str(WORLD)})
+def method_rank(rank, conn, method, key, threads):
+    """One rank of one method's own 2-rank job (bench/common.py's Ranks). Answers the parent
+    over `conn`: first (rank 0's gradients after one step, to check that every method computes
+    the same thing; that step's seconds), then, for each request of n, the times of n steps;
+    None ends it."""
     import warnings
     warnings.filterwarnings("ignore")
     import torch
@@ -139,8 +138,10 @@ def method_rank(method, key, rank, port, threads, conn):
     x = torch.randn(cfg["batch"], cfg["width"], generator=torch.Generator().manual_seed(rank))
     model = build(cfg)
     step = make_step(method, model, WORLD)
+    t0 = time.perf_counter()
     step(x)
-    conn.send([p.grad.clone() for p in model.parameters()] if rank == 0 else None)
+    first = time.perf_counter() - t0
+    conn.send(([p.grad.clone() for p in model.parameters()] if rank == 0 else None, first))
     while (n := conn.recv()) is not None:
         step(x)  # warm-up after the pause
         pybridge.barrier()
@@ -154,93 +155,80 @@ def method_rank(method, key, rank, port, threads, conn):
     pybridge.finalize()
 
 
-def run_methods(key, threads, rounds, iters, deadline, methods):
-    """{method: [rank 0's step seconds, rank 1's]} for model `key`.
+# Seconds a method's pair may take to start (import torch, rendezvous, first step) on a
+# loaded machine; after that a request of n steps may take 10x the first step's time per
+# step, and at least --case-timeout: a pair that exceeds it is recorded as failed, killed.
+START_TIMEOUT = 300
+
+
+def run_methods(key, threads, rounds, iters, methods, case_timeout):
+    """({method: [rank 0's step seconds, rank 1's]}, {method: bytes sent per step}, {method:
+    why it failed}) for model `key`.
 
     Each method runs in its own pair of processes, so that one method's heap and caches
     (freed gradients, trimmed or not; the other models' tensors) cannot slow another down:
     run in one process, methods moved page faults onto each other. They still take turns,
-    round by round, so machine noise hits all of them; the idle pairs block on their pipes."""
+    round by round, so machine noise hits all of them; the idle pairs block on their pipes.
+    A pair that dies, raises or hangs is killed and its row recorded as failed; the rest go on."""
     import torch
-    ctx = mp.get_context("spawn")
-    pairs = {}
+    cases, grads, first, failed = {}, {}, {}, {}
 
-    failed = {}  # hook method -> why its pair died (the table says so; the others go on)
-
-    def recv(method, rank):
-        proc, conn = pairs[method][rank]
-        while not conn.poll(1):
-            if proc.exitcode is not None:
-                return died(method, rank, f"exit {proc.exitcode}")
-            if time.monotonic() > deadline:
-                sys.exit("benchmark did not finish within its time limit")
-        try:
-            return conn.recv()
-        except EOFError:
-            return died(method, rank, "connection lost")
-
-    def died(method, rank, why):
-        if method not in HOOK_METHODS:
-            sys.exit(f"{method} rank {rank} died ({why}); see its traceback above")
-        failed[method] = f"rank {rank} died ({why}; see the traceback above)"
-        for proc, _ in pairs[method]:
-            if proc.is_alive():
-                proc.kill()
-        return None
+    def fail(m, why):
+        failed[m] = str(why)
+        progress(f"({key}) {m}: FAILED: {why}")
+        cases.pop(m, None)
 
     try:
-        grads = {}
         for m in methods:
             # One pair at a time, each up and running (its store bound, its first step done)
             # before the next picks a free port: started together, pairs could take each
             # other's ports and talk across (gloo aborted with a size mismatch).
-            port = free_port()
-            pairs[m] = []
-            for r in range(WORLD):
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(target=method_rank, args=(m, key, r, port, threads, child), daemon=True)
-                proc.start()
-                pairs[m].append((proc, parent))
-            grads[m] = recv(m, 0)
-            recv(m, 1)
-        for m in methods:
-            if m in failed:
+            t0 = time.monotonic()
+            cases[m] = Ranks(method_rank, WORLD, (m, key, threads), name=m)
+            try:
+                answers = cases[m].ask(START_TIMEOUT)
+            except CaseFailed as e:
+                fail(m, e)
                 continue
+            grads[m], first[m] = answers[0][0], max(a[1] for a in answers)
+            progress(f"({key}) {m}: started, first step {first[m] * 1e3:.0f} ms "
+                     f"({time.monotonic() - t0:.1f} s)")
+        for m in list(cases):
             # Same work everywhere: after one step every method holds the same averaged gradients
             # (a hook's first step: fp16 rounding; PowerSGD starts compressing at step 2).
+            if "torch_ddp" not in grads:
+                break  # nothing to compare with: its row says why
             tol = dict(rtol=1e-2, atol=1e-3) if m.endswith("fp16") else dict(rtol=1e-4, atol=1e-6)
-            for g, ref in zip(grads[m], grads["torch_ddp"]):
-                if not torch.allclose(g, ref, **tol):
-                    sys.exit(f"{m} gradients differ from torch DDP's on model {key}")
+            if not all(torch.allclose(g, ref, **tol) for g, ref in zip(grads[m], grads["torch_ddp"])):
+                cases[m].kill()
+                fail(m, f"gradients differ from torch DDP's on model {key}")
         del grads
         times = {m: [[] for _ in range(WORLD)] for m in methods}
         sent = {m: [] for m in methods}
         for r in range(rounds):
             for m in methods[r % len(methods):] + methods[:r % len(methods)]:
-                if m in failed:
+                if m not in cases:
                     continue
-                before = loopback_bytes()
-                for _, conn in pairs[m]:
-                    conn.send(iters)
-                for rank in range(WORLD):
-                    got = None if m in failed else recv(m, rank)
-                    times[m][rank].extend(got or [])
+                before, t0 = loopback_bytes(), time.monotonic()
+                try:
+                    got = cases[m].ask(max(case_timeout, 10 * first[m] * (iters + 1)), iters)
+                except CaseFailed as e:
+                    fail(m, e)
+                    continue
                 after = loopback_bytes()
+                for rank in range(WORLD):
+                    times[m][rank].extend(got[rank])
                 if before is not None and after is not None:  # + 1: the warm-up step
                     sent[m].append((after - before) / (iters + 1) / WORLD)
-        for m in methods:
-            for proc, conn in pairs[m]:
-                if m not in failed:
-                    conn.send(None)
-        for m in methods:
-            for proc, _ in pairs[m]:
-                proc.join(timeout=30)
+                slower = max(statistics.median(t) for t in got)
+                progress(f"({key}) round {r + 1}/{rounds} {m}: {iters} steps, median {slower * 1e3:.1f} ms "
+                         f"({time.monotonic() - t0:.1f} s)")
+        for case in cases.values():
+            case.close()
         return times, sent, failed
     finally:
-        for pair in pairs.values():
-            for proc, _ in pair:
-                if proc.is_alive():
-                    proc.kill()
+        for case in cases.values():
+            case.kill()
 
 
 GO_DIR = os.path.join(ROOT, "bench", "reducer_go")
@@ -258,7 +246,10 @@ def run_go(threads, rounds, iters):
         return "not measured: go build failed: " + (build.stderr.strip().splitlines() or ["?"])[-1]
     with tempfile.TemporaryDirectory() as tmp:
         prefix = os.path.join(tmp, "go")
-        launch([GO_BIN, prefix, str(rounds), str(iters), str(threads)], WORLD, 600)
+        try:
+            launch([GO_BIN, prefix, str(rounds), str(iters), str(threads)], WORLD, 600)
+        except SystemExit as e:  # launch's one way to fail (ranks died or timed out)
+            return "failed: " + str(e).strip().splitlines()[0]
         out = []
         for r in range(WORLD):
             with open(f"{prefix}-{r}.json") as f:
@@ -267,7 +258,7 @@ def run_go(threads, rounds, iters):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / ranks)")
     ap.add_argument("--models", default=",".join(MODELS), help="which models, e.g. 'b' (default a,b)")
@@ -275,6 +266,9 @@ def main():
     ap.add_argument("--iters", type=int, default=0, help="timed steps per method per round (default a:10, b:5)")
     ap.add_argument("--no-go", action="store_true", help="skip the Go rows")
     ap.add_argument("--no-hooks", action="store_true", help="skip the fp16 and PowerSGD hook rows")
+    ap.add_argument("--case-timeout", type=float, default=30,
+                    help="seconds a method's pair may take for one round before its row is recorded "
+                         "as failed and its ranks killed (at least 10x its first step; default 30)")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     threads = args.threads or max(1, cores // WORLD)
@@ -287,12 +281,13 @@ def main():
         iters = {k: args.iters for k in iters}
 
     start = time.time()
-    deadline = time.monotonic() + 900
     results, sent, failures = {}, {}, {}
     methods = METHODS + ([] if args.no_hooks else HOOK_METHODS)
     for key in models:
-        print(f"model ({key}): {len(methods)} methods, each in its own pair of ranks, taking turns...", flush=True)
-        results[key], sent[key], failures[key] = run_methods(key, threads, rounds, iters[key], deadline, methods)
+        print(f"model ({key}): {len(methods)} methods, each in its own pair of ranks, taking turns "
+              "(progress on stderr)...", flush=True)
+        results[key], sent[key], failures[key] = run_methods(key, threads, rounds, iters[key], methods,
+                                                             args.case_timeout)
 
     go_results = None
     if "a" in models and not args.no_go:
@@ -311,25 +306,29 @@ def main():
         cfg = MODELS[key]
         ok = [m for m in methods if m not in failures[key]]
         med = {m: max(statistics.median(results[key][m][r]) for r in range(WORLD)) for m in ok}
-        ddp = med["torch_ddp"]
+        ddp = med.get("torch_ddp")
         rows = {m: {"step_ms": None, "failed": failures[key][m]} for m in methods if m not in ok}
+        ratio = lambda a, b: None if a is None or b is None else round(a / b, 3)  # noqa: E731
         for m in ok:  # a hook row is compared with torch DDP running the same hook (or plain DDP)
             who, hook = split_method(m)
-            base = med.get(f"torch_ddp_{hook}", ddp) if who == "pybridge" and hook else ddp
+            base = med.get(f"torch_ddp_{hook}") if who == "pybridge" and hook else ddp
             mib = statistics.median(sent[key][m]) / 2**20 if sent[key][m] else None
-            rows[m] = {"step_ms": round(med[m] * 1e3, 3), "vs_torch_ddp": round(med[m] / base, 3),
-                       "naive_over_this": round(med["naive"] / med[m], 3),
+            rows[m] = {"step_ms": round(med[m] * 1e3, 3), "vs_torch_ddp": ratio(med[m], base),
+                       "naive_over_this": ratio(med.get("naive"), med[m]),
                        "sent_mib_per_rank_step": None if mib is None else round(mib, 3)}
-        lines = [[LABELS[m], "failed", rows[m]["failed"], "", ""] if m not in ok else
-                 [LABELS[m], f"{rows[m]['step_ms']:.2f}", f"{rows[m]['vs_torch_ddp']:.2f}x",
-                  f"{rows[m]['naive_over_this']:.2f}x",
-                  "" if rows[m]["sent_mib_per_rank_step"] is None else f"{rows[m]['sent_mib_per_rank_step']:.2f}"]
+        fmt = lambda v, f: "" if v is None else f.format(v)  # noqa: E731
+        lines = [[LABELS[m], "failed", "", "", ""] if m not in ok else
+                 [LABELS[m], f"{rows[m]['step_ms']:.2f}", fmt(rows[m]["vs_torch_ddp"], "{:.2f}x"),
+                  fmt(rows[m]["naive_over_this"], "{:.2f}x"), fmt(rows[m]["sent_mib_per_rank_step"], "{:.2f}")]
                  for m in methods]
         if key == "a" and go_results is not None:
             add_go_rows(go_results, med, rows, lines)
         report["models"][key] = {"desc": cfg["desc"], "batch_per_rank": cfg["batch"], "rows": rows}
         print(f"\n({key}) {cfg['desc']}, batch {cfg['batch']} per rank\n")
         print(table(["method", "step ms", "vs torch DDP", "naive / this", "MiB sent/rank/step"], lines))
+        for m in methods:
+            if m not in ok:
+                print(f"failed: {LABELS[m]}: {rows[m]['failed']}")
     print("\nvs torch DDP: step time / DDP's, with the same hook for hook rows (< 1 is faster); naive / "
           "this: how many times faster than the per-parameter loop; MiB sent: loopback bytes during the "
           "timed steps / steps / ranks (TCP overhead included)")
@@ -337,9 +336,9 @@ def main():
         print("Go rows: forward and backward are plain scalar Go loops (no BLAS, no SIMD), so the Go "
               "step time mostly measures Go's matmul against torch's; 'exposed sync' is the time "
               "left in Wait after backward, 'sync only' marks all 100 gradients and waits, no compute.")
-    # A partial run (--models, --no-go) must not overwrite the full results.
+    # A partial run (--models, --no-go) or a smoke run (--quick) must not overwrite the full results.
     partial = models != list(MODELS) or go_results is None or args.no_hooks
-    path = save("reducer" + ("-" + "".join(models) if partial else ""), report)
+    path = save("reducer" + ("-" + "".join(models) if partial else "") + ("-quick" if args.quick else ""), report)
     print(f"wrote {os.path.relpath(path)} in {time.time() - start:.0f} s")
 
 
@@ -350,16 +349,18 @@ def add_go_rows(go_results, med, rows, lines):
         return
     gmed = {k: max(statistics.median(go_results[r][k]) for r in range(WORLD))
             for k in ("step", "wait", "sync_only")}
-    ddp, naive = med["torch_ddp"], med["naive"]
+    ddp, naive = med.get("torch_ddp"), med.get("naive")  # None: that row failed
+    vs = None if ddp is None else gmed["step"] / ddp
+    naive_over = None if naive is None else naive / gmed["step"]
     rows["go_reducer"] = {
-        "step_ms": round(gmed["step"] * 1e3, 3), "vs_torch_ddp": round(gmed["step"] / ddp, 3),
-        "naive_over_this": round(naive / gmed["step"], 3),
+        "step_ms": round(gmed["step"] * 1e3, 3), "vs_torch_ddp": None if vs is None else round(vs, 3),
+        "naive_over_this": None if naive_over is None else round(naive_over, 3),
         "exposed_sync_wait_ms": round(gmed["wait"] * 1e3, 3),
         "sync_only_ms": round(gmed["sync_only"] * 1e3, 3),
         "note": "forward/backward in plain scalar Go loops; the reducer marks each layer's "
                 "gradients ready as backward produces them"}
     lines.append(["Go reducer (C ABI), plain-Go fwd+bwd", f"{gmed['step'] * 1e3:.2f}",
-                  f"{gmed['step'] / ddp:.2f}x", f"{naive / gmed['step']:.2f}x", ""])
+                  "" if vs is None else f"{vs:.2f}x", "" if naive_over is None else f"{naive_over:.2f}x", ""])
     lines.append(["  of which exposed sync (Wait after backward)", f"{gmed['wait'] * 1e3:.2f}", "", "", ""])
     lines.append(["Go reducer, sync only (mark 100 grads + Wait)", f"{gmed['sync_only'] * 1e3:.2f}", "", "", ""])
 
