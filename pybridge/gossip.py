@@ -25,7 +25,7 @@ import threading
 
 import torch
 
-from . import collectives
+from . import collectives, comm_hooks
 from . import group as _group
 from .errors import InvalidArgument
 from .gossip_schedule import check_topology, peers
@@ -146,6 +146,11 @@ def gossip_hook(state, bucket):
     fut = torch.futures.Future()
     state._jobs.put((fut, work))
     return fut
+
+
+# Its collectives run on the state's own thread in the order the hook is called (bucket
+# order), so the next bucket need not wait for this one's future.
+comm_hooks.declare_eager(gossip_hook)
 
 
 def average_parameters(params, *, group=None):

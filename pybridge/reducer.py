@@ -376,6 +376,7 @@ class Reducer:
     def _use_hook(self, state, hook):
         self._hook_state, self._hook = state, hook
         self._builtin = comm_hooks.prescales(hook)
+        self._eager = comm_hooks.is_eager(hook)
         # pybridge's summing hooks let the 1/size of 'avg' be folded into the gradient copy
         # (set_grad); any other hook gets the plain local gradients and averages itself.
         self._scale = 1.0 / self._world if self._builtin and self.op == AVG and self._world > 1 else None
@@ -559,14 +560,15 @@ class Reducer:
             params = None if self._params is None else [self._params[i] for i in bucket.members]
             grad_bucket = comm_hooks.GradBucket(bucket.index, bucket.flat, views, params,
                                                 bucket.index == self._last, scale)
-            prev = self._works[-1][1] if self._works and not self._builtin else None
+            prev = self._works[-1][1] if self._works and not self._eager else None
             if prev is not None and not prev.done():
                 # A hook may issue further collectives from its future's callbacks (PowerSGD
                 # does, on the backend's thread). Started while those are still to come, the
                 # next bucket's collectives could go out in another order on another rank
                 # (seen: gloo aborting on a size mismatch, under torch DDP as well). So the
                 # next hook starts when the previous future is done, from its callback:
-                # the same order everywhere, and backward is not held up.
+                # the same order everywhere, and backward is not held up. Hooks declared
+                # eager (comm_hooks.declare_eager) start at once.
                 fut = self._after(prev, bucket, grad_bucket)
             else:
                 try:

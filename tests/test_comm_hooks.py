@@ -150,3 +150,45 @@ def test_builtin_codes_are_checked():
     for kw in (dict(code=99), dict(code=comm_hooks.HOOK_POWERSGD, rank=0)):
         with pytest.raises(InvalidArgument):
             comm_hooks.builtin(kw.pop("code"), None, **kw)
+
+
+def hook_start_order(rank, world):
+    """Buckets 0..2 whose hooks return futures completed only by hand: which hooks have
+    started once every gradient is marked, before any future is done?"""
+    import pybridge
+    from pybridge.comm_hooks import declare_eager
+    pybridge.init(backend="gloo", timeout=30)
+    started = {}
+    for kind in ("default", "eager"):
+        calls, futs = [], []
+
+        def held(state, bucket, calls=calls, futs=futs):
+            calls.append(bucket.index())
+            fut = torch.futures.Future()
+            futs.append((fut, bucket.buffer()))
+            return fut
+        if kind == "eager":
+            declare_eager(held)
+        red = pybridge.Reducer([(1024, "float32")] * 3, bucket_cap_mb=0.001, first_bucket_cap_mb=0.001,
+                               rebuild=False)
+        red.register_comm_hook(None, held)
+        assert red.num_buckets == 3, red.num_buckets
+        for i in (2, 1, 0):  # backward order: the last parameters' bucket fills first
+            red.grad(i).fill_(1.0)
+            red.mark_ready(i)
+        started[kind] = list(calls)
+        while len(futs) < 3 or not all(f.done() for f, _ in futs):  # complete what has started
+            for f, buf in futs:
+                if not f.done():
+                    f.set_result(buf)
+        red.finalize()
+        started[kind + " after"] = list(calls)
+        red.close()
+    pybridge.finalize()
+    return started
+
+
+def test_hooks_wait_for_the_previous_bucket_unless_declared_eager():
+    started = run_ranks(hook_start_order, 1, timeout=60)[0]
+    assert started["default"] == [0] and started["default after"] == [0, 1, 2], started
+    assert started["eager"] == [0, 1, 2] and started["eager after"] == [0, 1, 2], started
