@@ -382,9 +382,9 @@ typedef struct pb_reducer pb_reducer; /* buckets, views and in-flight allreduces
 /* Create a reducer over `nparams` gradients: gradient i has counts[i] elements of
  * floating-point type dtypes[i] (PB_FLOAT32, PB_FLOAT64, PB_FLOAT16 or PB_BFLOAT16).
  * The buckets live on the group's device (pb_device: host memory under gloo).
- *   bucket_cap_mb  bytes per bucket, in MiB; <= 0 means 25. The first bucket is
- *                  capped at the smaller of 1 MiB and bucket_cap_mb so that the first
- *                  allreduce starts early.
+ *   bucket_cap_mb  bytes per bucket, in MiB; <= 0 means 25 with a first bucket of
+ *                  1 MiB, so that the first allreduce starts early. A cap given here
+ *                  applies to the first bucket too (torch DDP's rule).
  *   op             PB_AVG (divide the sum by the world size) or PB_SUM.
  *   compression    PB_COMPRESS_NONE, PB_COMPRESS_FP16 or PB_COMPRESS_BF16.
  *   flags          0 or PB_REDUCER_* flags.

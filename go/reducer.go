@@ -90,8 +90,9 @@ type reducerConfig struct {
 // ReducerOption configures NewReducer.
 type ReducerOption func(*reducerConfig)
 
-// WithBucketCapMB sets the bucket size in MiB (default 25). The first bucket is
-// capped at the smaller of 1 MiB and this, so the first allreduce starts early.
+// WithBucketCapMB sets the bucket size in MiB, the first bucket's too (torch DDP's
+// rule). Without it buckets hold 25 MiB and the first 1 MiB, so that the first
+// allreduce starts early.
 func WithBucketCapMB(mb float64) ReducerOption { return func(c *reducerConfig) { c.capMB = mb } }
 
 // WithReduceOp chooses Avg (the default: gradients are averaged over ranks) or Sum.

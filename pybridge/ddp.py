@@ -17,8 +17,7 @@ import torch
 from . import collectives
 from . import group as _group
 from .errors import Closed
-from .reducer import (DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_CAP_MB, Reducer,
-                      broadcast_parameters)
+from .reducer import Reducer, broadcast_parameters
 
 _engine = torch.autograd.Variable._execution_engine
 _KEEP_GRAD_BYTES = 1 << 20  # see _spare in DistributedDataParallel.__init__
@@ -34,13 +33,14 @@ class DistributedDataParallel(torch.nn.Module):
     that will be followed by a synchronized backward), `find_unused_parameters` (parameters
     that get no gradient in an iteration count as zero; those unused on every rank keep
     .grad None, as with torch DDP), `op` ('avg' or 'sum'), `compression` (None, 'fp16',
-    'bf16': float32 buckets travel compressed), `bucket_cap_mb`, `first_bucket_cap_mb`,
-    `rebuild_buckets` (reorder buckets after the first iteration by when gradients become
+    'bf16': float32 buckets travel compressed), `bucket_cap_mb` (default 25),
+    `first_bucket_cap_mb` (default 1 with the default bucket cap, else the bucket cap, as in
+    torch DDP; see reducer.bucket_caps), `rebuild_buckets` (reorder buckets after the first iteration by when gradients become
     ready), `init_sync` (broadcast parameters and buffers from rank 0 at construction).
     """
 
-    def __init__(self, module, *, group=None, bucket_cap_mb=DEFAULT_BUCKET_CAP_MB,
-                 first_bucket_cap_mb=DEFAULT_FIRST_BUCKET_CAP_MB, broadcast_buffers=True,
+    def __init__(self, module, *, group=None, bucket_cap_mb=None, first_bucket_cap_mb=None,
+                 broadcast_buffers=True,
                  find_unused_parameters=False, op="avg", compression=None,
                  rebuild_buckets=True, init_sync=True):
         super().__init__()

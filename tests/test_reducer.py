@@ -273,6 +273,14 @@ def test_bucket_assignment_caps_and_order():
     assert [len(b) for b in got] == [16, 84]
 
 
+def test_bucket_caps_follow_torch_ddp():
+    from pybridge.reducer import bucket_caps
+    assert bucket_caps() == (25.0, 1.0)              # defaults: a small first bucket
+    assert bucket_caps(25) == (25, 25)               # a cap the caller chose: the first bucket too
+    assert bucket_caps(4, 0.5) == (4, 0.5)           # unless that is given as well
+    assert bucket_caps(None, 2) == (25.0, 2)
+
+
 def test_bucket_assignment_separates_dtypes_and_sorts_by_order():
     ps = specs((10, "float32"), (10, "float16"), (10, "float32"), (10, "bfloat16"), (10, "float16"))
     got = assign_buckets(ps, [4, 3, 2, 1, 0], MiB, MiB)

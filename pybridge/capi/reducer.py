@@ -62,10 +62,8 @@ def pb_reducer_new(group, nparams, counts, dtype_codes, bucket_cap_mb, op, compr
         if n < 0:
             raise InvalidArgument(f"counts[{i}] is negative ({n})")
         specs.append((n, int(dtype_codes[i])))
-    cap = _reducer.DEFAULT_BUCKET_CAP_MB if bucket_cap_mb <= 0 else bucket_cap_mb  # NaN is checked there
-    r = _reducer.Reducer(specs, group=g, bucket_cap_mb=cap,
-                         first_bucket_cap_mb=min(cap, _reducer.DEFAULT_FIRST_BUCKET_CAP_MB),
-                         op=op, compression=compression, rebuild=not flags & NO_REBUILD,
+    cap = None if bucket_cap_mb <= 0 else bucket_cap_mb  # <= 0: the default; NaN is checked there
+    r = _reducer.Reducer(specs, group=g, bucket_cap_mb=cap, op=op, compression=compression, rebuild=not flags & NO_REBUILD,
                          allow_unused=bool(flags & ALLOW_UNUSED))
     handles.add(CReducer(r), "pb_reducer *", out)
 
