@@ -179,5 +179,5 @@ def builtin(code, group, *, rank=1, warm_start=True, start_iter=2, seed=0):
                           "PB_HOOK_BF16 or PB_HOOK_POWERSGD")
 
 
-__all__ = ["GradBucket", "HookContext", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "declare_eager",
-           "powersgd_state", "powersgd_hook", "builtin"]
+__all__ = ["GradBucket", "HookContext", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
+           "declare_eager", "powersgd_state", "powersgd_hook", "builtin"]

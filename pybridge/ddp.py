@@ -35,8 +35,9 @@ class DistributedDataParallel(torch.nn.Module):
     .grad None, as with torch DDP), `op` ('avg' or 'sum'), `compression` (None, 'fp16',
     'bf16': float32 buckets travel compressed), `bucket_cap_mb` (default 25),
     `first_bucket_cap_mb` (default 1 with the default bucket cap, else the bucket cap, as in
-    torch DDP; see reducer.bucket_caps), `rebuild_buckets` (reorder buckets after the first iteration by when gradients become
-    ready), `init_sync` (broadcast parameters and buffers from rank 0 at construction).
+    torch DDP; see reducer.bucket_caps), `rebuild_buckets` (reorder buckets after the first
+    iteration by when gradients become ready), `init_sync` (broadcast parameters and buffers
+    from rank 0 at construction).
     """
 
     def __init__(self, module, *, group=None, bucket_cap_mb=None, first_bucket_cap_mb=None,

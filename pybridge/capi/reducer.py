@@ -63,8 +63,8 @@ def pb_reducer_new(group, nparams, counts, dtype_codes, bucket_cap_mb, op, compr
             raise InvalidArgument(f"counts[{i}] is negative ({n})")
         specs.append((n, int(dtype_codes[i])))
     cap = None if bucket_cap_mb <= 0 else bucket_cap_mb  # <= 0: the default; NaN is checked there
-    r = _reducer.Reducer(specs, group=g, bucket_cap_mb=cap, op=op, compression=compression, rebuild=not flags & NO_REBUILD,
-                         allow_unused=bool(flags & ALLOW_UNUSED))
+    r = _reducer.Reducer(specs, group=g, bucket_cap_mb=cap, op=op, compression=compression,
+                         rebuild=not flags & NO_REBUILD, allow_unused=bool(flags & ALLOW_UNUSED))
     handles.add(CReducer(r), "pb_reducer *", out)
 
 
