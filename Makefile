@@ -18,9 +18,14 @@ export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 DEPS_STAMP := $(BUILD)/.deps-$(notdir $(PYTHON))
+
+# cgo flags for Go code that links the torch wheel's libtorch (examples/gotorch): expanded
+# when a recipe runs, after setup installed torch.
+TORCH_CGO = CGO_CXXFLAGS="$(shell $(PYTHON) -c 'from torch.utils import cpp_extension as c; print(" ".join("-I" + p for p in c.include_paths()))')" \
+	CGO_LDFLAGS="$(shell $(PYTHON) -c 'from torch.utils import cpp_extension as c; print(" ".join("-L%s -Wl,-rpath,%s" % (p, p) for p in c.library_paths()))')"
 LIB := $(BUILD)/libpybridge.so
 
-.PHONY: setup test test-python test-go demo demo-real demo-collectives bench clean
+.PHONY: setup test test-python test-go demo demo-real demo-gotorch demo-collectives bench clean
 
 setup: $(LIB)
 
@@ -45,12 +50,13 @@ test-python: setup
 	$(PYTHON) -m ruff check pybridge tests bench examples capi
 	$(PYTHON) -m pytest -q
 
-GO_MODULES := go examples/mnist bench/collectives_go $(wildcard bench/*_go)
+GO_MODULES := go examples/mnist examples/gotorch bench/collectives_go $(wildcard bench/*_go)
 test-go: setup
-	@for m in $(sort $(GO_MODULES)); do echo "== $$m"; (cd $$m && $(GO) vet ./...) || exit 1; done
+	@for m in $(sort $(GO_MODULES)); do echo "== $$m"; (cd $$m && $(TORCH_CGO) $(GO) vet ./...) || exit 1; done
 	@out=$$($$($(GO) env GOROOT)/bin/gofmt -l $(sort $(GO_MODULES))); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
 	cd go && $(GO) test -count=1 -timeout 300s ./...
 	cd examples/mnist && $(GO) test -count=1 -timeout 120s ./...
+	cd examples/gotorch && $(TORCH_CGO) $(GO) test -count=1 -timeout 120s ./...
 
 # The main job: MNIST shards (synthetic digits, or the real set with MNIST_DIR=folder of
 # IDX files), the Go trainer, and NPROC ranks of it under pybridge-launch.
@@ -63,6 +69,12 @@ demo: setup
 	$(PYTHON) examples/mnist/prepare.py --out $(DEMO_DATA) $(PREPARE_ARGS)
 	cd examples/mnist && $(GO) build -o $(BUILD)/mnist .
 	$(PYTHON) -m pybridge.launch --nproc-per-node $(NPROC) $(BUILD)/mnist --data $(DEMO_DATA) --epochs $(EPOCHS) --batch-size $(BATCH)
+
+# The GoTorch-style trainer: the same MLP, its model in libtorch (examples/gotorch).
+demo-gotorch: setup
+	$(PYTHON) examples/mnist/prepare.py --out $(DEMO_DATA) $(PREPARE_ARGS)
+	cd examples/gotorch && $(TORCH_CGO) $(GO) build -o $(BUILD)/gotorch .
+	$(PYTHON) -m pybridge.launch --nproc-per-node $(NPROC) $(BUILD)/gotorch --data $(DEMO_DATA) --epochs $(EPOCHS) --batch-size $(BATCH)
 
 demo-real:
 	$(MAKE) demo PREPARE_ARGS="--download --mnist-dir $(BUILD)/mnist-raw"
