@@ -85,6 +85,27 @@ typedef struct pb_group pb_group;   /* the process group */
 typedef struct pb_buffer pb_buffer; /* library-owned memory for asynchronous calls */
 typedef struct pb_work pb_work;     /* an asynchronous operation in flight */
 
+/* ---- DLPack: tensors of other frameworks ------------------------------------ */
+/* DLPack (dlpack.h) is the tensor exchange standard of torch, JAX/XLA, CuPy and TVM.
+ * Include dlpack.h before this header, or pass the pointer as you have it. */
+struct DLManagedTensor;
+struct DLManagedTensorVersioned;
+
+/* Describe a DLPack tensor as a pb_tensor in *out, without copying: out->data points at
+ * the tensor's memory (its data plus byte_offset), out->count is the product of its
+ * shape. Ownership stays with the caller, who keeps the DLManagedTensor alive while the
+ * descriptor is used and calls its deleter afterwards; nothing here calls the deleter.
+ * Supported: dtypes float32/64, float16, bfloat16, int8, uint8, int32, int64 (lanes 1);
+ * devices kDLCPU and kDLCUDAHost (PB_CPU) and kDLCUDA (its device_id); strides NULL or
+ * those of one compact row-major block.
+ * Errors: PB_ERR_INVALID_ARGUMENT naming what is unsupported: a NULL pointer, the dtype,
+ * the device (or a CUDA device this process does not have), non-contiguous strides. */
+int pb_tensor_from_dlpack(const struct DLManagedTensor *src, pb_tensor *out);
+
+/* The same for DLPack 1.0's versioned tensor. Also refused: another major version, and
+ * a tensor flagged DLPACK_FLAG_BITMASK_READ_ONLY (collectives write in place). */
+int pb_tensor_from_dlpack_versioned(const struct DLManagedTensorVersioned *src, pb_tensor *out);
+
 /* ---- Errors and version (pure C: usable before and without the Python core) ---- */
 
 /* The message of the last failed call on the calling thread, or "" if none.
