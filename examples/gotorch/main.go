@@ -41,7 +41,9 @@ type options struct {
 	epochs, batchSize, steps  int
 	lr, momentum              float64
 	seed                      int64
-	checkInPlace              bool
+	bucketCapMB               float64
+	checkInPlace, noOverlap   bool
+	timing                    bool
 }
 
 func parseFlags(args []string) (options, error) {
@@ -55,6 +57,9 @@ func parseFlags(args []string) (options, error) {
 	fs.Int64Var(&o.seed, "seed", 1, "initial parameters (torch.manual_seed) and data order")
 	fs.IntVar(&o.steps, "steps", -1, "stop after this many global steps in all (-1: no limit)")
 	fs.StringVar(&o.saveWeights, "save-weights", "", "rank 0 writes the final parameters and momentum here (mnist_format.py)")
+	fs.Float64Var(&o.bucketCapMB, "bucket-cap-mb", 0, "reducer bucket size in MiB (0: 25, the first bucket 1, as torch DDP)")
+	fs.BoolVar(&o.noOverlap, "no-overlap", false, "mark gradients ready after backward instead of from autograd hooks (to measure the overlap)")
+	fs.BoolVar(&o.timing, "timing", false, "rank 0 prints the median forward+backward, wait and step times at the end")
 	fs.BoolVar(&o.checkInPlace, "check-in-place", false, "after every step, fail unless each gradient libtorch holds is still its bucket's memory")
 	fs.StringVar(&o.device, "device", "cpu", "cpu (gloo); cuda needs tensors the Go package cannot take yet")
 	if err := fs.Parse(args); err != nil {
@@ -62,6 +67,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.epochs < 1 || o.batchSize < 1 {
 		return o, errors.New("--epochs and --batch-size must be positive")
+	}
+	if o.bucketCapMB < 0 {
+		return o, errors.New("--bucket-cap-mb must be >= 0")
 	}
 	if o.device != "cpu" {
 		return o, fmt.Errorf("--device %q: only cpu runs today (device tensors need pybridge's tensor API)", o.device)
@@ -85,13 +93,15 @@ func main() {
 
 // trainer holds one rank's state.
 type trainer struct {
-	g       *pybridge.Group
-	model   *Model
-	reducer *pybridge.Reducer
-	gen     int64 // the reducer generation the gradient views belong to
-	check   bool  // verify after every step that the gradients are the buckets' memory
-	pixels  []byte
-	labels  []byte
+	g                     *pybridge.Group
+	model                 *Model
+	reducer               *pybridge.Reducer
+	gen                   int64           // the reducer generation the gradient views belong to
+	check                 bool            // verify after every step that the gradients are the buckets' memory
+	overlap               bool            // gradients marked ready from autograd hooks (else all after backward)
+	backward, wait, total []time.Duration // per step, with --timing
+	pixels                []byte
+	labels                []byte
 }
 
 func run(opts options) error {
@@ -117,7 +127,7 @@ func run(opts options) error {
 		return err
 	}
 	defer model.Close()
-	t := &trainer{g: g, model: model, gen: -1, check: opts.checkInPlace}
+	t := &trainer{g: g, model: model, gen: -1, check: opts.checkInPlace, overlap: !opts.noOverlap}
 	params := make([][]float32, model.NumParams())
 	lens := make([]int, len(params))
 	for i := range params {
@@ -130,12 +140,18 @@ func run(opts options) error {
 	if err := pybridge.BroadcastParams(g, params, 0); err != nil {
 		return err
 	}
-	if t.reducer, err = pybridge.NewReducer(g, pybridge.Params[float32](lens...)); err != nil {
+	var reduceOpts []pybridge.ReducerOption
+	if opts.bucketCapMB > 0 {
+		reduceOpts = append(reduceOpts, pybridge.WithBucketCapMB(opts.bucketCapMB))
+	}
+	if t.reducer, err = pybridge.NewReducer(g, pybridge.Params[float32](lens...), reduceOpts...); err != nil {
 		return err
 	}
 	defer t.reducer.Close()
-	model.OnGradReady(t.reducer.MarkReady)
-	defer model.OnGradReady(nil)
+	if t.overlap {
+		model.OnGradReady(t.reducer.MarkReady)
+		defer model.OnGradReady(nil)
+	}
 
 	trainFiles, err := shards(opts.data, "train-*.recordio")
 	if err != nil {
@@ -205,6 +221,10 @@ func run(opts options) error {
 		say("epoch %d/%d  loss %.4f  test-acc %.4f  samples/s %.0f  (rank %d of %d)", epoch, opts.epochs,
 			loss, acc, rate, rank, world)
 	}
+	if opts.timing {
+		say("timing: forward+backward %.3f ms  wait %.3f ms  step %.3f ms  (medians of %d steps, rank 0)",
+			median(t.backward), median(t.wait), median(t.total), len(t.total))
+	}
 	if rank == 0 && opts.saveWeights != "" {
 		if err := t.saveWeights(opts.saveWeights, epoch, step); err != nil {
 			return err
@@ -238,6 +258,7 @@ func (t *trainer) bindGrads() error {
 // bucket and marked ready by the autograd hook), waits for the averaged
 // gradients and steps SGD on them. It returns the local mean loss.
 func (t *trainer) step(b *pybridge.Batch, lr, momentum float32) (float32, error) {
+	start := time.Now()
 	if err := t.decode(b.Records()); err != nil {
 		return 0, err
 	}
@@ -251,9 +272,20 @@ func (t *trainer) step(b *pybridge.Batch, lr, momentum float32) (float32, error)
 	if err != nil {
 		return 0, err
 	}
+	backward := time.Now()
+	if !t.overlap { // all at once, last layer first, as backward would have produced them
+		for i := t.model.NumParams() - 1; i >= 0; i-- {
+			if err := t.reducer.MarkReady(i); err != nil {
+				return 0, err
+			}
+		}
+	}
 	if err := t.reducer.Wait(0); err != nil {
 		return 0, err
 	}
+	t.backward = append(t.backward, backward.Sub(start))
+	t.wait = append(t.wait, time.Since(backward))
+	defer func() { t.total = append(t.total, time.Since(start)) }()
 	if err := t.bindGrads(); err != nil { // Wait may have rebuilt the buckets (values carried over)
 		return 0, err
 	}
@@ -323,6 +355,16 @@ func (t *trainer) evaluate(test *pybridge.Loader) (correct, counted int, err err
 		counted += len(recs)
 	}
 	return correct, counted, test.Err()
+}
+
+// median in milliseconds (0 for no samples).
+func median(ds []time.Duration) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return float64(s[len(s)/2].Microseconds()) / 1000
 }
 
 func shards(folder, pattern string) ([]string, error) {
