@@ -9,9 +9,11 @@
  *
  *  Status.    Every function returns an int status: PB_OK (0) or a negative
  *             PB_ERR_* code. After a failure, pb_last_error() returns a message
- *             saying what was wrong. Nothing here aborts, raises or longjmps:
- *             NULL pointers, bad counts, unknown codes, stale handles and calls
- *             out of order all return an error status.
+ *             saying what was wrong. The message is the calling thread's, not the
+ *             handle's: read it on the thread that got the status, before that
+ *             thread's next call (docs/c-api.md says why). Nothing here aborts,
+ *             raises or longjmps: NULL pointers, bad counts, unknown codes, stale
+ *             handles and calls out of order all return an error status.
  *
  *  Memory.    Synchronous calls read and write the caller's memory, described by
  *             a pb_tensor, only while the call runs; they do not copy it (CPU data
@@ -19,9 +21,11 @@
  *             objects, whose memory the library owns, so no caller pointer is
  *             kept after a call returns (as cgo's pointer rules require).
  *
- *  Handles.   pb_group, pb_buffer and pb_work are opaque handles. A handle that
- *             was freed, closed, or never issued by this library is rejected with
- *             PB_ERR_INVALID_ARGUMENT or PB_ERR_CLOSED, never dereferenced.
+ *  Handles.   pb_group, pb_buffer, pb_work and the others are opaque handles. A
+ *             handle that was closed, or never issued by this library, is rejected
+ *             with PB_ERR_INVALID_ARGUMENT or PB_ERR_CLOSED, never dereferenced.
+ *             Every handle is released by its pb_X_close (the world group: by
+ *             pb_finalize); the older pb_X_free names are deprecated aliases.
  *
  *  Threads.   Every function may be called from any thread. Calls are serialized
  *             inside the library (the embedded interpreter's lock) but a blocking
@@ -173,7 +177,7 @@ int pb_local_rank(pb_group *group, int32_t *out);
 /* ---- Subgroups ------------------------------------------------------------------
  * A subgroup is a pb_group like the world: every function that takes a group takes a
  * subgroup, and ranks passed with it (roots, peers, member lists) are ranks WITHIN that
- * group, 0 .. size-1. Free subgroups with pb_group_free; pb_finalize on the world closes
+ * group, 0 .. size-1. Close subgroups with pb_group_close; pb_finalize on the world closes
  * them all (their handles then return PB_ERR_CLOSED). */
 
 /* MPI_Comm_split: COLLECTIVE over `parent`, every member calls it. Members passing the
@@ -196,8 +200,12 @@ int pb_group_nodes(pb_group *parent, int32_t ranks_per_node, pb_group **intra, p
 int pb_group_global_rank(pb_group *group, int32_t group_rank, int32_t *out);
 int pb_group_rank_of(pb_group *group, int32_t global_rank, int32_t *out);
 
-/* Free a subgroup (and its own subgroups); the handle is then unknown. The world group
- * is left with pb_finalize, not freed here (PB_ERR_INVALID_ARGUMENT). */
+/* Close a subgroup (and its own subgroups); the handle is then unknown. The world group
+ * is left with pb_finalize, not closed here (PB_ERR_INVALID_ARGUMENT). */
+int pb_group_close(pb_group *group);
+
+/* Deprecated: use pb_group_close (the same function, under the name every handle's
+ * destructor has: pb_X_close). */
 int pb_group_free(pb_group *group);
 
 /* The device this rank should compute on: its CUDA index under nccl, PB_CPU under gloo. */
@@ -237,12 +245,15 @@ int pb_recv(pb_group *group, const pb_tensor *t, int32_t src, int32_t tag);
 /* Allocate `count` zeroed elements of `dtype` on `device`; store the handle in *out. */
 int pb_buffer_new(int32_t dtype, int64_t count, int32_t device, pb_buffer **out);
 
-/* Describe the buffer's memory in *out. The pointer stays valid until pb_buffer_free;
+/* Describe the buffer's memory in *out. The pointer stays valid until pb_buffer_close;
  * the caller may read and write it, except while an operation on it is in flight. */
 int pb_buffer_tensor(pb_buffer *buffer, pb_tensor *out);
 
 /* Release the buffer. Memory still used by an operation in flight is released
  * when that operation finishes, but the caller must not touch it after this call. */
+int pb_buffer_close(pb_buffer *buffer);
+
+/* Deprecated: use pb_buffer_close (the same function). */
 int pb_buffer_free(pb_buffer *buffer);
 
 /* ---- Asynchronous operations (on library-owned buffers) ------------------------------ */
@@ -266,7 +277,10 @@ int pb_work_wait(pb_work *work, double timeout_seconds);
 /* Store 1 in *done if the operation has finished (and return its status), else 0. */
 int pb_work_test(pb_work *work, int32_t *done);
 
-/* Release the work handle. Freeing unfinished work does not cancel it. */
+/* Release the work handle. Closing unfinished work does not cancel it. */
+int pb_work_close(pb_work *work);
+
+/* Deprecated: use pb_work_close (the same function). */
 int pb_work_free(pb_work *work);
 
 /* ---- RecordIO loader ------------------------------------------------------------ */
@@ -641,7 +655,7 @@ int pb_fed_worker_new(pb_group *group, pb_fed_worker **out);
 
 /* Block until the server hands out a client. On PB_OK, *has_task is 1 and *task describes
  * it (fetch the model with pb_fed_worker_task_model), or *has_task is 0 once the server
- * has terminated the federation (the worker is then done: free it). Each task must be
+ * has terminated the federation (the worker is then done: close it). Each task must be
  * answered (pb_fed_worker_submit or pb_fed_worker_fail) before the next call.
  * Errors: PB_ERR_INVALID_ARGUMENT when the previous task is unanswered; PB_ERR_COMM when
  * the server's connection broke (it died: the message names rank 0); the call does not
@@ -666,6 +680,9 @@ int pb_fed_worker_fail(pb_fed_worker *worker, const char *message);
 
 /* Release the worker (leaving the federation early if the server has not terminated it:
  * the server then sees it as lost). The handle is then unknown. */
+int pb_fed_worker_close(pb_fed_worker *worker);
+
+/* Deprecated: use pb_fed_worker_close (the same function). */
 int pb_fed_worker_free(pb_fed_worker *worker);
 
 #ifdef __cplusplus

@@ -51,10 +51,13 @@ def pb_group_rank_of(group, global_rank, out):
     put(out, live_group(group).group_rank_of(global_rank))
 
 
-def pb_group_free(group):
+def pb_group_close(group):
     g = handles.get(group, _group.Group, "group")
     if g.parent is None:
-        raise InvalidArgument("the world group is left with pb_finalize, not freed with pb_group_free")
+        raise InvalidArgument("the world group is left with pb_finalize, not closed with pb_group_close")
     handles.remove(group, _group.Group, "group")
     if not g.closed:
         g.close()
+
+
+pb_group_free = pb_group_close  # deprecated name (pybridge.h), the same function
