@@ -36,12 +36,16 @@ $(DEPS_STAMP): pyproject.toml
 	$(PYTHON) -m pip install -q -e '.[dev]'
 	@touch $@
 
-# The header is the one source of every ABI constant: Python's copy is generated from it.
-ABI := pybridge/abi.py
-$(ABI): capi/pybridge.h capi/gen_abi.py
+# The header is the one source of the ABI: Python's constants (pybridge/abi.py) and Go's
+# trampolines (go/pbgo_gen.h) are generated from it, and committed; gen_abi.py rewrites
+# only a file that changed.
+GENERATED := $(BUILD)/.generated
+$(GENERATED): capi/pybridge.h capi/gen_abi.py pybridge/_capi_gen.py
+	@mkdir -p $(BUILD)
 	$(PYTHON) capi/gen_abi.py
+	@touch $@
 
-$(LIB): $(DEPS_STAMP) $(ABI) capi/pybridge.h capi/build.py pybridge/_capi_build.py
+$(LIB): $(DEPS_STAMP) $(GENERATED) capi/pybridge.h capi/build.py $(wildcard pybridge/_capi_*)
 	$(PYTHON) capi/build.py --out $(BUILD)
 
 test: test-python test-go

@@ -107,7 +107,7 @@ func AllReduce[T Numeric](g *Group, data []T, op Op) error {
 	}
 	p, n := dataOf(data)
 	var msg *C.char
-	return check(name, C.pbgo_all_reduce(h, p, n, dtypeOf[T](), C.int32_t(op), &msg), msg)
+	return check(name, C.pbgo_all_reduce_slice(h, p, n, dtypeOf[T](), C.int32_t(op), &msg), msg)
 }
 
 // Broadcast copies data from rank root into data on every rank, in place.
@@ -127,7 +127,7 @@ func Broadcast[T Numeric](g *Group, data []T, root int) error {
 	}
 	p, n := dataOf(data)
 	var msg *C.char
-	return check(name, C.pbgo_broadcast(h, p, n, dtypeOf[T](), r, &msg), msg)
+	return check(name, C.pbgo_broadcast_slice(h, p, n, dtypeOf[T](), r, &msg), msg)
 }
 
 // AllGather concatenates every rank's send slice, in rank order, into recv on
@@ -144,7 +144,7 @@ func AllGather[T Numeric](g *Group, send, recv []T) error {
 	ps, ns := dataOf(send)
 	pr, nr := dataOf(recv)
 	var msg *C.char
-	return check(name, C.pbgo_all_gather(h, ps, ns, pr, nr, dtypeOf[T](), &msg), msg)
+	return check(name, C.pbgo_all_gather_slice(h, ps, ns, pr, nr, dtypeOf[T](), &msg), msg)
 }
 
 // ReduceScatter reduces send (Size() blocks of len(recv) elements) over all
@@ -161,7 +161,7 @@ func ReduceScatter[T Numeric](g *Group, send, recv []T, op Op) error {
 	ps, ns := dataOf(send)
 	pr, nr := dataOf(recv)
 	var msg *C.char
-	return check(name, C.pbgo_reduce_scatter(h, ps, ns, pr, nr, dtypeOf[T](), C.int32_t(op), &msg), msg)
+	return check(name, C.pbgo_reduce_scatter_slice(h, ps, ns, pr, nr, dtypeOf[T](), C.int32_t(op), &msg), msg)
 }
 
 // Send sends data to rank dst and returns when it has been handed over. It
@@ -181,7 +181,7 @@ func Send[T Numeric](g *Group, data []T, dst, tag int) error {
 	}
 	p, n := dataOf(data)
 	var msg *C.char
-	return check(name, C.pbgo_send(h, p, n, dtypeOf[T](), d, tg, &msg), msg)
+	return check(name, C.pbgo_send_slice(h, p, n, dtypeOf[T](), d, tg, &msg), msg)
 }
 
 // Recv receives into data from rank src, matching its Send with the same tag.
@@ -200,7 +200,7 @@ func Recv[T Numeric](g *Group, data []T, src, tag int) error {
 	}
 	p, n := dataOf(data)
 	var msg *C.char
-	return check(name, C.pbgo_recv(h, p, n, dtypeOf[T](), s, tg, &msg), msg)
+	return check(name, C.pbgo_recv_slice(h, p, n, dtypeOf[T](), s, tg, &msg), msg)
 }
 
 // peerAndTag converts a point-to-point call's peer rank and tag for the C ABI.

@@ -8,7 +8,6 @@ import "C"
 import (
 	"runtime"
 	"strconv"
-	"sync"
 	"time"
 	"unsafe"
 )
@@ -135,8 +134,8 @@ func WithoutRebuild() ReducerOption {
 // iteration before Wait has returned, nor write a gradient between marking it
 // and Wait.
 type Reducer struct {
-	mu    sync.RWMutex
-	h     *C.pb_reducer
+	// Its mu also guards views and gen: calls hold it for reading, Wait and Close for writing.
+	cHandle[*C.pb_reducer]
 	specs []ParamSpec
 	views []unsafe.Pointer // library memory of each gradient, for the current generation
 	gen   int64
@@ -183,7 +182,8 @@ func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, 
 	if err := check(op, st, msg); err != nil {
 		return nil, err
 	}
-	r := &Reducer{h: h, specs: append([]ParamSpec(nil), params...), gen: -1}
+	r := &Reducer{specs: append([]ParamSpec(nil), params...), gen: -1}
+	r.h = h
 	if err := r.configure(op, c); err != nil {
 		C.pbgo_reducer_free(h, nil)
 		return nil, err
@@ -232,14 +232,9 @@ func (r *Reducer) refresh(op string) error {
 // RUnlock when it returns no error. A closed reducer's handle is never passed on.
 func (r *Reducer) rhandle(op string) (*C.pb_reducer, error) {
 	if r == nil {
-		return nil, newError(statusInvalidArgument, op, "nil *Reducer")
+		return nil, nilError(op, "Reducer")
 	}
-	r.mu.RLock()
-	if r.h == nil {
-		r.mu.RUnlock()
-		return nil, newError(statusClosed, op, "reducer is closed")
-	}
-	return r.h, nil
+	return r.acquireShared(op, "reducer is closed")
 }
 
 // NumParams returns the number of gradients.
@@ -318,20 +313,20 @@ func (r *Reducer) MarkReady(i int) error {
 func (r *Reducer) Wait(timeout time.Duration) error {
 	const op = "Reducer.Wait"
 	if r == nil {
-		return newError(statusInvalidArgument, op, "nil *Reducer")
+		return nilError(op, "Reducer")
 	}
-	r.mu.Lock()
+	h, err := r.acquire(op, "reducer is closed")
+	if err != nil {
+		return err
+	}
 	defer r.mu.Unlock()
-	if r.h == nil {
-		return newError(statusClosed, op, "reducer is closed")
-	}
 	secs := 0.0
 	if timeout > 0 {
 		secs = timeout.Seconds()
 	}
 	var gen C.int64_t
 	var msg *C.char
-	err := check(op, C.pbgo_reducer_wait(r.h, C.double(secs), &gen, &msg), msg)
+	err = check(op, C.pbgo_reducer_wait_generation(h, C.double(secs), &gen, &msg), msg)
 	if int64(gen) != r.gen {
 		if rerr := r.refresh(op); rerr != nil && err == nil {
 			err = rerr
@@ -357,17 +352,12 @@ func (r *Reducer) Zero() error {
 func (r *Reducer) Close() error {
 	const op = "Reducer.Close"
 	if r == nil {
-		return newError(statusInvalidArgument, op, "nil *Reducer")
+		return nilError(op, "Reducer")
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.h == nil {
-		return nil
-	}
-	h := r.h
-	r.h, r.views = nil, nil
-	var msg *C.char
-	return check(op, C.pbgo_reducer_free(h, &msg), msg)
+	return r.close(op, func(h *C.pb_reducer, msg **C.char) C.int {
+		r.views = nil
+		return C.pbgo_reducer_free(h, msg)
+	})
 }
 
 // BroadcastParams copies every slice of params from rank root to all ranks, in

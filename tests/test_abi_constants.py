@@ -1,5 +1,6 @@
-"""capi/pybridge.h is the one source of every ABI constant: pybridge/abi.py is generated from
-it and current, Python and Go take their codes from it, and no hand-written copy remains."""
+"""capi/pybridge.h is the one source of the ABI: pybridge/abi.py (constants) and go/pbgo_gen.h
+(Go's trampolines) are generated from it and current, Python and Go take their codes from it,
+and no hand-written copy remains."""
 
 import glob
 import os
@@ -36,6 +37,39 @@ def test_check_notices_a_changed_header(tmp_path, monkeypatch):
     stale.write_text(changed)
     monkeypatch.setattr(gen_abi, "HEADER", str(stale))
     assert gen_abi.main(["--check"]) == 1
+
+
+def test_check_notices_a_changed_prototype(tmp_path, monkeypatch, capsys):
+    changed = header().replace("int pb_barrier(pb_group *group);",
+                               "int pb_barrier(pb_group *group, int32_t tag);")
+    assert changed != header()
+    stale = tmp_path / "pybridge.h"
+    stale.write_text(changed)
+    monkeypatch.setattr(gen_abi, "HEADER", str(stale))
+    assert gen_abi.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert "go/pbgo_gen.h is out of date" in out and "pybridge/abi.py" not in out, out
+
+
+def test_go_trampolines_cover_every_function():
+    """One generated pbgo_NAME per int pb_NAME, each passing its arguments on in order; and
+    no hand-written header repeats that form (only helpers that do more stay by hand)."""
+    with open(gen_abi.GO_TARGET) as f:
+        generated = f.read()
+    assert "Do not edit" in generated.splitlines()[0]
+    protos = list(gen_abi._capi_gen.prototypes(header()))
+    assert len(protos) >= 70
+    found = re.findall(r"static inline int pbgo_(\w+)\(.*?return pbgo_status\(pb_(\w+)\(([^;]*?)\), msg\);",
+                       generated, re.S)
+    assert all(trampoline == called for trampoline, called, _ in found)
+    calls = {called: " ".join(args.split()) for _, called, args in found}
+    assert sorted(calls) == sorted(name[3:] for name, _ in protos)
+    for name, args in protos:
+        assert calls[name[3:]] == gen_abi._capi_gen.arg_names(args), name
+    one_call = re.compile(r"static inline int pbgo_\w+\([^)]*\)\s*\{\s*return pbgo_status\(pb_\w+\([^;]*\), msg\);\s*\}")
+    for path in glob.glob(os.path.join(ROOT, "go", "*.h")) + glob.glob(os.path.join(ROOT, "go", "*.go")):
+        if path != gen_abi.GO_TARGET:
+            assert not one_call.search(open(path).read()), f"{path}: a one-call trampoline written by hand"
 
 
 def test_python_codes_come_from_the_header():
