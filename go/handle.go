@@ -48,22 +48,20 @@ func (x *cHandle[P]) get(op, closedMsg string) (P, error) {
 
 // acquire returns the handle with mu held (the caller unlocks): the call cannot
 // overlap another one or Close.
-func (x *cHandle[P]) acquire(op, closedMsg string) (P, error) {
-	x.mu.Lock()
-	h, err := x.live(op, closedMsg)
-	if err != nil {
-		x.mu.Unlock()
-	}
-	return h, err
-}
+func (x *cHandle[P]) acquire(op, closedMsg string) (P, error) { return x.hold(&x.mu, op, closedMsg) }
 
 // acquireShared returns the handle with mu held for reading (the caller RUnlocks):
 // such calls may overlap each other, but not Close or an acquire.
 func (x *cHandle[P]) acquireShared(op, closedMsg string) (P, error) {
-	x.mu.RLock()
+	return x.hold(x.mu.RLocker(), op, closedMsg)
+}
+
+// hold takes l (mu or its read side) and keeps it when the handle is open.
+func (x *cHandle[P]) hold(l sync.Locker, op, closedMsg string) (P, error) {
+	l.Lock()
 	h, err := x.live(op, closedMsg)
 	if err != nil {
-		x.mu.RUnlock()
+		l.Unlock()
 	}
 	return h, err
 }
