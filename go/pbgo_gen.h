@@ -8,6 +8,16 @@
 #ifndef PBGO_GEN_H
 #define PBGO_GEN_H
 
+static inline int pbgo_tensor_from_dlpack(const struct DLManagedTensor *src, pb_tensor *out,
+                                          char **msg) {
+	return pbgo_status(pb_tensor_from_dlpack(src, out), msg);
+}
+
+static inline int pbgo_tensor_from_dlpack_versioned(const struct DLManagedTensorVersioned *src,
+                                                    pb_tensor *out, char **msg) {
+	return pbgo_status(pb_tensor_from_dlpack_versioned(src, out), msg);
+}
+
 static inline int pbgo_init(const char *init_method, const char *backend, int32_t rank,
                             int32_t world_size, int32_t local_rank, double timeout_seconds,
                             pb_group **out, char **msg) {
