@@ -221,6 +221,12 @@ static inline int pbgo_loader_close(pb_loader *loader, char **msg) {
 	return pbgo_status(pb_loader_close(loader), msg);
 }
 
+static inline int pbgo_reducer_create(pb_group *group, int32_t nparams, const int64_t *counts,
+                                      const int32_t *dtypes, const pb_reducer_options *options,
+                                      pb_reducer **out, char **msg) {
+	return pbgo_status(pb_reducer_create(group, nparams, counts, dtypes, options, out), msg);
+}
+
 static inline int pbgo_reducer_new(pb_group *group, int32_t nparams, const int64_t *counts,
                                    const int32_t *dtypes, double bucket_cap_mb, int32_t op,
                                    int32_t compression, int32_t flags, pb_reducer **out,
@@ -269,6 +275,10 @@ static inline int pbgo_reducer_set_shapes(pb_reducer *reducer, int32_t nparams,
 
 static inline int pbgo_reducer_zero(pb_reducer *reducer, char **msg) {
 	return pbgo_status(pb_reducer_zero(reducer), msg);
+}
+
+static inline int pbgo_reducer_close(pb_reducer *reducer, char **msg) {
+	return pbgo_status(pb_reducer_close(reducer), msg);
 }
 
 static inline int pbgo_reducer_free(pb_reducer *reducer, char **msg) {

@@ -6,7 +6,7 @@ False), no_sync accumulation) autograd accumulates straight into them. When .gra
 None, autograd hands over a fresh gradient; the hook copies it into the bucket with the
 averaging folded into that copy (one pass, like torch DDP) and points .grad at the view.
 A post-accumulate-grad hook marks the gradient ready; the first hook of a backward pass
-queues a callback that finalizes the reduction when backward ends, so the training loop
+queues a callback that waits for the reduction when backward ends, so the training loop
 is the usual `loss.backward(); opt.step()`.
 """
 
@@ -156,7 +156,7 @@ class DistributedDataParallel(torch.nn.Module):
                 elif g is not v:
                     v.copy_(g)
                 p.grad = v
-        reducer.finalize()
+        reducer.wait()
         if reducer.generation != self._generation:
             old, self._views = self._views, reducer.grads()
             self._generation = reducer.generation
@@ -168,7 +168,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._fresh = bytearray(len(self._params))
 
     def _drop_globally_unused(self):
-        # Issued after every bucket (finalize launched them all), so the order of
+        # Issued after every bucket (wait() launched them all), so the order of
         # collectives is the same on every rank.
         used = torch.tensor(list(self._used), dtype=torch.uint8, device=self._pb_group.device)
         if self._pb_group.size > 1:
