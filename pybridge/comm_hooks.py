@@ -12,11 +12,15 @@ hooks run on torch's DDP.
 The bucket (GradBucket) offers what torch's GradBucket does: buffer(), index(), is_last(),
 gradients(), parameters(), set_buffer().
 
-Built-in hooks (also selected by code from C and Go, see BUILTIN):
+Built-in hooks (also selected by code from C and Go: builtin(), BuiltinHook):
   allreduce_hook      sum (the reducer folds the 1/size of 'avg' into the gradient copy)
   fp16_compress_hook  float32 buckets travel as float16, decompressed into the bucket
   bf16_compress_hook  likewise as bfloat16
   powersgd_hook(...)  torch's PowerSGD with its state, for C and Go callers
+GossipGraD (pybridge.gossip) is chosen by its settings with GossipHook.
+
+Every rank must use the same hook: the reducer compares identity(state, hook) across
+ranks. Adding a built-in hook: docs/comm-hooks.md, "Adding a built-in hook".
 """
 
 import functools
@@ -88,8 +92,10 @@ class HookContext:
         self.group = group
         self._scratch = {}
 
-    def scratch(self, index, like, dtype):
-        """A reusable `dtype` wire buffer for bucket `index` (allocated once per layout)."""
+    def scratch(self, index, like, dtype=None):
+        """A reusable wire buffer of `dtype` (default: like's) for bucket `index`
+        (allocated once per layout)."""
+        dtype = like.dtype if dtype is None else dtype
         buf = self._scratch.get(index)
         if buf is None or buf.numel() != like.numel() or buf.device != like.device or buf.dtype != dtype:
             buf = self._scratch[index] = torch.empty(like.numel(), dtype=dtype, device=like.device)

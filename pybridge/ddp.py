@@ -33,7 +33,7 @@ class DistributedDataParallel(torch.nn.Module):
     that will be followed by a synchronized backward), `find_unused_parameters` (parameters
     that get no gradient in an iteration count as zero; those unused on every rank keep
     .grad None, as with torch DDP), `op` ('avg' or 'sum'), `compression` (None, 'fp16',
-    'bf16': float32 buckets travel compressed), `bucket_cap_mb` (default 25),
+    'bf16': float32 buckets travel compressed; the built-in fp16/bf16 hooks), `bucket_cap_mb` (default 25),
     `first_bucket_cap_mb` (default 1 with the default bucket cap, else the bucket cap, as in
     torch DDP; see reducer.bucket_caps), `rebuild_buckets` (reorder buckets after the first
     iteration by when gradients become ready), `init_sync` (broadcast parameters and buffers
@@ -108,7 +108,9 @@ class DistributedDataParallel(torch.nn.Module):
         torch's DistributedDataParallel.register_comm_hook: torch's hooks run unmodified, e.g.
         `register_comm_hook(None, default_hooks.fp16_compress_hook)` or PowerSGD with
         `powerSGD_hook.PowerSGDState(process_group=None, ...)`. Call before training (or
-        between iterations); every rank registers the same hook."""
+        between iterations); every rank registers the same hook (the ranks compare it at the
+        next backward, before anything is sent: Reducer.register_comm_hook). The wrapper owns
+        `state`: close() closes it if it has close()."""
         self.reducer.register_comm_hook(state, hook)
 
     def close(self):
