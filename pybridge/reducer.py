@@ -16,13 +16,14 @@ its own state consistent, but the caller decides which iteration a mark belongs 
 
 Views stay valid until the buckets are rebuilt: after the first wait() the buckets are
 rebuilt once in the order gradients became ready on rank 0 (unless rebuild=False), and
-when that gives other buckets than the initial ones `generation` goes up by one.
+when that gives other buckets than the initial ones `generation` goes up by one. Callers
+that keep raw pointers must fetch views again when `generation` changes (the gradient
+values are carried over into the new views).
 
 One configuration, checked across ranks: every setting (parameters, op, caps, flags, the
 hook and its state's settings) is compared by one small allgather when the reducer is
 created, and again at the first mark_ready/set_grad/wait after register_comm_hook() or
-set_shapes() changed it; ranks that differ all get InvalidArgument naming the settings. Callers that keep raw pointers must fetch views again when
-`generation` changes (the gradient values are carried over into the new views).
+set_shapes() changed it; ranks that differ all get InvalidArgument naming the settings.
 """
 
 import threading
@@ -302,7 +303,7 @@ class Reducer:
         if self._world > 1:
             values = self._settings()
             mine = [len(self.specs), sum(s.numel for s in self.specs)] + [checked.signature(v) for v in values]
-            rows = checked.gather_rows(self._group, mine)
+            rows = self._gather(mine)
             bad = [r for r, row in enumerate(rows) if row != rows[0]]
             if bad:
                 differ = [k for k in range(len(_SETTINGS)) if len({row[2 + k] for row in rows}) > 1]
@@ -313,14 +314,22 @@ class Reducer:
                     "and options, and register the same hook")
         self._stale = False
 
+    def _gather(self, row):
+        """Every rank's `row` of int64s. Through collectives, so the watchdog names ranks
+        that never come and checked mode sees it."""
+        dev = self._group.device
+        out = torch.zeros(self._world * len(row), dtype=torch.int64, device=dev)
+        collectives.all_gather(torch.tensor(row, dtype=torch.int64, device=dev), out, group=self._group)
+        return [tuple(r) for r in out.view(self._world, len(row)).tolist()]
+
     def _differences(self, values, names):
-        """'hook: rank 0 X; rank 1 Y' for each setting that differs, every rank's value
-        gathered (the first _SHOWN bytes of each)."""
+        """'hook: ranks [0] X; ranks [1] Y' for each setting that differs, every rank's
+        value gathered (the first _SHOWN bytes of each)."""
         mine = []
         for v in values:
             b = v.encode()[:_SHOWN]
             mine += list(b) + [0] * (_SHOWN - len(b))
-        rows = checked.gather_rows(self._group, mine)
+        rows = self._gather(mine)
         parts = []
         for k, name in enumerate(names):
             by = {}
