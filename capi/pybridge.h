@@ -460,17 +460,23 @@ typedef struct pb_reducer_options {
     const int64_t *dims;
 } pb_reducer_options;
 
-/* Fill *options with the defaults above (size included). */
+/* Fill *options with the defaults above (size included). Sets every field. */
 static inline void pb_reducer_options_init(pb_reducer_options *options) {
-    pb_reducer_options defaults = {0};
-    defaults.size = (uint32_t)sizeof(pb_reducer_options);
-    defaults.op = PB_AVG;
-    defaults.hook = PB_HOOK_ALLREDUCE;
-    defaults.hook_rank = 1;
-    defaults.gossip_topology = PB_GOSSIP_NONE;
-    defaults.gossip_ranks_per_node = 1;
-    defaults.hook_start_iter = 2;
-    *options = defaults;
+    options->size = (uint32_t)sizeof(pb_reducer_options);
+    options->op = PB_AVG;
+    options->bucket_cap_mb = 0;
+    options->first_bucket_cap_mb = 0;
+    options->flags = 0;
+    options->hook = PB_HOOK_ALLREDUCE;
+    options->hook_rank = 1;
+    options->hook_flags = 0;
+    options->gossip_topology = PB_GOSSIP_NONE;
+    options->gossip_ranks_per_node = 1;
+    options->gossip_seed = 0;
+    options->gossip_sync_every = 0;
+    options->hook_start_iter = 2;
+    options->ndims = 0;
+    options->dims = 0;
 }
 
 /* Create a reducer over `nparams` gradients, configured by `options` (NULL: the

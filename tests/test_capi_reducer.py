@@ -243,14 +243,16 @@ def _header_defaults():
         text = f.read()
     body = text[text.index("static inline void pb_reducer_options_init"):]
     body = body[:body.index("\n}")]
-    return dict(re.findall(r"defaults\.(\w+) = ([^;]+);", body))
+    return dict(re.findall(r"options->(\w+) = ([^;]+);", body))
 
 
 def options(ffi, lib, **fields):
     """A pb_reducer_options as pb_reducer_options_init fills it (a static inline function,
     which cffi's ABI mode cannot call), then `fields`."""
-    o = ffi.new("pb_reducer_options *")  # zeroed, as the function starts
+    o = ffi.new("pb_reducer_options *")  # zero-filled
     for name, value in _header_defaults().items():
+        if value == "0":
+            continue
         if name == "size":
             o.size = ffi.sizeof("pb_reducer_options")
         else:
@@ -269,8 +271,9 @@ def test_adapter_defaults_are_the_headers():
     fields = [name for name, _ in ffi.typeof("pb_reducer_options").fields]
     assert set(adapter._DEFAULTS) == set(fields) - {"size"}
     header = _header_defaults()
+    assert set(header) == set(fields)  # the init function sets every field
     for name, value in adapter._DEFAULTS.items():
-        want = header.get(name, "0")
+        want = header[name]
         want = getattr(abi, want) if want.startswith("PB_") else int(want)
         assert (value or 0) == want, (name, value, want)
 
@@ -418,3 +421,23 @@ def powersgd_through_options(rank, world):
 def test_powersgd_options_match_the_deprecated_setters():
     moved = run_ranks(powersgd_through_options, 2, timeout=120)
     assert all(m > 1e-4 for m in moved), moved  # compressed: not the exact mean
+
+
+@pytest.mark.parametrize("compiler", ["gcc -std=c99 -pedantic", "g++ -x c++ -pedantic"])
+def test_options_from_c_and_cpp(tmp_path, compiler):
+    """pb_reducer_options_init and pb_reducer_create from a C (and C++) program, warnings as
+    errors: the header's struct and inline function compile cleanly in both."""
+    import shutil
+    import subprocess
+
+    from ranks import free_port
+    if shutil.which(compiler.split()[0]) is None:
+        pytest.skip(f"{compiler.split()[0]} is not installed")
+    exe = tmp_path / "reducer_options"
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
+                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.dirname(LIB_PATH)})
+    subprocess.run([*compiler.split(), "-Wall", "-Wextra", "-Werror", "-o", str(exe),
+                    os.path.join(ROOT, "tests/c/reducer_options.c"), *flags.stdout.split()], check=True)
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    run = subprocess.run([str(exe), str(free_port())], capture_output=True, text=True, timeout=60, env=env)
+    assert run.returncode == 0 and "reducer_options: ok" in run.stdout, run.stdout + run.stderr
