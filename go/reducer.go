@@ -117,11 +117,10 @@ func WithReduceOp(op Op) ReducerOption { return func(c *reducerConfig) { c.op = 
 // Deprecated: use WithHook.
 func WithCompression(comp Compression) ReducerOption {
 	return func(c *reducerConfig) {
-		c.badComp = nil
+		c.setHook(Hook(comp))
 		if comp != NoCompression && comp != CompressFP16 && comp != CompressBF16 {
 			c.badComp = &comp
 		}
-		c.setHook(Hook(comp))
 	}
 }
 
@@ -519,12 +518,12 @@ const (
 // and warm start; WithPowerSGD chooses those). WithHook(HookFP16) and
 // WithCompression(CompressFP16) make the same reducer.
 func WithHook(h Hook) ReducerOption {
-	return func(c *reducerConfig) { c.badComp = nil; c.setHook(h) }
+	return func(c *reducerConfig) { c.setHook(h) }
 }
 
 // setHook makes h how buckets travel, in place of gossip or an earlier hook.
 func (c *reducerConfig) setHook(h Hook) {
-	c.hook, c.gossip = h, nil
+	c.hook, c.gossip, c.badComp = h, nil, nil
 }
 
 // WithPowerSGD compresses gradients with torch's PowerSGD: matrices are sent as
@@ -534,7 +533,6 @@ func (c *reducerConfig) setHook(h Hook) {
 // uncompressed.
 func WithPowerSGD(rank int, warmStart bool) ReducerOption {
 	return func(c *reducerConfig) {
-		c.badComp = nil
 		c.setHook(HookPowerSGD)
 		c.hookRank, c.hookFlags = rank, 0
 		if !warmStart {
@@ -568,7 +566,6 @@ const (
 // also creates the node groups.
 func WithGossip(topology GossipTopology, ranksPerNode int, seed int64, syncEvery int) ReducerOption {
 	return func(c *reducerConfig) {
-		c.badComp = nil
 		c.setHook(HookAllReduce)
 		c.gossip = &gossipConfig{topology, ranksPerNode, seed, syncEvery}
 	}
