@@ -64,7 +64,7 @@ def test_checked_mode_names_the_ranks_that_differ():
         kind, msg = out["dtype"]
         assert kind == "InvalidArgument"
         assert "all_reduce #1" in msg and "rank 1 passed all_reduce #1 (sum) int32 x 4 (dtype differs)" in msg
-        assert "ranks [0, 2] all_reduce #1 (sum) float32 x 4" in msg
+        assert "ranks [0, 2] passed all_reduce #1 (sum) float32 x 4; rank 1 passed" in msg
         assert "rank 1 passed all_reduce #2 (max)" in out["op"][1] and "op or root differs" in out["op"][1]
         assert "float32 x 5 (count differs)" in out["count"][1]
         assert "broadcast #4 (root 1)" in out["root"][1]
