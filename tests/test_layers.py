@@ -47,3 +47,40 @@ def test_group_state_has_owners():
 def test_the_shuffle_belongs_to_neither_user():
     assert "shuffle" in _imports("gossip_schedule.py")
     assert "recordio.partition" not in _imports("gossip_schedule.py")
+
+
+def test_progress_is_changed_only_through_its_methods():
+    import pytest
+    from pybridge.watchdog import Progress
+    world = Progress()
+    assert not world.watched and world.begin("op") == 1 and world.first_unfinished() == (None, None)
+    world._watch()  # what watchdog.start does
+    child = Progress(world)
+    assert child.watched
+    seq = child.begin("all_reduce")
+    assert seq == 1 and child.first_unfinished()[0] == 1
+    child.end(seq)
+    assert child.first_unfinished() == (None, None) and child.issued == 1
+    with pytest.raises(AttributeError):
+        child.issued = 5
+
+
+def test_old_names_still_work_with_a_warning():
+    import warnings
+
+    import pytest
+
+    import pybridge
+    from pybridge import group, subgroups
+    with pytest.warns(DeprecationWarning, match="use pybridge.split"):
+        assert group.split is subgroups.split is pybridge.split
+    with pytest.warns(DeprecationWarning, match="use pybridge.node_groups"):
+        assert group.node_groups is pybridge.node_groups
+    g = group.Group(None, [0], 0, 0, "gloo", 5.0, owned=True)
+    assert g.split.__func__ is pybridge.Group.split and g.children == () and g.issued == 0
+    for name in ("inflight", "fingerprint_buffer", "p2p"):
+        with pytest.warns(DeprecationWarning, match=f"Group.{name} is deprecated"):
+            getattr(g, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert g.checks is None and g.progress.issued == 0
