@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from . import abi, dtypes
+from .checks import integer
 from .errors import InvalidArgument
 
 CPU = abi.PB_CPU  # device code for host memory; >= 0 is a CUDA device index
@@ -124,13 +125,11 @@ def check_extent(count, dtype, device=CPU):
     allocated or wrapped; returns the torch dtype. Bad values are InvalidArgument naming
     them, never an overflow deeper down."""
     want = dtypes.torch_dtype(dtype)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise InvalidArgument(f"element count must be a non-negative integer, got {count!r}")
+    count = integer("element count", count, low=0)
     if count * want.itemsize > MAX_BYTES:
         raise InvalidArgument(f"element count {count} of {want} is {count * want.itemsize} bytes, more than "
                               f"any memory (the limit is 2^47 bytes)")
-    if isinstance(device, bool) or not isinstance(device, int) or device < CPU:
-        raise InvalidArgument(f"device must be -1 (CPU) or a CUDA device index >= 0, got {device!r}")
+    device = integer("device", device, low=CPU, expected="-1 (CPU) or a CUDA device index >= 0")
     if device >= 0:
         _check_cuda_device(device)
     return want

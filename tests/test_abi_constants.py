@@ -82,10 +82,33 @@ def test_python_codes_come_from_the_header():
     pattern = re.compile(r"^(OK|INVALID_ARGUMENT|NOT_INITIALIZED|ALREADY_INITIALIZED|TIMEOUT|COMM|IO|CORRUPT|"
                          r"INTERNAL|CLOSED|SUM|AVG|MIN|MAX|PRODUCT|FLOAT\d+|BFLOAT16|U?INT\d+|COMPRESS_\w+|"
                          r"ALLOW_UNUSED|NO_REBUILD|CPU|HOOK_\w+)(\s*,\s*\w+)*\s*=\s*(-?\d+\b|range\()", re.M)
+    table = name_table_pattern()
     for path in glob.glob(os.path.join(ROOT, "pybridge", "**", "*.py"), recursive=True):
         if path.endswith("abi.py"):
             continue
-        assert not pattern.search(open(path).read()), path
+        text = open(path).read()
+        assert not pattern.search(text), path
+        assert not table.search(text), (path, table.search(text))
+
+
+def name_table_pattern():
+    """A table that spells codes by hand beside their names, in either direction:
+    {0: "sum", 1: "avg"} or {"float32": 0}; names are the header's, e.g. PB_SUM -> sum,
+    PB_HOOK_FP16 -> fp16 or hook_fp16."""
+    names = set()
+    for name, _, _ in gen_abi.constants(header()):
+        words = name[3:].lower().split("_")
+        names.update({"_".join(words), "_".join(words[1:])} - {""})
+    alt = "|".join(sorted(map(re.escape, names), key=len, reverse=True))
+    return re.compile(rf"(?<![\w.])-?\d+\s*:\s*[\"']({alt})[\"']|[\"']({alt})[\"']\s*:\s*-?\d+\b")
+
+
+def test_name_table_pattern_catches_hand_copies():
+    table = name_table_pattern()
+    assert table.search('_OP_NAMES = {0: "sum", 1: "avg", 2: "min"}')
+    assert table.search("CODES = {'float32': 0}")
+    assert table.search('{1: "fp16"}')
+    assert not table.search('{abi.PB_SUM: "sum"}') and not table.search('{"sum": SUM}')
 
 
 def test_go_codes_come_from_the_header():
