@@ -129,17 +129,6 @@ def mismatch(g, seq, op, rows):
     return InvalidArgument(f"checked mode: {op.name} #{seq}: fingerprints differ but the rows agree")
 
 
-# Kept until reducer.py calls collectives.agree: its two checks used these. Remove then.
-signature = agree.signature
-
-
-def gather_rows(g, row):
-    """Every member's `row` by group rank, in one all_gather that is not numbered on the
-    group (as before). Use collectives.agree (or collectives.gather_rows) instead."""
-    from . import collectives  # late: collectives imports this module
-    return collectives._gather_rows(g, row, inner=True)
-
-
 # ---- point to point -------------------------------------------------------------------
 
 def p2p(g, store, direction, peer, tag, op, post):

@@ -31,6 +31,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as _torch_
 
 from . import abi
 from . import collectives
+from .checks import integer
 
 HOOK_ALLREDUCE = abi.PB_HOOK_ALLREDUCE
 HOOK_FP16 = abi.PB_HOOK_FP16
@@ -172,10 +173,8 @@ def powersgd_state(group, rank=1, warm_start=True, start_iter=2, seed=0):
     (torch's start_powerSGD_iter; at least 2, as torch requires when error feedback is
     on); `rank`: the matrix approximation rank."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-    from .errors import InvalidArgument
     for name, v, low in (("PowerSGD rank", rank, 1), ("PowerSGD start iteration", start_iter, 2)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise InvalidArgument(f"{name} must be an integer >= {low}, got {v!r}")
+        integer(name, v, low=low, expected=f"an integer >= {low}")
     return psgd.PowerSGDState(process_group=None if group is None else group.pg,
                               matrix_approximation_rank=rank, start_powerSGD_iter=start_iter,
                               warm_start=bool(warm_start), random_seed=seed)

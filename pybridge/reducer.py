@@ -31,11 +31,11 @@ import time
 
 import torch
 
-from . import abi, checked, collectives, comm_hooks, dtypes
+from . import abi, agree, collectives, comm_hooks, dtypes
 from . import group as _group
 from . import watchdog as _watchdog
 from .buffers import check_extent
-from .checks import positive_finite, positive_seconds
+from .checks import index, integer, positive_finite, positive_seconds
 from .collectives import AVG, SUM
 from .errors import Closed, InvalidArgument, Timeout, classify
 
@@ -143,10 +143,10 @@ def _spec(i, item, default_device):
     if isinstance(size, torch.Size):
         size = tuple(size)
     shape = (size,) if isinstance(size, int) and not isinstance(size, bool) else size
-    if not isinstance(shape, (tuple, list)) or any(
-            isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
-        raise InvalidArgument(f"parameter {i}: size must be a non-negative element count or a shape, "
-                              f"got {size!r}")
+    expected = "a non-negative element count or a shape"
+    if not isinstance(shape, (tuple, list)):
+        raise InvalidArgument(f"parameter {i}: size must be {expected}, got {size!r}")
+    shape = [integer(f"parameter {i}: size", d, low=0, expected=expected) for d in shape]
     dt = dtypes.torch_dtype(dt)
     n = 1
     for d in shape:
@@ -302,42 +302,27 @@ class Reducer:
         When they differ, a second one exchanges the values that differ, for the message."""
         if self._world > 1:
             values = self._settings()
-            mine = [len(self.specs), sum(s.numel for s in self.specs)] + [checked.signature(v) for v in values]
-            rows = self._gather(mine)
-            bad = [r for r, row in enumerate(rows) if row != rows[0]]
-            if bad:
-                differ = [k for k in range(len(_SETTINGS)) if len({row[2 + k] for row in rows}) > 1]
-                raise InvalidArgument(
-                    f"reducer settings differ across ranks (ranks {bad} differ from rank 0): "
-                    + self._differences([values[k] for k in differ], [_SETTINGS[k] for k in differ])
-                    + ". Every rank must create the reducer with the same parameter shapes, dtypes "
-                    "and options, and register the same hook")
+            mine = [len(self.specs), sum(s.numel for s in self.specs)] + [agree.signature(v) for v in values]
+            rows = collectives.gather_rows(mine, group=self._group)
+            differ = [k for k in range(len(_SETTINGS)) if len({row[2 + k] for row in rows}) > 1]
+            if differ:
+                names = [_SETTINGS[k] for k in differ]
+                agree.check("reducer settings differ across ranks", self._values([values[k] for k in differ]),
+                            describe=lambda row: "; ".join(f"{n}: {v}" for n, v in zip(names, row)),
+                            fields=names, hint=". Every rank must create the reducer with the same parameter "
+                            "shapes, dtypes and options, and register the same hook")
         self._stale = False
 
-    def _gather(self, row):
-        """Every rank's `row` of int64s. Through collectives, so the watchdog names ranks
-        that never come and checked mode sees it."""
-        dev = self._group.device
-        out = torch.zeros(self._world * len(row), dtype=torch.int64, device=dev)
-        collectives.all_gather(torch.tensor(row, dtype=torch.int64, device=dev), out, group=self._group)
-        return [tuple(r) for r in out.view(self._world, len(row)).tolist()]
-
-    def _differences(self, values, names):
-        """'hook: ranks [0] X; ranks [1] Y' for each setting that differs, every rank's
-        value gathered (the first _SHOWN bytes of each)."""
+    def _values(self, values):
+        """Every rank's `values` (texts, the first _SHOWN bytes of each), by rank: one
+        all_gather of fixed size, so it cannot upset the backend."""
         mine = []
         for v in values:
             b = v.encode()[:_SHOWN]
             mine += list(b) + [0] * (_SHOWN - len(b))
-        rows = self._gather(mine)
-        parts = []
-        for k, name in enumerate(names):
-            by = {}
-            for r, row in enumerate(rows):
-                text = bytes(row[k * _SHOWN:(k + 1) * _SHOWN]).rstrip(b"\0").decode(errors="replace")
-                by.setdefault(text, []).append(r)
-            parts.append(f"{name}: " + "; ".join(f"ranks {rs} {text}" for text, rs in by.items()))
-        return "; ".join(parts)
+        rows = collectives.gather_rows(mine, group=self._group)
+        return [tuple(bytes(row[k * _SHOWN:(k + 1) * _SHOWN]).rstrip(b"\0").decode(errors="replace")
+                      for k in range(len(values))) for row in rows]
 
     def _layout(self, assignment):
         self.buckets = [_Bucket(b, members, self.specs) for b, members in enumerate(assignment)]
@@ -499,9 +484,7 @@ class Reducer:
 
     def _check_mark(self, i):
         self._check_open()
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self._ready):
-            raise InvalidArgument(f"gradient index {i!r} is out of range for "
-                                  f"{len(self.specs)} parameters")
+        index("gradient index", i, len(self._ready), f"{len(self.specs)} parameters")
         if self._ready[i]:
             raise InvalidArgument(
                 f"gradient {self.name(i)} was marked ready twice in one iteration; each "
@@ -617,8 +600,7 @@ class Reducer:
 
     def _check(self, i):
         self._check_open()
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.specs):
-            raise InvalidArgument(f"gradient index {i!r} is out of range for {len(self.specs)} parameters")
+        index("gradient index", i, len(self.specs), f"{len(self.specs)} parameters")
 
     def _drain(self, limit=10.0):
         """Wait (bounded) for the buckets already launched, so that no allreduce is still
@@ -757,18 +739,10 @@ def _check_same_tensors(tensors, root, g):
     """One small allgather of (root, number of tensors, hash of their dtypes and counts):
     ranks passing other tensors would otherwise get garbage, or abort inside gloo."""
     items = [(str(t.dtype), t.numel()) for t in tensors]
-    rows = checked.gather_rows(g, [root, len(items), checked.signature(items)])
-    if len(set(rows)) > 1:
-        by = {}
-        for r, row in enumerate(rows):
-            by.setdefault(row, []).append(r)
-        kinds = {}  # the distinct lists of dtypes and counts, named A, B, ...
-        parts = "; ".join(f"ranks {rs} pass {n} tensors (root {rt}, dtypes and counts "
-                          f"{kinds.setdefault(sig, chr(65 + len(kinds)))})"
-                          for (rt, n, sig), rs in by.items())
-        raise InvalidArgument(f"broadcast_parameters: ranks pass different tensors: {parts}. "
-                              "Every rank must pass the same dtypes and counts in the same order "
-                              "and the same root")
+    collectives.agree([root, len(items), agree.signature(items)], "broadcast_parameters: ranks pass different "
+                      "tensors", group=g, describe=lambda r: f"pass {r[1]} tensors (root {r[0]})",
+                      fields=("root", "number of tensors", "dtypes and counts"),
+                      hint=". Every rank must pass the same dtypes and counts in the same order and the same root")
 
 
 def _broadcast_chunk(ts, root, g):

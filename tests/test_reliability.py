@@ -100,8 +100,9 @@ def test_broadcast_parameters_refuses_different_tensors_on_every_rank():
     res = run_ranks(_unchecked_mismatches, 2, timeout=90)
     for out in res:
         assert out["params"][0] == "InvalidArgument"
-        assert "ranks [0] pass 2 tensors" in out["params"][1] and "ranks [1] pass 2 tensors" in out["params"][1]
-        assert "ranks [0] pass 1 tensors" in out["count"][1] and "ranks [1] pass 2 tensors" in out["count"][1]
+        assert "rank 0 pass 2 tensors (root 0); rank 1 pass 2 tensors (root 0) (dtypes and counts differs)" \
+            in out["params"][1]
+        assert "rank 0 pass 1 tensors (root 0); rank 1 pass 2 tensors" in out["count"][1]
         assert out["ok"] == [1.0, 1.0]
 
 
