@@ -10,6 +10,7 @@ import math
 from .. import abi, capi, comm_hooks, dtypes
 from .. import reducer as _reducer
 from ..buffers import CPU
+from ..checks import integer
 from ..errors import InvalidArgument
 from . import handles, live_group, put, tensor
 
@@ -78,8 +79,7 @@ def _options(ptr):
 def _specs(nparams, counts, dtype_codes, ndims=None, dims=None):
     """(count or shape, dtype) per gradient; shapes from ndims/dims must hold counts[i]."""
     ffi = capi.ffi
-    if nparams < 0:
-        raise InvalidArgument(f"nparams must be >= 0, got {nparams}")
+    integer("nparams", nparams, low=0)
     if nparams and (counts == ffi.NULL or dtype_codes == ffi.NULL):
         raise InvalidArgument(f"{'counts' if counts == ffi.NULL else 'dtypes'} is NULL "
                               f"with nparams = {nparams}")
@@ -246,8 +246,7 @@ pb_reducer_free = pb_reducer_close  # Deprecated in the header: the one destruct
 
 def pb_broadcast_params(group, n, tensors, root):
     g = live_group(group)
-    if n < 0:
-        raise InvalidArgument(f"n must be >= 0, got {n}")
+    integer("n", n, low=0)
     if n and tensors == capi.ffi.NULL:
         raise InvalidArgument(f"tensors is NULL with n = {n}")
     ts = [tensor(tensors + i, f"tensors[{i}]") for i in range(n)]
