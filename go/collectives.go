@@ -170,18 +170,10 @@ func ReduceScatter[T Numeric](g *Group, send, recv []T, op Op) error {
 // Point-to-point calls between two ranks must be issued in matching order on
 // both, like collectives.
 func Send[T Numeric](g *Group, data []T, dst, tag int) error {
-	const name = "Send"
-	h, err := g.handle(name)
-	if err != nil {
-		return err
-	}
-	d, tg, err := peerAndTag(name, "destination", dst, tag)
-	if err != nil {
-		return err
-	}
-	p, n := dataOf(data)
-	var msg *C.char
-	return check(name, C.pbgo_send_slice(h, p, n, dtypeOf[T](), d, tg, &msg), msg)
+	return pointToPoint(g, "Send", "destination", data, dst, tag, func(h *C.pb_group, p unsafe.Pointer,
+		n C.int64_t, dt, peer, tag C.int32_t, msg **C.char) C.int {
+		return C.pbgo_send_slice(h, p, n, dt, peer, tag, msg)
+	})
 }
 
 // Recv receives into data from rank src, matching its Send with the same tag.
@@ -189,18 +181,27 @@ func Send[T Numeric](g *Group, data []T, dst, tag int) error {
 // Point-to-point calls between two ranks must be issued in matching order on
 // both, like collectives.
 func Recv[T Numeric](g *Group, data []T, src, tag int) error {
-	const name = "Recv"
+	return pointToPoint(g, "Recv", "source", data, src, tag, func(h *C.pb_group, p unsafe.Pointer,
+		n C.int64_t, dt, peer, tag C.int32_t, msg **C.char) C.int {
+		return C.pbgo_recv_slice(h, p, n, dt, peer, tag, msg)
+	})
+}
+
+// pointToPoint checks a Send or Recv's group, peer (what: "destination" or
+// "source") and tag, and makes the call on data.
+func pointToPoint[T Numeric](g *Group, name, what string, data []T, peer, tag int,
+	call func(*C.pb_group, unsafe.Pointer, C.int64_t, C.int32_t, C.int32_t, C.int32_t, **C.char) C.int) error {
 	h, err := g.handle(name)
 	if err != nil {
 		return err
 	}
-	s, tg, err := peerAndTag(name, "source", src, tag)
+	pr, tg, err := peerAndTag(name, what, peer, tag)
 	if err != nil {
 		return err
 	}
 	p, n := dataOf(data)
 	var msg *C.char
-	return check(name, C.pbgo_recv_slice(h, p, n, dtypeOf[T](), s, tg, &msg), msg)
+	return check(name, call(h, p, n, dtypeOf[T](), pr, tg, &msg), msg)
 }
 
 // peerAndTag converts a point-to-point call's peer rank and tag for the C ABI.
