@@ -136,15 +136,10 @@ func Broadcast[T Numeric](g *Group, data []T, root int) error {
 // All ranks must call collectives in the same order; when several goroutines
 // call them, the program must impose that order.
 func AllGather[T Numeric](g *Group, send, recv []T) error {
-	const name = "AllGather"
-	h, err := g.handle(name)
-	if err != nil {
-		return err
-	}
-	ps, ns := dataOf(send)
-	pr, nr := dataOf(recv)
-	var msg *C.char
-	return check(name, C.pbgo_all_gather_slice(h, ps, ns, pr, nr, dtypeOf[T](), &msg), msg)
+	return sendRecv(g, "AllGather", send, recv, func(h *C.pb_group, ps unsafe.Pointer, ns C.int64_t,
+		pr unsafe.Pointer, nr C.int64_t, dt C.int32_t, msg **C.char) C.int {
+		return C.pbgo_all_gather_slice(h, ps, ns, pr, nr, dt, msg)
+	})
 }
 
 // ReduceScatter reduces send (Size() blocks of len(recv) elements) over all
@@ -153,7 +148,16 @@ func AllGather[T Numeric](g *Group, send, recv []T) error {
 // All ranks must call collectives in the same order; when several goroutines
 // call them, the program must impose that order.
 func ReduceScatter[T Numeric](g *Group, send, recv []T, op Op) error {
-	const name = "ReduceScatter"
+	return sendRecv(g, "ReduceScatter", send, recv, func(h *C.pb_group, ps unsafe.Pointer, ns C.int64_t,
+		pr unsafe.Pointer, nr C.int64_t, dt C.int32_t, msg **C.char) C.int {
+		return C.pbgo_reduce_scatter_slice(h, ps, ns, pr, nr, dt, C.int32_t(op), msg)
+	})
+}
+
+// sendRecv makes a collective that reads send and writes recv (AllGather,
+// ReduceScatter) on g's handle.
+func sendRecv[T Numeric](g *Group, name string, send, recv []T,
+	call func(*C.pb_group, unsafe.Pointer, C.int64_t, unsafe.Pointer, C.int64_t, C.int32_t, **C.char) C.int) error {
 	h, err := g.handle(name)
 	if err != nil {
 		return err
@@ -161,7 +165,7 @@ func ReduceScatter[T Numeric](g *Group, send, recv []T, op Op) error {
 	ps, ns := dataOf(send)
 	pr, nr := dataOf(recv)
 	var msg *C.char
-	return check(name, C.pbgo_reduce_scatter_slice(h, ps, ns, pr, nr, dtypeOf[T](), C.int32_t(op), &msg), msg)
+	return check(name, call(h, ps, ns, pr, nr, dtypeOf[T](), &msg), msg)
 }
 
 // Send sends data to rank dst and returns when it has been handed over. It
