@@ -19,21 +19,20 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"time"
 	"unsafe"
 
+	"github.com/pybridge/pybridge/examples/mnist/mnistdata"
 	pybridge "github.com/pybridge/pybridge/go"
 )
 
 // The record layout and model of examples/mnist (mnist_format.py is the one definition).
 const (
-	imageSize  = 28 * 28
-	recordSize = 1 + imageSize
-	numClasses = 10
+	imageSize  = mnistdata.ImageSize
+	recordSize = mnistdata.RecordSize
+	numClasses = mnistdata.NumClasses
 	hidden     = 128
-	evalBatch  = 256
 )
 
 type options struct {
@@ -153,34 +152,13 @@ func run(opts options) error {
 		defer model.OnGradReady(nil)
 	}
 
-	trainFiles, err := shards(opts.data, "train-*.recordio")
+	data, err := mnistdata.Open(g, opts.data, perRank, opts.batchSize, opts.seed)
 	if err != nil {
 		return err
 	}
-	testFiles, err := shards(opts.data, "test-*.recordio")
-	if err != nil {
-		return err
-	}
-	train, err := pybridge.OpenLoader(g, trainFiles, perRank, pybridge.WithShuffle(opts.seed), pybridge.WithDropLast())
-	if err != nil {
-		return err
-	}
-	defer train.Close()
-	test, err := pybridge.OpenLoader(g, testFiles, evalBatch)
-	if err != nil {
-		return err
-	}
-	defer test.Close()
-	stepsPerEpoch, err := train.NumBatches()
-	if err != nil {
-		return err
-	}
-	if stepsPerEpoch == 0 {
-		return fmt.Errorf("%d training records are too few for a global batch of %d", train.NumRecords(), opts.batchSize)
-	}
-	say("data: %s, train %d, test %d | %d ranks, global batch %d (%d per rank), %d steps/epoch, lr %g, momentum %g",
-		dataKind(opts.data), train.NumRecords(), test.NumRecords(), world, opts.batchSize, perRank,
-		stepsPerEpoch, opts.lr, opts.momentum)
+	defer data.Close()
+	train, test := data.Train, data.Test
+	say("%s", data.Header(world, opts.batchSize, opts.lr, opts.momentum))
 
 	epoch, step := 0, 0
 	acc := -1.0
@@ -218,8 +196,7 @@ func run(opts options) error {
 		acc = totals[2] / max(totals[3], 1)
 		epoch++
 		loss, rate := totals[0]/max(totals[1], 1), float64(done*opts.batchSize)/max(elapsed, 1e-9)
-		say("epoch %d/%d  loss %.4f  test-acc %.4f  samples/s %.0f  (rank %d of %d)", epoch, opts.epochs,
-			loss, acc, rate, rank, world)
+		say("%s", mnistdata.EpochLine(epoch, opts.epochs, loss, acc, rate, rank, world))
 	}
 	if opts.timing {
 		say("timing: forward+backward %.3f ms  wait %.3f ms  step %.3f ms  (medians of %d steps, rank 0)",
@@ -330,31 +307,14 @@ func (t *trainer) decode(records [][]byte) error {
 	return nil
 }
 
-// evaluate counts correct predictions over this rank's share of the test set,
-// excluding the wrap-around padding the loader adds so that ranks get equal shares.
+// evaluate counts correct predictions over this rank's share of the test set.
 func (t *trainer) evaluate(test *pybridge.Loader) (correct, counted int, err error) {
-	n, w, r := test.NumRecords(), t.g.Size(), t.g.Rank()
-	share := (n + w - 1) / w
-	valid := max(0, min(share, n-r*share))
-	for test.Next() {
-		if counted >= valid {
-			continue // keep reading: the pass must end cleanly
-		}
-		recs := test.Batch().Records()
-		if take := valid - counted; len(recs) > take {
-			recs = recs[:take]
-		}
+	return mnistdata.Evaluate(t.g, test, func(recs [][]byte) (int, error) {
 		if err := t.decode(recs); err != nil {
-			return 0, 0, err
+			return 0, err
 		}
-		c, err := t.model.Evaluate(t.pixels, t.labels)
-		if err != nil {
-			return 0, 0, err
-		}
-		correct += c
-		counted += len(recs)
-	}
-	return correct, counted, test.Err()
+		return t.model.Evaluate(t.pixels, t.labels)
+	})
 }
 
 // median in milliseconds (0 for no samples).
@@ -365,16 +325,4 @@ func median(ds []time.Duration) float64 {
 	s := append([]time.Duration(nil), ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return float64(s[len(s)/2].Microseconds()) / 1000
-}
-
-func shards(folder, pattern string) ([]string, error) {
-	files, err := filepath.Glob(filepath.Join(folder, pattern))
-	if err != nil {
-		return nil, err
-	}
-	if len(files) == 0 {
-		return nil, fmt.Errorf("no %s in %s: run examples/mnist/prepare.py first", pattern, folder)
-	}
-	sort.Strings(files)
-	return files, nil
 }

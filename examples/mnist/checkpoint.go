@@ -3,27 +3,27 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
+
+	"github.com/pybridge/pybridge/examples/mnist/mnistdata"
 )
 
 // The checkpoint file shared with train.py (see mnist_format.py): magic, epochs and
 // steps completed, then 8 float32 tensors with their shapes: w1, b1, w2, b2 and
 // their SGD momentum buffers. Little-endian; written atomically by rank 0.
-var checkpointMagic = []byte("PBMLP01\n")
+var checkpointMagic = mnistdata.Magic
 
 type checkpoint struct {
 	epoch, step uint64
 	tensors     [8][]float32
 }
 
-func shapesOf(m *MLP) [8][]uint32 {
-	h := uint32(m.Hidden)
-	base := [4][]uint32{{h, imageSize}, {h}, {numClasses, h}, {numClasses}}
-	var all [8][]uint32
+func shapesOf(m *MLP) [8][]int {
+	h := m.Hidden
+	base := [4][]int{{h, imageSize}, {h}, {numClasses, h}, {numClasses}}
+	var all [8][]int
 	for i := range all {
 		all[i] = base[i%4]
 	}
@@ -31,10 +31,6 @@ func shapesOf(m *MLP) [8][]uint32 {
 }
 
 func writeCheckpoint(path string, epoch, step int, m *MLP, opt *SGD) error {
-	var buf bytes.Buffer
-	buf.Write(checkpointMagic)
-	binary.Write(&buf, binary.LittleEndian, [2]uint64{uint64(epoch), uint64(step)})
-	binary.Write(&buf, binary.LittleEndian, uint32(8))
 	tensors := append([][]float32{}, m.Params()...)
 	for i, p := range m.Params() {
 		if opt != nil && opt.bufs != nil {
@@ -43,16 +39,8 @@ func writeCheckpoint(path string, epoch, step int, m *MLP, opt *SGD) error {
 			tensors = append(tensors, make([]float32, len(p)))
 		}
 	}
-	for i, shape := range shapesOf(m) {
-		binary.Write(&buf, binary.LittleEndian, uint32(len(shape)))
-		binary.Write(&buf, binary.LittleEndian, shape)
-		binary.Write(&buf, binary.LittleEndian, tensors[i])
-	}
-	tmp := fmt.Sprintf("%s.tmp%d", path, os.Getpid())
-	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	shapes := shapesOf(m)
+	return mnistdata.WriteWeights(path, epoch, step, shapes[:], tensors)
 }
 
 func readCheckpoint(path string) (*checkpoint, error) {
@@ -84,7 +72,7 @@ func readCheckpoint(path string) (*checkpoint, error) {
 		count := 1
 		for d := 0; d < ndim; d++ {
 			dim := binary.LittleEndian.Uint32(raw[pos:])
-			if dim != want[i][d] {
+			if int(dim) != want[i][d] {
 				return nil, bad("tensor %d dimension %d is %d, want %d", i, d, dim, want[i][d])
 			}
 			count *= int(dim)
@@ -117,23 +105,4 @@ func (ck *checkpoint) loadInto(m *MLP, opt *SGD) {
 			opt.bufs[i] = append([]float32(nil), ck.tensors[4+i]...)
 		}
 	}
-}
-
-// dataKind says which data a prepared folder holds, from its manifest.json.
-func dataKind(folder string) string {
-	raw, err := os.ReadFile(filepath.Join(folder, "manifest.json"))
-	if err != nil {
-		return "unknown data (no manifest.json)"
-	}
-	var m struct{ Kind string }
-	if json.Unmarshal(raw, &m) != nil {
-		return "unknown data (unreadable manifest.json)"
-	}
-	switch m.Kind {
-	case "synthetic":
-		return "synthetic digits (SYNTHETIC: not real MNIST)"
-	case "mnist":
-		return "real MNIST"
-	}
-	return m.Kind
 }

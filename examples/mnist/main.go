@@ -17,17 +17,16 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
-	"sort"
 	"strconv"
 	"time"
 
+	"github.com/pybridge/pybridge/examples/mnist/mnistdata"
 	pybridge "github.com/pybridge/pybridge/go"
 )
 
 const (
 	hidden    = 128
-	evalBatch = 256
+	evalBatch = mnistdata.EvalBatch
 )
 
 type options struct {
@@ -172,34 +171,13 @@ func run(opts options) error {
 	}
 	defer t.reducer.Close()
 
-	trainFiles, err := shards(opts.data, "train-*.recordio")
+	data, err := mnistdata.Open(g, opts.data, perRank, opts.batchSize, opts.seed)
 	if err != nil {
 		return err
 	}
-	testFiles, err := shards(opts.data, "test-*.recordio")
-	if err != nil {
-		return err
-	}
-	train, err := pybridge.OpenLoader(g, trainFiles, perRank, pybridge.WithShuffle(opts.seed), pybridge.WithDropLast())
-	if err != nil {
-		return err
-	}
-	defer train.Close()
-	test, err := pybridge.OpenLoader(g, testFiles, evalBatch)
-	if err != nil {
-		return err
-	}
-	defer test.Close()
-	stepsPerEpoch, err := train.NumBatches()
-	if err != nil {
-		return err
-	}
-	if stepsPerEpoch == 0 {
-		return fmt.Errorf("%d training records are too few for a global batch of %d", train.NumRecords(), opts.batchSize)
-	}
-	say("data: %s, train %d, test %d | %d ranks, global batch %d (%d per rank), %d steps/epoch, lr %g, momentum %g",
-		dataKind(opts.data), train.NumRecords(), test.NumRecords(), world, opts.batchSize, perRank,
-		stepsPerEpoch, opts.lr, opts.momentum)
+	defer data.Close()
+	train, test := data.Train, data.Test
+	say("%s", data.Header(world, opts.batchSize, opts.lr, opts.momentum))
 
 	metrics, err := newMetricsLog(opts.metrics, rank)
 	if err != nil {
@@ -258,8 +236,7 @@ func run(opts options) error {
 			}
 		}
 		loss, rate := totals[0]/max(totals[1], 1), float64(done*opts.batchSize)/max(elapsed, 1e-9)
-		say("epoch %d/%d  loss %.4f  test-acc %.4f  samples/s %.0f  (rank %d of %d)", epoch, opts.epochs,
-			loss, acc, rate, rank, world)
+		say("%s", mnistdata.EpochLine(epoch, opts.epochs, loss, acc, rate, rank, world))
 		if err := metrics.Write(epochMetrics{Epoch: epoch, Step: step, Loss: loss, TestAccuracy: acc,
 			SamplesPerSecond: rate, Seconds: time.Since(runStart).Seconds(), Ranks: world}); err != nil {
 			return err
@@ -315,29 +292,16 @@ func (t *trainer) step(b *pybridge.Batch) (float64, error) {
 	return loss, nil
 }
 
-// evaluate counts correct predictions over this rank's share of the test set,
-// excluding the wrap-around padding the loader adds so that ranks get equal shares.
+// evaluate counts correct predictions over this rank's share of the test set.
 func (t *trainer) evaluate(test *pybridge.Loader) (correct, counted int, err error) {
-	n, w, r := test.NumRecords(), t.g.Size(), t.g.Rank()
-	share := (n + w - 1) / w
-	valid := max(0, min(share, n-r*share))
-	for test.Next() {
-		if counted >= valid {
-			continue // keep reading: the pass must end cleanly
-		}
-		recs := test.Batch().Records()
-		if take := valid - counted; len(recs) > take {
-			recs = recs[:take]
-		}
+	return mnistdata.Evaluate(t.g, test, func(recs [][]byte) (int, error) {
 		x, labels, err := decodeBatch(recs)
 		if err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 		_, _, c := t.model.forward(x, labels)
-		correct += c
-		counted += len(recs)
-	}
-	return correct, counted, test.Err()
+		return c, nil
+	})
 }
 
 // resume loads the checkpoint on rank 0 (if it exists) and tells every rank where to start.
@@ -367,18 +331,6 @@ func (t *trainer) resume(path string) (epoch, step int, err error) {
 		t.say("no checkpoint at %s: starting from scratch", path)
 	}
 	return int(state[1]), int(state[2]), nil
-}
-
-func shards(folder, pattern string) ([]string, error) {
-	files, err := filepath.Glob(filepath.Join(folder, pattern))
-	if err != nil {
-		return nil, err
-	}
-	if len(files) == 0 {
-		return nil, fmt.Errorf("no %s in %s: run examples/mnist/prepare.py first", pattern, folder)
-	}
-	sort.Strings(files)
-	return files, nil
 }
 
 // maybeFail lets tests kill a rank mid-epoch (same variables as train.py).

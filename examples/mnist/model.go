@@ -5,15 +5,16 @@ import (
 	"math/rand"
 	"strconv"
 
+	"github.com/pybridge/pybridge/examples/mnist/mnistdata"
 	"github.com/pybridge/pybridge/go/floats"
 )
 
 // Image and record layout shared with prepare.py and train.py: one label byte,
 // then 28x28 pixel bytes, row-major.
 const (
-	imageSize  = 28 * 28
-	recordSize = 1 + imageSize
-	numClasses = 10
+	imageSize  = mnistdata.ImageSize
+	recordSize = mnistdata.RecordSize
+	numClasses = mnistdata.NumClasses
 )
 
 // MLP is a 784-H-10 perceptron with ReLU and softmax cross-entropy, in plain Go.
