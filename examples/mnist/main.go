@@ -126,16 +126,11 @@ func run(opts options) error {
 	}
 	defer g.Close()
 	rank, world := g.Rank(), g.Size()
-	say := func(format string, a ...any) {
-		if rank == 0 {
-			fmt.Printf(format+"\n", a...)
-		}
+	say := mnistdata.Say(rank)
+	perRank, err := mnistdata.PerRank(opts.batchSize, world)
+	if err != nil {
+		return err
 	}
-	if opts.batchSize%world != 0 {
-		return fmt.Errorf("--batch-size %d is the global batch and must be divisible by the world size %d",
-			opts.batchSize, world)
-	}
-	perRank := opts.batchSize / world
 
 	t := &trainer{g: g, model: NewMLP(hidden, opts.seed), say: say,
 		opt: &SGD{LR: float32(opts.lr), Momentum: float32(opts.momentum)}}

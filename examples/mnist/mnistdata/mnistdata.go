@@ -57,6 +57,24 @@ func Shards(folder, pattern string) ([]string, error) {
 	return files, nil
 }
 
+// Say returns a Printf (with a newline) that prints on rank 0 only.
+func Say(rank int) func(format string, a ...any) {
+	return func(format string, a ...any) {
+		if rank == 0 {
+			fmt.Printf(format+"\n", a...)
+		}
+	}
+}
+
+// PerRank is a rank's share of the global batch, which the world size must divide.
+func PerRank(global, world int) (int, error) {
+	if global%world != 0 {
+		return 0, fmt.Errorf("--batch-size %d is the global batch and must be divisible by the world size %d",
+			global, world)
+	}
+	return global / world, nil
+}
+
 // Data is a rank's view of a prepared folder: its static share of the training
 // shards (shuffled by chunk with the seed and the epoch, last partial batch dropped)
 // and of the test shards.
