@@ -55,11 +55,12 @@ test: setup lint
 	[ $$py -eq 0 ] && [ $$gt -eq 0 ]
 
 # pytest's worker processes (pytest-xdist). Most multi-rank tests wait (rendezvous,
-# timeouts, the launcher), so more workers than cores: 3 was fastest on 2 cores
-# (docs/testing.md). A file's tests stay on one worker, so its module fixtures run once.
+# timeouts, the launcher), so more workers than cores: 3 on 2 cores (docs/testing.md).
+# A file's tests stay on one worker, so its module fixtures run once; files go out in
+# collection order, slowest first (tests/conftest.py), not xdist's order by test count.
 # -p no:benchmark: pytest-benchmark, where installed, warns in every worker; no test uses it.
 PYTEST_WORKERS ?= 3
-PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadfile -p no:benchmark
+PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -p no:benchmark
 
 test-python: ruff
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
@@ -79,7 +80,7 @@ go-lint: setup
 # The package timeout is a hang guard for the whole test binary: generous, because under
 # `make test` the Go tests share the 2 cores with pytest. Each multi-rank test has its own deadline.
 go-test: setup
-	cd go && $(GO) test -count=1 -timeout 480s ./...
+	cd go && $(GO) test -count=1 -timeout 600s ./...
 	cd examples/mnist && $(GO) test -count=1 -timeout 120s ./...
 
 # The main job: MNIST shards (synthetic digits, or the real set with MNIST_DIR=folder of
