@@ -18,9 +18,14 @@ export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 DEPS_STAMP := $(BUILD)/.deps-$(notdir $(PYTHON))
+
+# cgo flags for Go code that links the torch wheel's libtorch (examples/gotorch): expanded
+# when a recipe runs, after setup installed torch.
+TORCH_CGO = CGO_CXXFLAGS="$(shell $(PYTHON) -c 'from torch.utils import cpp_extension as c; print(" ".join("-I" + p for p in c.include_paths()))')" \
+	CGO_LDFLAGS="$(shell $(PYTHON) -c 'from torch.utils import cpp_extension as c; print(" ".join("-L%s -Wl,-rpath,%s" % (p, p) for p in c.library_paths()))')"
 LIB := $(BUILD)/libpybridge.so
 
-.PHONY: setup test test-python test-go lint ruff go-lint go-test demo demo-real demo-collectives bench clean
+.PHONY: setup test test-python test-go lint ruff go-lint go-test demo demo-real demo-gotorch demo-collectives bench clean
 
 setup: $(LIB)
 
@@ -31,12 +36,16 @@ $(DEPS_STAMP): pyproject.toml
 	$(PYTHON) -m pip install -q -e '.[dev]'
 	@touch $@
 
-# The header is the one source of every ABI constant: Python's copy is generated from it.
-ABI := pybridge/abi.py
-$(ABI): capi/pybridge.h capi/gen_abi.py
+# The header is the one source of the ABI: Python's constants (pybridge/abi.py) and Go's
+# trampolines (go/pbgo_gen.h) are generated from it, and committed; gen_abi.py rewrites
+# only a file that changed.
+GENERATED := $(BUILD)/.generated
+$(GENERATED): capi/pybridge.h capi/gen_abi.py pybridge/_capi_gen.py
+	@mkdir -p $(BUILD)
 	$(PYTHON) capi/gen_abi.py
+	@touch $@
 
-$(LIB): $(DEPS_STAMP) $(ABI) capi/pybridge.h capi/build.py pybridge/_capi_build.py
+$(LIB): $(DEPS_STAMP) $(GENERATED) capi/pybridge.h capi/build.py $(wildcard pybridge/_capi_*)
 	$(PYTHON) capi/build.py --out $(BUILD)
 
 # `make test`: lint, then the Go tests in the background while pytest runs (both mostly
@@ -65,7 +74,7 @@ PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -p no
 test-python: ruff
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
 
-GO_MODULES := go examples/mnist bench/collectives_go $(wildcard bench/*_go)
+GO_MODULES := go examples/mnist examples/gotorch bench/collectives_go $(wildcard bench/*_go)
 test-go: setup go-lint go-test
 
 lint: ruff go-lint
@@ -74,7 +83,7 @@ ruff: setup
 	$(PYTHON) -m ruff check pybridge tests bench examples capi
 
 go-lint: setup
-	@for m in $(sort $(GO_MODULES)); do echo "== $$m"; (cd $$m && $(GO) vet ./...) || exit 1; done
+	@for m in $(sort $(GO_MODULES)); do echo "== $$m"; (cd $$m && $(TORCH_CGO) $(GO) vet ./...) || exit 1; done
 	@out=$$($$($(GO) env GOROOT)/bin/gofmt -l $(sort $(GO_MODULES))); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
 
 # The package timeout is a hang guard for the whole test binary: generous, because under
@@ -82,6 +91,7 @@ go-lint: setup
 go-test: setup
 	cd go && $(GO) test -count=1 -timeout 600s ./...
 	cd examples/mnist && $(GO) test -count=1 -timeout 120s ./...
+	cd examples/gotorch && $(TORCH_CGO) $(GO) test -count=1 -timeout 120s ./...
 
 # The main job: MNIST shards (synthetic digits, or the real set with MNIST_DIR=folder of
 # IDX files), the Go trainer, and NPROC ranks of it under pybridge-launch.
@@ -94,6 +104,12 @@ demo: setup
 	$(PYTHON) examples/mnist/prepare.py --out $(DEMO_DATA) $(PREPARE_ARGS)
 	cd examples/mnist && $(GO) build -o $(BUILD)/mnist .
 	$(PYTHON) -m pybridge.launch --nproc-per-node $(NPROC) $(BUILD)/mnist --data $(DEMO_DATA) --epochs $(EPOCHS) --batch-size $(BATCH)
+
+# The GoTorch-style trainer: the same MLP, its model in libtorch (examples/gotorch).
+demo-gotorch: setup
+	$(PYTHON) examples/mnist/prepare.py --out $(DEMO_DATA) $(PREPARE_ARGS)
+	cd examples/gotorch && $(TORCH_CGO) $(GO) build -o $(BUILD)/gotorch .
+	$(PYTHON) -m pybridge.launch --nproc-per-node $(NPROC) $(BUILD)/gotorch --data $(DEMO_DATA) --epochs $(EPOCHS) --batch-size $(BATCH)
 
 demo-real:
 	$(MAKE) demo PREPARE_ARGS="--download --mnist-dir $(BUILD)/mnist-raw"

@@ -81,7 +81,8 @@ def run_trainer(target, ranks, data, opts, extra=()):
             "epoch_test_accuracy": accs, "epoch_end_s": [round(t, 1) for t in epoch_end],
             "target": opts.target, "epochs_to_target": None if reached is None else reached + 1,
             "seconds_to_target": None if reached is None else round(epoch_end[reached], 1),
-            "test_accuracy": float(final.group(1)), "epochs": len(epochs), "wall_s": round(wall, 1)}
+            "test_accuracy": float(final.group(1)), "epochs": len(epochs), "wall_s": round(wall, 1),
+            "output": text}
 
 
 def build_go_trainer():
@@ -111,6 +112,9 @@ def main():
         build_go_trainer()
         results = {"python": [run_trainer(PY_TRAINER, n, data, opts) for n in (1, 2)],
                    "go": [run_trainer(GO_TRAINER, n, data, opts) for n in (1, 2)]}
+        for runs in results.values():
+            for r in runs:
+                r.pop("output")  # what the table needs is parsed already
 
     rows = []
     for name, label in (("go", "Go trainer"), ("python", "Python twin (torch)")):

@@ -1,27 +1,37 @@
-"""Generate pybridge/abi.py from capi/pybridge.h: the header is the one source of every
-ABI constant (status, dtype, op, device, partition, flag and hook codes).
+"""Generate the files derived from capi/pybridge.h, the one source of the ABI:
+
+  pybridge/abi.py   every integer #define PB_* (status, dtype, op, device, partition, flag
+                    and hook codes), for Python
+  go/pbgo_gen.h     a trampoline per `int pb_NAME(...)`: pbgo_NAME(same arguments, char **msg)
+                    makes the call and copies the error message in the same cgo call
+
+Both are committed (the Go module must build without Python); the header is parsed by
+pybridge/_capi_gen.py, as for the library itself.
 
 Usage: python capi/gen_abi.py [--check]
-  --check  exit 1 (and say which constants differ) when pybridge/abi.py is not what the
-           header gives; `make setup` regenerates it and the test suite checks it.
+  --check  exit 1 (and say what differs) when a generated file is not what the header
+           gives; `make setup` regenerates them and the test suite checks them.
 """
 
+import importlib.util
 import os
-import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 HEADER = os.path.join(HERE, "pybridge.h")
-TARGET = os.path.join(os.path.dirname(HERE), "pybridge", "abi.py")
-DEFINE = re.compile(r"^#define (PB_[A-Z0-9_]+) (-?\d+)\b[ \t]*(?:/\*\s*(.*?)\s*(?:\*/)?)?$", re.M)
+TARGET = os.path.join(ROOT, "pybridge", "abi.py")
+GO_TARGET = os.path.join(ROOT, "go", "pbgo_gen.h")
 
-
-def constants(header_text):
-    """[(name, value, first line of its comment)] for every integer #define PB_* in order."""
-    return [(m[1], int(m[2]), (m[3] or "").strip()) for m in DEFINE.finditer(header_text)]
+# The parser on its own, not through the package (which would import torch).
+_spec = importlib.util.spec_from_file_location("_pb_capi_gen", os.path.join(ROOT, "pybridge", "_capi_gen.py"))
+_capi_gen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_capi_gen)
+constants = _capi_gen.constants
 
 
 def render(header_text):
+    """pybridge/abi.py."""
     lines = ['"""ABI constants: generated from capi/pybridge.h by capi/gen_abi.py. Do not edit;',
              'change the header and run `make setup` (or python capi/gen_abi.py)."""', ""]
     for name, value, comment in constants(header_text):
@@ -29,22 +39,62 @@ def render(header_text):
     return "\n".join(lines) + "\n"
 
 
+def _wrapped(head, params, tail, indent="", width=100):
+    """indent + head + params joined by ", " + tail, broken after commas past `width`
+    columns (a tab indent counting 8) and continued under the first parameter, as
+    pbgo.h's hand-written helpers are."""
+    margin = 8 * indent.count("\t") + len(indent.replace("\t", ""))
+    lines, line = [], head
+    for i, p in enumerate(params):
+        piece = p + ("," if i < len(params) - 1 else tail)
+        if line != head and margin + len(line) + 1 + len(piece) > width:
+            lines.append(indent + line)
+            line = " " * len(head) + piece
+        else:
+            line += ("" if line == head else " ") + piece
+    return "\n".join(lines + [indent + line])
+
+
+def render_go(header_text):
+    """go/pbgo_gen.h."""
+    out = ["/* Generated from capi/pybridge.h by capi/gen_abi.py. Do not edit; change the header and",
+           " * run `make setup` (or python capi/gen_abi.py).",
+           " *",
+           " * pbgo_NAME(arguments of pb_NAME, char **msg) calls pb_NAME and, when it fails, stores a",
+           " * malloc'd copy of pb_last_error() in *msg (may be NULL) in the same cgo call: the message",
+           " * is thread-local and a goroutine may move to another OS thread between two cgo calls.",
+           " * Included by pbgo.h, which defines pbgo_status. */",
+           "#ifndef PBGO_GEN_H", "#define PBGO_GEN_H", ""]
+    for name, args in _capi_gen.prototypes(header_text):
+        params = [] if args in ("", "void") else [a.strip() for a in args.split(",")]
+        names = _capi_gen.arg_names(args).split(", ") if params else []
+        out.append(_wrapped(f"static inline int pbgo_{name[3:]}(", params + ["char **msg"], ") {"))
+        out.append(_wrapped(f"return pbgo_status({name}(", names, "), msg);", indent="\t") + "\n}\n")
+    out.append("#endif /* PBGO_GEN_H */")
+    return "\n".join(out) + "\n"
+
+
 def main(argv):
     with open(HEADER) as f:
-        want = render(f.read())
-    have = open(TARGET).read() if os.path.exists(TARGET) else ""
-    if "--check" in argv:
-        if have != want:
+        header = f.read()
+    stale = []
+    for target, want in ((TARGET, render(header)), (GO_TARGET, render_go(header))):
+        have = open(target).read() if os.path.exists(target) else ""
+        if have == want:
+            continue
+        rel = os.path.relpath(target, ROOT)
+        if "--check" in argv:
             old, new = set(have.splitlines()), set(want.splitlines())
             diff = sorted(new - old) + [f"(stale) {line}" for line in sorted(old - new)]
-            print("pybridge/abi.py is out of date with capi/pybridge.h; run python capi/gen_abi.py\n  "
-                  + "\n  ".join(diff))
-            return 1
-        return 0
-    if have != want:
-        with open(TARGET, "w") as f:
-            f.write(want)
-        print("wrote", TARGET)
+            stale.append(f"{rel} is out of date with capi/pybridge.h; run python capi/gen_abi.py\n  "
+                         + "\n  ".join(diff))
+        else:
+            with open(target, "w") as f:
+                f.write(want)
+            print("wrote", target)
+    if stale:
+        print("\n".join(stale))
+        return 1
     return 0
 
 

@@ -9,9 +9,11 @@
  *
  *  Status.    Every function returns an int status: PB_OK (0) or a negative
  *             PB_ERR_* code. After a failure, pb_last_error() returns a message
- *             saying what was wrong. Nothing here aborts, raises or longjmps:
- *             NULL pointers, bad counts, unknown codes, stale handles and calls
- *             out of order all return an error status.
+ *             saying what was wrong. The message is the calling thread's, not the
+ *             handle's: read it on the thread that got the status, before that
+ *             thread's next call (docs/c-api.md says why). Nothing here aborts,
+ *             raises or longjmps: NULL pointers, bad counts, unknown codes, stale
+ *             handles and calls out of order all return an error status.
  *
  *  Memory.    Synchronous calls read and write the caller's memory, described by
  *             a pb_tensor, only while the call runs; they do not copy it (CPU data
@@ -19,9 +21,11 @@
  *             objects, whose memory the library owns, so no caller pointer is
  *             kept after a call returns (as cgo's pointer rules require).
  *
- *  Handles.   pb_group, pb_buffer and pb_work are opaque handles. A handle that
- *             was freed, closed, or never issued by this library is rejected with
- *             PB_ERR_INVALID_ARGUMENT or PB_ERR_CLOSED, never dereferenced.
+ *  Handles.   pb_group, pb_buffer, pb_work and the others are opaque handles. A
+ *             handle that was closed, or never issued by this library, is rejected
+ *             with PB_ERR_INVALID_ARGUMENT or PB_ERR_CLOSED, never dereferenced.
+ *             Every handle is released by its pb_X_close (the world group: by
+ *             pb_finalize); the older pb_X_free names are deprecated aliases.
  *
  *  Threads.   Every function may be called from any thread. Calls are serialized
  *             inside the library (the embedded interpreter's lock) but a blocking
@@ -84,6 +88,27 @@ typedef struct pb_tensor {
 typedef struct pb_group pb_group;   /* the process group */
 typedef struct pb_buffer pb_buffer; /* library-owned memory for asynchronous calls */
 typedef struct pb_work pb_work;     /* an asynchronous operation in flight */
+
+/* ---- DLPack: tensors of other frameworks ------------------------------------ */
+/* DLPack (dlpack.h) is the tensor exchange standard of torch, JAX/XLA, CuPy and TVM.
+ * Include dlpack.h before this header, or pass the pointer as you have it. */
+struct DLManagedTensor;
+struct DLManagedTensorVersioned;
+
+/* Describe a DLPack tensor as a pb_tensor in *out, without copying: out->data points at
+ * the tensor's memory (its data plus byte_offset), out->count is the product of its
+ * shape. Ownership stays with the caller, who keeps the DLManagedTensor alive while the
+ * descriptor is used and calls its deleter afterwards; nothing here calls the deleter.
+ * Supported: dtypes float32/64, float16, bfloat16, int8, uint8, int32, int64 (lanes 1);
+ * devices kDLCPU and kDLCUDAHost (PB_CPU) and kDLCUDA (its device_id); strides NULL or
+ * those of one compact row-major block.
+ * Errors: PB_ERR_INVALID_ARGUMENT naming what is unsupported: a NULL pointer, the dtype,
+ * the device (or a CUDA device this process does not have), non-contiguous strides. */
+int pb_tensor_from_dlpack(const struct DLManagedTensor *src, pb_tensor *out);
+
+/* The same for DLPack 1.0's versioned tensor. Also refused: another major version, and
+ * a tensor flagged DLPACK_FLAG_BITMASK_READ_ONLY (collectives write in place). */
+int pb_tensor_from_dlpack_versioned(const struct DLManagedTensorVersioned *src, pb_tensor *out);
 
 /* ---- Errors and version (pure C: usable before and without the Python core) ---- */
 
@@ -152,7 +177,7 @@ int pb_local_rank(pb_group *group, int32_t *out);
 /* ---- Subgroups ------------------------------------------------------------------
  * A subgroup is a pb_group like the world: every function that takes a group takes a
  * subgroup, and ranks passed with it (roots, peers, member lists) are ranks WITHIN that
- * group, 0 .. size-1. Free subgroups with pb_group_free; pb_finalize on the world closes
+ * group, 0 .. size-1. Close subgroups with pb_group_close; pb_finalize on the world closes
  * them all (their handles then return PB_ERR_CLOSED). */
 
 /* MPI_Comm_split: COLLECTIVE over `parent`, every member calls it. Members passing the
@@ -175,8 +200,12 @@ int pb_group_nodes(pb_group *parent, int32_t ranks_per_node, pb_group **intra, p
 int pb_group_global_rank(pb_group *group, int32_t group_rank, int32_t *out);
 int pb_group_rank_of(pb_group *group, int32_t global_rank, int32_t *out);
 
-/* Free a subgroup (and its own subgroups); the handle is then unknown. The world group
- * is left with pb_finalize, not freed here (PB_ERR_INVALID_ARGUMENT). */
+/* Close a subgroup (and its own subgroups); the handle is then unknown. The world group
+ * is left with pb_finalize, not closed here (PB_ERR_INVALID_ARGUMENT). */
+int pb_group_close(pb_group *group);
+
+/* Deprecated: use pb_group_close (the same function, under the name every handle's
+ * destructor has: pb_X_close). */
 int pb_group_free(pb_group *group);
 
 /* The device this rank should compute on: its CUDA index under nccl, PB_CPU under gloo. */
@@ -216,12 +245,15 @@ int pb_recv(pb_group *group, const pb_tensor *t, int32_t src, int32_t tag);
 /* Allocate `count` zeroed elements of `dtype` on `device`; store the handle in *out. */
 int pb_buffer_new(int32_t dtype, int64_t count, int32_t device, pb_buffer **out);
 
-/* Describe the buffer's memory in *out. The pointer stays valid until pb_buffer_free;
+/* Describe the buffer's memory in *out. The pointer stays valid until pb_buffer_close;
  * the caller may read and write it, except while an operation on it is in flight. */
 int pb_buffer_tensor(pb_buffer *buffer, pb_tensor *out);
 
 /* Release the buffer. Memory still used by an operation in flight is released
  * when that operation finishes, but the caller must not touch it after this call. */
+int pb_buffer_close(pb_buffer *buffer);
+
+/* Deprecated: use pb_buffer_close (the same function). */
 int pb_buffer_free(pb_buffer *buffer);
 
 /* ---- Asynchronous operations (on library-owned buffers) ------------------------------ */
@@ -245,7 +277,10 @@ int pb_work_wait(pb_work *work, double timeout_seconds);
 /* Store 1 in *done if the operation has finished (and return its status), else 0. */
 int pb_work_test(pb_work *work, int32_t *done);
 
-/* Release the work handle. Freeing unfinished work does not cancel it. */
+/* Release the work handle. Closing unfinished work does not cancel it. */
+int pb_work_close(pb_work *work);
+
+/* Deprecated: use pb_work_close (the same function). */
 int pb_work_free(pb_work *work);
 
 /* ---- RecordIO loader ------------------------------------------------------------ */
@@ -350,7 +385,8 @@ int pb_loader_close(pb_loader *loader);
  * so the collectives match across ranks. Every rank must mark the same gradients and
  * call pb_reducer_wait the same number of times. After the first pb_reducer_wait the
  * buckets are rebuilt once in the order gradients became ready on rank 0 (unless
- * PB_REDUCER_NO_REBUILD): the views then move and the generation counter goes up.
+ * PB_REDUCER_NO_REBUILD); when that order gives other buckets than the initial ones,
+ * the views move and the generation counter goes up (otherwise nothing changes).
  *
  * Threads: the functions may be called from any thread. A reducer's state is guarded
  * by a lock, but which iteration a pb_reducer_mark_ready belongs to is the caller's
@@ -360,40 +396,113 @@ int pb_loader_close(pb_loader *loader);
 
 typedef struct pb_reducer pb_reducer; /* buckets, views and in-flight allreduces */
 
-/* Flags for pb_reducer_new (OR them together). */
+/* Flags (pb_reducer_options.flags; OR them together). */
 #define PB_REDUCER_ALLOW_UNUSED 1 /* pb_reducer_wait accepts unmarked gradients and sends
                                      what their views hold (zero them for "no gradient") */
 #define PB_REDUCER_NO_REBUILD 2   /* keep the initial bucket order (reverse parameter order) */
 
-/* Gradient compression (pb_reducer_new's `compression`): float32 buckets travel as
- * half or bfloat16 and are decompressed in place; other dtypes travel as they are. */
-#define PB_COMPRESS_NONE 0
-#define PB_COMPRESS_FP16 1
-#define PB_COMPRESS_BF16 2
-
-/* Communication hooks (pb_reducer_set_hook): how a full bucket travels. The reducer
+/* Communication hooks (pb_reducer_options.hook): how a full bucket travels. The reducer
  * keeps readiness, launch order and rebuilds; the hook is torch's DDP comm-hook contract. */
 #define PB_HOOK_ALLREDUCE 0   /* sum over the group (divided first for PB_AVG) */
 #define PB_HOOK_FP16 1        /* float32 buckets travel as half, decompressed in place */
 #define PB_HOOK_BF16 2        /* float32 buckets travel as bfloat16 */
 #define PB_HOOK_POWERSGD 3    /* torch's PowerSGD low-rank compression (averages) */
-#define PB_HOOK_NO_WARM_START 1 /* pb_reducer_set_hook flag: PowerSGD redraws Q every step */
+#define PB_HOOK_NO_WARM_START 1 /* hook_flags: PowerSGD redraws Q every step */
 
-/* Create a reducer over `nparams` gradients: gradient i has counts[i] elements of
- * floating-point type dtypes[i] (PB_FLOAT32, PB_FLOAT64, PB_FLOAT16 or PB_BFLOAT16).
- * The buckets live on the group's device (pb_device: host memory under gloo).
- *   bucket_cap_mb  bytes per bucket, in MiB; <= 0 means 25 with a first bucket of
- *                  1 MiB, so that the first allreduce starts early. A cap given here
- *                  applies to the first bucket too (torch DDP's rule).
- *   op             PB_AVG (divide the sum by the world size) or PB_SUM.
- *   compression    PB_COMPRESS_NONE, PB_COMPRESS_FP16 or PB_COMPRESS_BF16.
- *   flags          0 or PB_REDUCER_* flags.
- * The arrays are read during the call only. COLLECTIVE: every rank creates its reducers
- * in the same order with the same counts, dtypes and options; when they differ, every
- * rank gets PB_ERR_INVALID_ARGUMENT. Views start zeroed. Free with pb_reducer_free.
+/* Gradient compression: another name for a hook (PB_COMPRESS_X == PB_HOOK_X, the same
+ * reducer and the same cross-rank signature). float32 buckets travel as half or bfloat16
+ * and are decompressed in place; other dtypes travel as they are. */
+#define PB_COMPRESS_NONE 0
+#define PB_COMPRESS_FP16 1
+#define PB_COMPRESS_BF16 2
+
+/* Gossip topologies (pb_reducer_options.gossip_topology). */
+#define PB_GOSSIP_NONE -1         /* no gossip: buckets travel with the hook (the default) */
+#define PB_GOSSIP_CUBE 0          /* partner i XOR 2^k: symmetric pairs; N a power of two mixes exactly */
+#define PB_GOSSIP_DISSEMINATION 1 /* send to i + 2^k, receive from i - 2^k: every node, any N */
+
+/* Every setting of a reducer, passed once to pb_reducer_create (as sqlite3_open_v2's
+ * flags). Fill it with pb_reducer_options_init, then change what you need: a zeroed
+ * struct is not the defaults (op 0 is PB_SUM, gossip_topology 0 is PB_GOSSIP_CUBE).
+ *
+ * The struct can grow: `size` is sizeof(pb_reducer_options) as the caller was compiled,
+ * and fields that end past it take their defaults, so a program built against an older,
+ * smaller struct keeps working. A size under 4 bytes, one that ends inside a field, or
+ * one larger than this library knows with nonzero bytes past the known fields (settings
+ * of a newer pybridge) is PB_ERR_INVALID_ARGUMENT naming `size`. Fields are only ever
+ * appended. */
+typedef struct pb_reducer_options {
+    uint32_t size;               /* sizeof(pb_reducer_options): set by pb_reducer_options_init */
+    int32_t op;                  /* PB_AVG (default: divide the sum by the world size) or PB_SUM */
+    double bucket_cap_mb;        /* bytes per bucket in MiB; 0 (default): 25, with a 1 MiB first
+                                    bucket so that the first allreduce starts early; a cap given
+                                    here applies to the first bucket too (torch DDP's rule).
+                                    Negative or NaN: PB_ERR_INVALID_ARGUMENT */
+    double first_bucket_cap_mb;  /* the first bucket's cap in MiB; 0 (default): by the rule above */
+    int32_t flags;               /* 0 or PB_REDUCER_* flags */
+    int32_t hook;                /* PB_HOOK_* (default PB_HOOK_ALLREDUCE); PB_COMPRESS_* alike */
+    int32_t hook_rank;           /* PB_HOOK_POWERSGD: the matrix approximation rank, >= 1
+                                    (default 1; 1 to 4 are typical); other hooks ignore it */
+    int32_t hook_flags;          /* 0 or PB_HOOK_NO_WARM_START */
+    int32_t gossip_topology;     /* PB_GOSSIP_NONE (default), PB_GOSSIP_CUBE or
+                                    PB_GOSSIP_DISSEMINATION: see "Gossip" below. Gossip takes the
+                                    hook's place: hook must then stay PB_HOOK_ALLREDUCE */
+    int32_t gossip_ranks_per_node; /* ranks per node, dividing the world size (default 1) */
+    int64_t gossip_seed;         /* >= 0: draws the rotating partners (default 0) */
+    int32_t gossip_sync_every;   /* >= 0: every K-th step is an exact average (default 0: never) */
+    int32_t hook_start_iter;     /* PB_HOOK_POWERSGD: iterations of plain allreduce before
+                                    compression starts (torch's start_powerSGD_iter), >= 2
+                                    (default 2) */
+    const int32_t *ndims;        /* NULL (default): flat gradients. Else gradient i has ndims[i]
+                                    dimensions (0: flat), read in turn from dims (row-major, same
+                                    element count as counts[i]); hooks that compress matrices
+                                    (PB_HOOK_POWERSGD) need them. Read during the call only */
+    const int64_t *dims;
+} pb_reducer_options;
+
+/* Fill *options with the defaults above (size included). Sets every field. */
+static inline void pb_reducer_options_init(pb_reducer_options *options) {
+    options->size = (uint32_t)sizeof(pb_reducer_options);
+    options->op = PB_AVG;
+    options->bucket_cap_mb = 0;
+    options->first_bucket_cap_mb = 0;
+    options->flags = 0;
+    options->hook = PB_HOOK_ALLREDUCE;
+    options->hook_rank = 1;
+    options->hook_flags = 0;
+    options->gossip_topology = PB_GOSSIP_NONE;
+    options->gossip_ranks_per_node = 1;
+    options->gossip_seed = 0;
+    options->gossip_sync_every = 0;
+    options->hook_start_iter = 2;
+    options->ndims = 0;
+    options->dims = 0;
+}
+
+/* Create a reducer over `nparams` gradients, configured by `options` (NULL: the
+ * defaults): gradient i has counts[i] elements of floating-point type dtypes[i]
+ * (PB_FLOAT32, PB_FLOAT64, PB_FLOAT16 or PB_BFLOAT16). The buckets live on the group's
+ * device (pb_device: host memory under gloo). The arrays and *options are read during
+ * the call only. Views start zeroed. Release with pb_reducer_close.
+ *
+ * COLLECTIVE: every rank creates its reducers in the same order with the same counts,
+ * dtypes, shapes and options. One small allgather compares them all (parameters, op,
+ * caps, flags, hook and its settings, gossip settings): when they differ, every rank gets
+ * PB_ERR_INVALID_ARGUMENT naming the settings that differ and each rank's value (e.g. a
+ * PowerSGD rank beside a PB_HOOK_FP16 one), without checked mode. With gossip the call
+ * then creates the node groups (a collective over the group).
+ *
  * Errors: PB_ERR_INVALID_ARGUMENT (NULL arrays with nparams > 0, negative counts,
- * non-float or unknown dtypes, unknown op, compression or flags, mismatch across
- * ranks), PB_ERR_NOT_INITIALIZED / PB_ERR_CLOSED for the group, PB_ERR_TIMEOUT. */
+ * non-float or unknown dtypes, shapes whose element count differs, a bad options size,
+ * unknown op, hook, flags or topology, a bad cap, PowerSGD rank or gossip value, gossip
+ * with a hook other than PB_HOOK_ALLREDUCE, settings that differ across ranks),
+ * PB_ERR_NOT_INITIALIZED / PB_ERR_CLOSED for the group, PB_ERR_TIMEOUT. */
+int pb_reducer_create(pb_group *group, int32_t nparams, const int64_t *counts,
+                      const int32_t *dtypes, const pb_reducer_options *options, pb_reducer **out);
+
+/* Deprecated: use pb_reducer_create. The same reducer as pb_reducer_create with options
+ * op, flags, hook = compression (PB_COMPRESS_*) and bucket_cap_mb, where any
+ * bucket_cap_mb <= 0 means the default (pb_reducer_create refuses a negative cap). */
 int pb_reducer_new(pb_group *group, int32_t nparams, const int64_t *counts,
                    const int32_t *dtypes, double bucket_cap_mb, int32_t op,
                    int32_t compression, int32_t flags, pb_reducer **out);
@@ -402,16 +511,16 @@ int pb_reducer_new(pb_group *group, int32_t nparams, const int64_t *counts,
  * the caller may write (before marking the gradient ready) and read (after
  * pb_reducer_wait). The pointer is valid until the generation changes (see
  * pb_reducer_generation) or the reducer is freed; memory of an older generation stays
- * allocated until pb_reducer_free, so a stale pointer is never a dangling one, but
+ * allocated until pb_reducer_close, so a stale pointer is never a dangling one, but
  * what is written there is no longer reduced. */
 int pb_reducer_grad(pb_reducer *reducer, int32_t index, pb_tensor *out);
 
 /* Describe all gradients' views at once: out has room for n descriptors, n == nparams. */
 int pb_reducer_grads(pb_reducer *reducer, int32_t n, pb_tensor *out);
 
-/* The layout generation in *out: 0 at creation, +1 when pb_reducer_wait rebuilt the
- * buckets (at most once). When it changes, fetch the views again; the gradient values
- * were carried over. */
+/* The layout generation in *out: 0 at creation, +1 when the first pb_reducer_wait
+ * rebuilt the buckets into another layout (at most once; the same buckets keep 0).
+ * When it changes, fetch the views again; the gradient values were carried over. */
 int pb_reducer_generation(pb_reducer *reducer, int64_t *out);
 
 /* Gradient `index` is written for this iteration: the hook. When it completes its
@@ -429,36 +538,35 @@ int pb_reducer_mark_ready(pb_reducer *reducer, int32_t index);
  * or PB_ERR_COMM when the reduction fails. */
 int pb_reducer_wait(pb_reducer *reducer, double timeout_seconds);
 
-/* Choose how buckets travel, before the first gradient is marked (as torch's
- * register_comm_hook). hook: PB_HOOK_*; for PB_HOOK_POWERSGD, `rank` is the matrix
- * approximation rank (>= 1; 1 to 4 are typical) and the first 2 iterations run plain
- * allreduce (torch's start_powerSGD_iter); other hooks ignore `rank`. flags: 0 or
- * PB_HOOK_NO_WARM_START. COLLECTIVE in the sense that every rank must pick the same hook.
- * Replaces the compression chosen at pb_reducer_new. PB_HOOK_ALLREDUCE honours the
- * reducer's op; the others average.
+/* Deprecated: use pb_reducer_options.hook, hook_rank and hook_flags. Chooses how buckets
+ * travel after creation, between iterations (as torch's register_comm_hook); replaces the
+ * hook or gossip chosen before. hook: PB_HOOK_*; `rank` as hook_rank (other hooks ignore
+ * it); flags: 0 or PB_HOOK_NO_WARM_START. Every rank must pick the same hook: the ranks
+ * compare their settings at the first pb_reducer_mark_ready or pb_reducer_wait after the
+ * call (every rank gets PB_ERR_INVALID_ARGUMENT there when they differ).
  * Errors: PB_ERR_INVALID_ARGUMENT for an unknown hook, a bad rank, or a call after the
- * first mark. */
+ * first mark of an iteration. */
 int pb_reducer_set_hook(pb_reducer *reducer, int32_t hook, int32_t rank, int32_t flags);
 
-/* Gossip topologies (pb_reducer_set_gossip). */
-#define PB_GOSSIP_CUBE 0          /* partner i XOR 2^k: symmetric pairs; N a power of two mixes exactly */
-#define PB_GOSSIP_DISSEMINATION 1 /* send to i + 2^k, receive from i - 2^k: every node, any N */
-
-/* Communicate buckets with GossipGraD instead of an allreduce: each node (ranks_per_node
- * consecutive ranks; 1 for one rank per node) averages within itself, then exchanges
- * with one partner node per step (topology PB_GOSSIP_*, partners rotating every
- * ceil(log2 nodes) steps, drawn from `seed`), then shares the result in the node. One
- * bucket-sized message per node per step, whatever the world size; replicas are no longer
- * exactly equal. sync_every = K > 0 makes every K-th step an exact average of the
+/* Gossip: communicate buckets with GossipGraD instead of an allreduce. Each node
+ * (ranks_per_node consecutive ranks; 1 for one rank per node) averages within itself,
+ * then exchanges with one partner node per step (topology PB_GOSSIP_*, partners rotating
+ * every ceil(log2 nodes) steps, drawn from `seed`), then shares the result in the node.
+ * One bucket-sized message per node per step, whatever the world size; replicas are no
+ * longer exactly equal. sync_every = K > 0 makes every K-th step an exact average of the
  * gradients; the caller averages its own parameters there (e.g. pb_all_reduce with
- * PB_AVG) to bring the replicas together. COLLECTIVE over the reducer's group (it creates
- * the node groups); between iterations. Replaces any hook set before. */
+ * PB_AVG) to bring the replicas together.
+ *
+ * Deprecated: use pb_reducer_options.gossip_*. Sets gossip after creation, between
+ * iterations; COLLECTIVE over the reducer's group (it creates the node groups). Replaces
+ * any hook set before; the ranks compare settings as after pb_reducer_set_hook. */
 int pb_reducer_set_gossip(pb_reducer *reducer, int32_t topology, int32_t ranks_per_node,
                           int64_t seed, int32_t sync_every);
 
-/* Give the gradients shapes (row-major; same element counts as at pb_reducer_new), between
- * iterations: hooks that compress matrices (PB_HOOK_POWERSGD) need them. Gradient i has
- * ndims[i] dimensions (0 keeps it flat), read in turn from `dims`. Views keep their memory.
+/* Deprecated: use pb_reducer_options.ndims and dims. Gives the gradients shapes after
+ * creation, between iterations, as those fields do: gradient i has ndims[i] dimensions
+ * (0 keeps it flat), read in turn from `dims`. Views keep their memory. The ranks compare
+ * shapes as after pb_reducer_set_hook.
  * Errors: PB_ERR_INVALID_ARGUMENT when a shape's element count differs, or NULL arrays. */
 int pb_reducer_set_shapes(pb_reducer *reducer, int32_t nparams, const int32_t *ndims,
                           const int64_t *dims);
@@ -466,8 +574,13 @@ int pb_reducer_set_shapes(pb_reducer *reducer, int32_t nparams, const int32_t *n
 /* Set every gradient view to zero (for callers that accumulate into the views). */
 int pb_reducer_zero(pb_reducer *reducer);
 
-/* Release the reducer and its buckets. Pointers from pb_reducer_grad must not be used
- * afterwards. Waits for nothing: call pb_reducer_wait first if buckets are in flight. */
+/* Release the reducer, its buckets and its hook's state (gossip: its thread and node
+ * groups). Pointers from pb_reducer_grad must not be used afterwards. Waits for nothing:
+ * call pb_reducer_wait first if buckets are in flight. Later calls on the handle, a
+ * second pb_reducer_close included, return PB_ERR_INVALID_ARGUMENT. */
+int pb_reducer_close(pb_reducer *reducer);
+
+/* Deprecated: use pb_reducer_close (the same call; every destructor is named _close). */
 int pb_reducer_free(pb_reducer *reducer);
 
 /* Copy `n` tensors from rank `root` to every rank, in place (e.g. initial parameters),
@@ -620,7 +733,7 @@ int pb_fed_worker_new(pb_group *group, pb_fed_worker **out);
 
 /* Block until the server hands out a client. On PB_OK, *has_task is 1 and *task describes
  * it (fetch the model with pb_fed_worker_task_model), or *has_task is 0 once the server
- * has terminated the federation (the worker is then done: free it). Each task must be
+ * has terminated the federation (the worker is then done: close it). Each task must be
  * answered (pb_fed_worker_submit or pb_fed_worker_fail) before the next call.
  * Errors: PB_ERR_INVALID_ARGUMENT when the previous task is unanswered; PB_ERR_COMM when
  * the server's connection broke (it died: the message names rank 0); the call does not
@@ -645,6 +758,9 @@ int pb_fed_worker_fail(pb_fed_worker *worker, const char *message);
 
 /* Release the worker (leaving the federation early if the server has not terminated it:
  * the server then sees it as lost). The handle is then unknown. */
+int pb_fed_worker_close(pb_fed_worker *worker);
+
+/* Deprecated: use pb_fed_worker_close (the same function). */
 int pb_fed_worker_free(pb_fed_worker *worker);
 
 #ifdef __cplusplus

@@ -6,7 +6,6 @@ package pybridge
 import "C"
 
 import (
-	"sync"
 	"time"
 	"unsafe"
 )
@@ -18,8 +17,7 @@ import (
 // Data is safe to read and write except while an operation on the buffer is
 // in flight (after it starts and before its Work reports done).
 type Buffer[T Numeric] struct {
-	mu   sync.Mutex
-	h    *C.pb_buffer
+	cHandle[*C.pb_buffer]
 	data unsafe.Pointer // C memory, valid until Close
 	n    int
 }
@@ -34,14 +32,16 @@ func NewBuffer[T Numeric](n int) (*Buffer[T], error) {
 	var data unsafe.Pointer
 	var count C.int64_t
 	var msg *C.char
-	if err := check(op, C.pbgo_buffer_new(dtypeOf[T](), C.int64_t(n), &h, &data, &count, &msg), msg); err != nil {
+	if err := check(op, C.pbgo_buffer_new_host(dtypeOf[T](), C.int64_t(n), &h, &data, &count, &msg), msg); err != nil {
 		return nil, err
 	}
 	if int(count) != n || (n > 0 && data == nil) {
-		C.pbgo_buffer_free(h, nil)
+		C.pbgo_buffer_close(h, nil)
 		return nil, newError(statusInternal, op, "library returned %d elements at %p for %d requested", count, data, n)
 	}
-	return &Buffer[T]{h: h, data: data, n: n}, nil
+	b := &Buffer[T]{data: data, n: n}
+	b.h = h
+	return b, nil
 }
 
 // Data returns the buffer's memory as a slice (nil once the buffer is closed).
@@ -50,9 +50,9 @@ func (b *Buffer[T]) Data() []T {
 	if b == nil {
 		return nil
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.h == nil || b.n == 0 {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if !b.open() || b.n == 0 {
 		return nil
 	}
 	return unsafe.Slice((*T)(b.data), b.n)
@@ -72,38 +72,25 @@ func (b *Buffer[T]) Len() int {
 func (b *Buffer[T]) Close() error {
 	const op = "Buffer.Close"
 	if b == nil {
-		return newError(statusInvalidArgument, op, "nil *Buffer")
+		return nilError(op, "Buffer")
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.h == nil {
-		return nil
-	}
-	h := b.h
-	b.h, b.data = nil, nil
-	var msg *C.char
-	return check(op, C.pbgo_buffer_free(h, &msg), msg)
+	return b.close(op, func(h *C.pb_buffer, msg **C.char) C.int {
+		b.data = nil
+		return C.pbgo_buffer_close(h, msg)
+	})
 }
 
-// handle is checked in Go because a freed C handle must never reach the library
-// again: it could alias a later allocation.
 func (b *Buffer[T]) handle(op string) (*C.pb_buffer, error) {
 	if b == nil {
-		return nil, newError(statusInvalidArgument, op, "nil *Buffer")
+		return nil, nilError(op, "Buffer")
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.h == nil {
-		return nil, newError(statusClosed, op, "buffer is closed")
-	}
-	return b.h, nil
+	return b.get(op, "buffer is closed")
 }
 
 // Work is an asynchronous operation in flight. Its buffers hold the result
 // once Wait returns nil or Test reports done without error. Close it when done.
 type Work struct {
-	mu sync.Mutex
-	h  *C.pb_work
+	cHandle[*C.pb_work]
 	op string
 }
 
@@ -113,8 +100,7 @@ type Work struct {
 // "not finished yet": the operation goes on, and a later Wait or Test reports
 // its result (as Python's Work.wait and concurrent.futures do).
 func (w *Work) Wait(timeout time.Duration) error {
-	op := "Work.Wait"
-	h, err := w.handle(op)
+	h, err := w.handle("Work.Wait")
 	if err != nil {
 		return err
 	}
@@ -129,8 +115,7 @@ func (w *Work) Wait(timeout time.Duration) error {
 // Test reports without blocking whether the operation has finished, and its
 // error if it finished with one. Poll until done is true or err is non-nil.
 func (w *Work) Test() (bool, error) {
-	op := "Work.Test"
-	h, err := w.handle(op)
+	h, err := w.handle("Work.Test")
 	if err != nil {
 		return false, err
 	}
@@ -145,37 +130,58 @@ func (w *Work) Test() (bool, error) {
 func (w *Work) Close() error {
 	const op = "Work.Close"
 	if w == nil {
-		return newError(statusInvalidArgument, op, "nil *Work")
+		return nilError(op, "Work")
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.h == nil {
-		return nil
-	}
-	h := w.h
-	w.h = nil
-	var msg *C.char
-	return check(op, C.pbgo_work_free(h, &msg), msg)
+	return w.close(op, func(h *C.pb_work, msg **C.char) C.int { return C.pbgo_work_close(h, msg) })
 }
 
 func (w *Work) handle(op string) (*C.pb_work, error) {
 	if w == nil {
-		return nil, newError(statusInvalidArgument, op, "nil *Work")
+		return nil, nilError(op, "Work")
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.h == nil {
-		return nil, newError(statusClosed, op, "work is closed")
-	}
-	return w.h, nil
+	return w.get(op, "work is closed")
 }
 
-// start finishes an async call: the error, or the Work for the handle.
-func start(op string, st C.int, h *C.pb_work, msg *C.char) (*Work, error) {
-	if err := check(op, st, msg); err != nil {
+// bufferRef is a *Buffer[T] of any element type.
+type bufferRef interface {
+	handle(op string) (*C.pb_buffer, error)
+}
+
+// intArg is an int argument of an asynchronous start, named for its error.
+type intArg struct {
+	what string
+	v    int
+}
+
+// startWork is what every asynchronous start shares: it checks, in this order, the
+// group, the int arguments (converted for the C ABI) and the buffers, then start
+// makes the library call with them, and its work handle becomes a *Work.
+func startWork(name string, g *Group, args []intArg, bufs []bufferRef,
+	start func(g *C.pb_group, args []C.int32_t, bufs []*C.pb_buffer, w **C.pb_work, msg **C.char) C.int) (*Work, error) {
+	gh, err := g.handle(name)
+	if err != nil {
 		return nil, err
 	}
-	return &Work{h: h, op: op}, nil
+	cargs := make([]C.int32_t, len(args))
+	for i, a := range args {
+		if cargs[i], err = toInt32(name, a.what, a.v); err != nil {
+			return nil, err
+		}
+	}
+	cbufs := make([]*C.pb_buffer, len(bufs))
+	for i, b := range bufs {
+		if cbufs[i], err = b.handle(name); err != nil {
+			return nil, err
+		}
+	}
+	var h *C.pb_work
+	var msg *C.char
+	if err := check(name, start(gh, cargs, cbufs, &h, &msg), msg); err != nil {
+		return nil, err
+	}
+	w := &Work{op: name}
+	w.h = h
+	return w, nil
 }
 
 // AllReduceAsync starts AllReduce on b's contents; see AllReduce.
@@ -183,19 +189,10 @@ func start(op string, st C.int, h *C.pb_work, msg *C.char) (*Work, error) {
 // All ranks must start collectives in the same order; when several goroutines
 // start them, the program must impose that order.
 func AllReduceAsync[T Numeric](g *Group, b *Buffer[T], op Op) (*Work, error) {
-	const name = "AllReduceAsync"
-	gh, err := g.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	bh, err := b.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	var w *C.pb_work
-	var msg *C.char
-	st := C.pbgo_all_reduce_async(gh, bh, C.int32_t(op), &w, &msg)
-	return start(name, st, w, msg)
+	return startWork("AllReduceAsync", g, nil, []bufferRef{b},
+		func(g *C.pb_group, _ []C.int32_t, b []*C.pb_buffer, w **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_all_reduce_async(g, b[0], C.int32_t(op), w, msg)
+		})
 }
 
 // BroadcastAsync starts Broadcast of b's contents from rank root; see Broadcast.
@@ -203,23 +200,10 @@ func AllReduceAsync[T Numeric](g *Group, b *Buffer[T], op Op) (*Work, error) {
 // All ranks must start collectives in the same order; when several goroutines
 // start them, the program must impose that order.
 func BroadcastAsync[T Numeric](g *Group, b *Buffer[T], root int) (*Work, error) {
-	const name = "BroadcastAsync"
-	gh, err := g.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	r, err := toInt32(name, "root", root)
-	if err != nil {
-		return nil, err
-	}
-	bh, err := b.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	var w *C.pb_work
-	var msg *C.char
-	st := C.pbgo_broadcast_async(gh, bh, r, &w, &msg)
-	return start(name, st, w, msg)
+	return startWork("BroadcastAsync", g, []intArg{{"root", root}}, []bufferRef{b},
+		func(g *C.pb_group, a []C.int32_t, b []*C.pb_buffer, w **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_broadcast_async(g, b[0], a[0], w, msg)
+		})
 }
 
 // AllGatherAsync starts AllGather from send into recv; see AllGather.
@@ -227,23 +211,10 @@ func BroadcastAsync[T Numeric](g *Group, b *Buffer[T], root int) (*Work, error) 
 // All ranks must start collectives in the same order; when several goroutines
 // start them, the program must impose that order.
 func AllGatherAsync[T Numeric](g *Group, send, recv *Buffer[T]) (*Work, error) {
-	const name = "AllGatherAsync"
-	gh, err := g.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	sh, err := send.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	rh, err := recv.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	var w *C.pb_work
-	var msg *C.char
-	st := C.pbgo_all_gather_async(gh, sh, rh, &w, &msg)
-	return start(name, st, w, msg)
+	return startWork("AllGatherAsync", g, nil, []bufferRef{send, recv},
+		func(g *C.pb_group, _ []C.int32_t, b []*C.pb_buffer, w **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_all_gather_async(g, b[0], b[1], w, msg)
+		})
 }
 
 // ReduceScatterAsync starts ReduceScatter from send into recv; see ReduceScatter.
@@ -251,23 +222,10 @@ func AllGatherAsync[T Numeric](g *Group, send, recv *Buffer[T]) (*Work, error) {
 // All ranks must start collectives in the same order; when several goroutines
 // start them, the program must impose that order.
 func ReduceScatterAsync[T Numeric](g *Group, send, recv *Buffer[T], op Op) (*Work, error) {
-	const name = "ReduceScatterAsync"
-	gh, err := g.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	sh, err := send.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	rh, err := recv.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	var w *C.pb_work
-	var msg *C.char
-	st := C.pbgo_reduce_scatter_async(gh, sh, rh, C.int32_t(op), &w, &msg)
-	return start(name, st, w, msg)
+	return startWork("ReduceScatterAsync", g, nil, []bufferRef{send, recv},
+		func(g *C.pb_group, _ []C.int32_t, b []*C.pb_buffer, w **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_reduce_scatter_async(g, b[0], b[1], C.int32_t(op), w, msg)
+		})
 }
 
 // ISend starts sending b's contents to rank dst; see Send.
@@ -275,23 +233,10 @@ func ReduceScatterAsync[T Numeric](g *Group, send, recv *Buffer[T], op Op) (*Wor
 // Point-to-point operations between two ranks must be started in matching
 // order on both, like collectives.
 func ISend[T Numeric](g *Group, b *Buffer[T], dst, tag int) (*Work, error) {
-	const name = "ISend"
-	gh, err := g.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	d, tg, err := peerAndTag(name, "destination", dst, tag)
-	if err != nil {
-		return nil, err
-	}
-	bh, err := b.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	var w *C.pb_work
-	var msg *C.char
-	st := C.pbgo_isend(gh, bh, d, tg, &w, &msg)
-	return start(name, st, w, msg)
+	return startWork("ISend", g, []intArg{{"destination", dst}, {"tag", tag}}, []bufferRef{b},
+		func(g *C.pb_group, a []C.int32_t, b []*C.pb_buffer, w **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_isend(g, b[0], a[0], a[1], w, msg)
+		})
 }
 
 // IRecv starts receiving into b from rank src; see Recv.
@@ -299,21 +244,8 @@ func ISend[T Numeric](g *Group, b *Buffer[T], dst, tag int) (*Work, error) {
 // Point-to-point operations between two ranks must be started in matching
 // order on both, like collectives.
 func IRecv[T Numeric](g *Group, b *Buffer[T], src, tag int) (*Work, error) {
-	const name = "IRecv"
-	gh, err := g.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	s, tg, err := peerAndTag(name, "source", src, tag)
-	if err != nil {
-		return nil, err
-	}
-	bh, err := b.handle(name)
-	if err != nil {
-		return nil, err
-	}
-	var w *C.pb_work
-	var msg *C.char
-	st := C.pbgo_irecv(gh, bh, s, tg, &w, &msg)
-	return start(name, st, w, msg)
+	return startWork("IRecv", g, []intArg{{"source", src}, {"tag", tag}}, []bufferRef{b},
+		func(g *C.pb_group, a []C.int32_t, b []*C.pb_buffer, w **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_irecv(g, b[0], a[0], a[1], w, msg)
+		})
 }

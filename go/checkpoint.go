@@ -2,20 +2,6 @@ package pybridge
 
 /*
 #include "pbgo.h"
-
-static inline int pbgo_checkpoint_save(const char *dir, int64_t step, int32_t n, char **names,
-                                       const pb_tensor *tensors, pb_loader *loader,
-                                       pb_reducer *reducer, int32_t keep, char **msg) {
-	return pbgo_status(pb_checkpoint_save(dir, step, n, (const char *const *)names, tensors,
-	                                      loader, reducer, keep), msg);
-}
-
-static inline int pbgo_checkpoint_restore(pb_group *g, const char *dir, int32_t n, char **names,
-                                          const pb_tensor *tensors, pb_loader *loader,
-                                          pb_reducer *reducer, int64_t *step, char **msg) {
-	return pbgo_status(pb_checkpoint_restore(g, dir, n, (const char *const *)names, tensors,
-	                                         loader, reducer, step), msg);
-}
 */
 import "C"
 

@@ -107,7 +107,7 @@ func AllReduce[T Numeric](g *Group, data []T, op Op) error {
 	}
 	p, n := dataOf(data)
 	var msg *C.char
-	return check(name, C.pbgo_all_reduce(h, p, n, dtypeOf[T](), C.int32_t(op), &msg), msg)
+	return check(name, C.pbgo_all_reduce_slice(h, p, n, dtypeOf[T](), C.int32_t(op), &msg), msg)
 }
 
 // Broadcast copies data from rank root into data on every rank, in place.
@@ -127,7 +127,7 @@ func Broadcast[T Numeric](g *Group, data []T, root int) error {
 	}
 	p, n := dataOf(data)
 	var msg *C.char
-	return check(name, C.pbgo_broadcast(h, p, n, dtypeOf[T](), r, &msg), msg)
+	return check(name, C.pbgo_broadcast_slice(h, p, n, dtypeOf[T](), r, &msg), msg)
 }
 
 // AllGather concatenates every rank's send slice, in rank order, into recv on
@@ -136,15 +136,10 @@ func Broadcast[T Numeric](g *Group, data []T, root int) error {
 // All ranks must call collectives in the same order; when several goroutines
 // call them, the program must impose that order.
 func AllGather[T Numeric](g *Group, send, recv []T) error {
-	const name = "AllGather"
-	h, err := g.handle(name)
-	if err != nil {
-		return err
-	}
-	ps, ns := dataOf(send)
-	pr, nr := dataOf(recv)
-	var msg *C.char
-	return check(name, C.pbgo_all_gather(h, ps, ns, pr, nr, dtypeOf[T](), &msg), msg)
+	return sendRecv(g, "AllGather", send, recv, func(h *C.pb_group, ps unsafe.Pointer, ns C.int64_t,
+		pr unsafe.Pointer, nr C.int64_t, dt C.int32_t, msg **C.char) C.int {
+		return C.pbgo_all_gather_slice(h, ps, ns, pr, nr, dt, msg)
+	})
 }
 
 // ReduceScatter reduces send (Size() blocks of len(recv) elements) over all
@@ -153,7 +148,16 @@ func AllGather[T Numeric](g *Group, send, recv []T) error {
 // All ranks must call collectives in the same order; when several goroutines
 // call them, the program must impose that order.
 func ReduceScatter[T Numeric](g *Group, send, recv []T, op Op) error {
-	const name = "ReduceScatter"
+	return sendRecv(g, "ReduceScatter", send, recv, func(h *C.pb_group, ps unsafe.Pointer, ns C.int64_t,
+		pr unsafe.Pointer, nr C.int64_t, dt C.int32_t, msg **C.char) C.int {
+		return C.pbgo_reduce_scatter_slice(h, ps, ns, pr, nr, dt, C.int32_t(op), msg)
+	})
+}
+
+// sendRecv makes a collective that reads send and writes recv (AllGather,
+// ReduceScatter) on g's handle.
+func sendRecv[T Numeric](g *Group, name string, send, recv []T,
+	call func(*C.pb_group, unsafe.Pointer, C.int64_t, unsafe.Pointer, C.int64_t, C.int32_t, **C.char) C.int) error {
 	h, err := g.handle(name)
 	if err != nil {
 		return err
@@ -161,7 +165,7 @@ func ReduceScatter[T Numeric](g *Group, send, recv []T, op Op) error {
 	ps, ns := dataOf(send)
 	pr, nr := dataOf(recv)
 	var msg *C.char
-	return check(name, C.pbgo_reduce_scatter(h, ps, ns, pr, nr, dtypeOf[T](), C.int32_t(op), &msg), msg)
+	return check(name, call(h, ps, ns, pr, nr, dtypeOf[T](), &msg), msg)
 }
 
 // Send sends data to rank dst and returns when it has been handed over. It
@@ -170,18 +174,10 @@ func ReduceScatter[T Numeric](g *Group, send, recv []T, op Op) error {
 // Point-to-point calls between two ranks must be issued in matching order on
 // both, like collectives.
 func Send[T Numeric](g *Group, data []T, dst, tag int) error {
-	const name = "Send"
-	h, err := g.handle(name)
-	if err != nil {
-		return err
-	}
-	d, tg, err := peerAndTag(name, "destination", dst, tag)
-	if err != nil {
-		return err
-	}
-	p, n := dataOf(data)
-	var msg *C.char
-	return check(name, C.pbgo_send(h, p, n, dtypeOf[T](), d, tg, &msg), msg)
+	return pointToPoint(g, "Send", "destination", data, dst, tag, func(h *C.pb_group, p unsafe.Pointer,
+		n C.int64_t, dt, peer, tag C.int32_t, msg **C.char) C.int {
+		return C.pbgo_send_slice(h, p, n, dt, peer, tag, msg)
+	})
 }
 
 // Recv receives into data from rank src, matching its Send with the same tag.
@@ -189,18 +185,27 @@ func Send[T Numeric](g *Group, data []T, dst, tag int) error {
 // Point-to-point calls between two ranks must be issued in matching order on
 // both, like collectives.
 func Recv[T Numeric](g *Group, data []T, src, tag int) error {
-	const name = "Recv"
+	return pointToPoint(g, "Recv", "source", data, src, tag, func(h *C.pb_group, p unsafe.Pointer,
+		n C.int64_t, dt, peer, tag C.int32_t, msg **C.char) C.int {
+		return C.pbgo_recv_slice(h, p, n, dt, peer, tag, msg)
+	})
+}
+
+// pointToPoint checks a Send or Recv's group, peer (what: "destination" or
+// "source") and tag, and makes the call on data.
+func pointToPoint[T Numeric](g *Group, name, what string, data []T, peer, tag int,
+	call func(*C.pb_group, unsafe.Pointer, C.int64_t, C.int32_t, C.int32_t, C.int32_t, **C.char) C.int) error {
 	h, err := g.handle(name)
 	if err != nil {
 		return err
 	}
-	s, tg, err := peerAndTag(name, "source", src, tag)
+	pr, tg, err := peerAndTag(name, what, peer, tag)
 	if err != nil {
 		return err
 	}
 	p, n := dataOf(data)
 	var msg *C.char
-	return check(name, C.pbgo_recv(h, p, n, dtypeOf[T](), s, tg, &msg), msg)
+	return check(name, call(h, p, n, dtypeOf[T](), pr, tg, &msg), msg)
 }
 
 // peerAndTag converts a point-to-point call's peer rank and tag for the C ABI.

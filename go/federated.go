@@ -7,7 +7,6 @@ import "C"
 
 import (
 	"strconv"
-	"sync"
 	"time"
 	"unsafe"
 )
@@ -110,8 +109,7 @@ type FedResult struct {
 // FedServer is rank 0 of a federated group; T is the model's element type.
 // Use it from one goroutine.
 type FedServer[T Float] struct {
-	mu sync.Mutex
-	h  *C.pb_fed_server
+	cHandle[*C.pb_fed_server]
 }
 
 // NewFedServer creates the server on rank 0 of g. It is a collective with the
@@ -138,21 +136,18 @@ func NewFedServer[T Float](g *Group, opts ...FedOption) (*FedServer[T], error) {
 	if err := check(op, st, msg); err != nil {
 		return nil, err
 	}
-	return &FedServer[T]{h: h}, nil
+	s := &FedServer[T]{}
+	s.h = h
+	return s, nil
 }
 
-// lock returns the handle with s.mu held; a closed server's handle is gone, so
-// it never reaches the library again.
+// lock returns the handle with s.mu held (the caller unlocks): calls on a server
+// run one at a time.
 func (s *FedServer[T]) lock(op string) (*C.pb_fed_server, error) {
 	if s == nil {
-		return nil, newError(statusInvalidArgument, op, "nil *FedServer")
+		return nil, nilError(op, "FedServer")
 	}
-	s.mu.Lock()
-	if s.h == nil {
-		s.mu.Unlock()
-		return nil, newError(statusClosed, op, "federated server is closed")
-	}
-	return s.h, nil
+	return s.acquire(op, "federated server is closed")
 }
 
 // StartRound sends model to the workers and hands out clients (ids >= 0, each
@@ -183,7 +178,7 @@ func (s *FedServer[T]) start(op string, clients []int, model []T, cmd FedCommand
 	}
 	data, n := dataOf(model)
 	var msg *C.char
-	st := C.pbgo_fed_server_start_round(h, idp, C.int64_t(len(ids)), data, n, dtypeOf[T](), C.int32_t(cmd), &msg)
+	st := C.pbgo_fed_server_start_round_slice(h, idp, C.int64_t(len(ids)), data, n, dtypeOf[T](), C.int32_t(cmd), &msg)
 	return check(op, st, msg)
 }
 
@@ -230,7 +225,7 @@ func (s *FedServer[T]) Payload(dst []T) error {
 	defer s.mu.Unlock()
 	data, n := dataOf(dst)
 	var msg *C.char
-	return check(op, C.pbgo_fed_server_result_payload(h, data, n, dtypeOf[T](), &msg), msg)
+	return check(op, C.pbgo_fed_server_result_payload_slice(h, data, n, dtypeOf[T](), &msg), msg)
 }
 
 // Aggregate applies FedAvg to the training results pulled this round and
@@ -247,7 +242,7 @@ func (s *FedServer[T]) Aggregate(lr float64, model []T) (int, error) {
 	data, n := dataOf(model)
 	var clients C.int32_t
 	var msg *C.char
-	st := C.pbgo_fed_server_aggregate(h, C.double(lr), data, n, dtypeOf[T](), &clients, &msg)
+	st := C.pbgo_fed_server_aggregate_slice(h, C.double(lr), data, n, dtypeOf[T](), &clients, &msg)
 	return int(clients), check(op, st, msg)
 }
 
@@ -256,17 +251,9 @@ func (s *FedServer[T]) Aggregate(lr float64, model []T) (int, error) {
 func (s *FedServer[T]) Close() error {
 	const op = "FedServer.Close"
 	if s == nil {
-		return newError(statusInvalidArgument, op, "nil *FedServer")
+		return nilError(op, "FedServer")
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.h == nil {
-		return nil
-	}
-	h := s.h
-	s.h = nil
-	var msg *C.char
-	return check(op, C.pbgo_fed_server_close(h, &msg), msg)
+	return s.close(op, func(h *C.pb_fed_server, msg **C.char) C.int { return C.pbgo_fed_server_close(h, msg) })
 }
 
 // FedTask is a client to train or evaluate on the round's model.
@@ -280,8 +267,7 @@ type FedTask[T Float] struct {
 // FedWorker is a worker of a federated group (any rank but 0); T is the
 // model's element type. Use it from one goroutine.
 type FedWorker[T Float] struct {
-	mu sync.Mutex
-	h  *C.pb_fed_worker
+	cHandle[*C.pb_fed_worker]
 }
 
 // NewFedWorker creates a worker on a rank other than 0 of g. It is a
@@ -297,19 +283,17 @@ func NewFedWorker[T Float](g *Group) (*FedWorker[T], error) {
 	if err := check(op, C.pbgo_fed_worker_new(gh, &h, &msg), msg); err != nil {
 		return nil, err
 	}
-	return &FedWorker[T]{h: h}, nil
+	w := &FedWorker[T]{}
+	w.h = h
+	return w, nil
 }
 
+// lock returns the handle with w.mu held (the caller unlocks), as FedServer's.
 func (w *FedWorker[T]) lock(op string) (*C.pb_fed_worker, error) {
 	if w == nil {
-		return nil, newError(statusInvalidArgument, op, "nil *FedWorker")
+		return nil, nilError(op, "FedWorker")
 	}
-	w.mu.Lock()
-	if w.h == nil {
-		w.mu.Unlock()
-		return nil, newError(statusClosed, op, "federated worker is closed")
-	}
-	return w.h, nil
+	return w.acquire(op, "federated worker is closed")
 }
 
 // Next blocks until the server hands out a client; ok is false once the
@@ -340,7 +324,7 @@ func (w *FedWorker[T]) Next() (task *FedTask[T], ok bool, err error) {
 	}
 	model := make([]T, int(t.length))
 	data, n := dataOf(model)
-	if err := check(op, C.pbgo_fed_worker_task_model(h, data, n, t.dtype, &msg), msg); err != nil {
+	if err := check(op, C.pbgo_fed_worker_task_model_slice(h, data, n, t.dtype, &msg), msg); err != nil {
 		return nil, false, err
 	}
 	return &FedTask[T]{Command: FedCommand(t.command), Round: int(t.round), Client: int(t.client), Model: model}, true, nil
@@ -358,7 +342,7 @@ func (w *FedWorker[T]) Submit(result []T, samples int) error {
 	defer w.mu.Unlock()
 	data, n := dataOf(result)
 	var msg *C.char
-	return check(op, C.pbgo_fed_worker_submit(h, data, n, dtypeOf[T](), C.int64_t(samples), &msg), msg)
+	return check(op, C.pbgo_fed_worker_submit_slice(h, data, n, dtypeOf[T](), C.int64_t(samples), &msg), msg)
 }
 
 // Fail tells the server that the open task could not be done; message is
@@ -381,15 +365,7 @@ func (w *FedWorker[T]) Fail(message string) error {
 func (w *FedWorker[T]) Close() error {
 	const op = "FedWorker.Close"
 	if w == nil {
-		return newError(statusInvalidArgument, op, "nil *FedWorker")
+		return nilError(op, "FedWorker")
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.h == nil {
-		return nil
-	}
-	h := w.h
-	w.h = nil
-	var msg *C.char
-	return check(op, C.pbgo_fed_worker_free(h, &msg), msg)
+	return w.close(op, func(h *C.pb_fed_worker, msg **C.char) C.int { return C.pbgo_fed_worker_close(h, msg) })
 }

@@ -7,7 +7,6 @@ import "C"
 
 import (
 	"math"
-	"sync"
 	"time"
 	"unsafe"
 )
@@ -23,13 +22,11 @@ const CPU = C.PB_CPU
 // their order alone: when several goroutines issue collectives, the program
 // must make every rank issue them in the same order.
 type Group struct {
-	h                             *C.pb_group
+	cHandle[*C.pb_group] // the world's handle stays set after Close: see handle
+
 	rank, size, localRank, device int
 	ranks                         []int // global rank of each member
 	sub                           bool  // a subgroup: Close frees it
-
-	mu     sync.Mutex
-	closed bool
 }
 
 type config struct {
@@ -125,7 +122,7 @@ func Init(opts ...Option) (*Group, error) {
 	if c.watchdog < 0 {
 		watchdog = -1
 	}
-	st := C.pbgo_init(method, backend, rank, size, local, C.double(c.timeout.Seconds()), flags,
+	st := C.pbgo_init_v2(method, backend, rank, size, local, C.double(c.timeout.Seconds()), flags,
 		C.double(watchdog), &h, &msg)
 	if err := check(op, st, msg); err != nil {
 		return nil, err
@@ -145,8 +142,9 @@ func describe(op string, h *C.pb_group, world bool) (*Group, error) {
 	if err := check(op, C.pbgo_info(h, &info[0], &msg), msg); err != nil {
 		return nil, err
 	}
-	g := &Group{h: h, rank: int(info[0]), size: int(info[1]), localRank: int(info[2]),
+	g := &Group{rank: int(info[0]), size: int(info[1]), localRank: int(info[2]),
 		device: int(info[3]), ranks: make([]int, int(info[1]))}
+	g.h = h
 	if world {
 		for i := range g.ranks {
 			g.ranks[i] = i
@@ -214,34 +212,26 @@ func (g *Group) Barrier() error {
 func (g *Group) Close() error {
 	const op = "Close"
 	if g == nil || g.h == nil {
-		return newError(statusInvalidArgument, op, "nil *Group")
+		return nilError(op, "Group")
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.closed {
-		return nil
-	}
-	g.closed = true
-	var msg *C.char
-	if g.sub {
-		return check(op, C.pbgo_group_free(g.h, &msg), msg)
-	}
-	return check(op, C.pbgo_finalize(g.h, &msg), msg)
+	return g.close(op, func(h *C.pb_group, msg **C.char) C.int {
+		if g.sub {
+			return C.pbgo_group_close(h, msg)
+		}
+		return C.pbgo_finalize(h, msg)
+	})
 }
 
-// handle returns the C handle. A closed group keeps its handle: the library
-// answers PB_ERR_CLOSED for it, so the message comes from one place.
+// handle returns the C handle. A closed world group keeps passing its handle: the
+// library answers PB_ERR_CLOSED for it (and for its subgroups), so that message
+// comes from one place. A closed subgroup's handle is unknown to the library: Go
+// answers for it.
 func (g *Group) handle(op string) (*C.pb_group, error) {
 	if g == nil || g.h == nil {
-		return nil, newError(statusInvalidArgument, op, "nil *Group")
+		return nil, nilError(op, "Group")
 	}
-	if g.sub { // a freed subgroup's handle is unknown to the library: answer here
-		g.mu.Lock()
-		closed := g.closed
-		g.mu.Unlock()
-		if closed {
-			return nil, newError(statusClosed, op, "subgroup was closed")
-		}
+	if g.sub {
+		return g.get(op, "subgroup was closed")
 	}
 	return g.h, nil
 }
@@ -333,7 +323,7 @@ func (g *Group) Nodes(ranksPerNode int) (intra, cross *Group, err error) {
 		return nil, nil, err
 	}
 	if intra, err = g.child(op, a); err != nil {
-		C.pbgo_group_free(b, nil)
+		C.pbgo_group_close(b, nil)
 		return nil, nil, err
 	}
 	if cross, err = g.child(op, b); err != nil {
@@ -378,7 +368,7 @@ func (g *Group) child(op string, h *C.pb_group) (*Group, error) {
 	}
 	sub, err := describe(op, h, false)
 	if err != nil {
-		C.pbgo_group_free(h, nil)
+		C.pbgo_group_close(h, nil)
 		return nil, err
 	}
 	sub.sub = true

@@ -7,7 +7,6 @@ import "C"
 
 import (
 	"math"
-	"sync"
 	"unsafe"
 )
 
@@ -83,8 +82,8 @@ func WithPrefetch(batches int) LoaderOption {
 //
 // A Loader may be used from one goroutine at a time.
 type Loader struct {
-	mu         sync.Mutex
-	h          *C.pb_loader
+	cHandle[*C.pb_loader] // its mu also guards batch and err
+
 	batch      Batch
 	err        error
 	numRecords int
@@ -185,7 +184,8 @@ func OpenLoader(g *Group, files []string, batchSize int, opts ...LoaderOption) (
 	if err := check(op, st, msg); err != nil {
 		return nil, err
 	}
-	l := &Loader{h: h}
+	l := &Loader{}
+	l.h = h
 	if c.prefetch != nil {
 		if err := check(op, C.pbgo_loader_set_prefetch(h, C.int32_t(*c.prefetch), &msg), msg); err != nil {
 			C.pbgo_loader_close(h, nil)
@@ -219,8 +219,9 @@ func (l *Loader) Next() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.batch, l.err = Batch{}, nil
-	if l.h == nil {
-		l.err = newError(statusClosed, op, "loader is closed")
+	h, err := l.live(op, "loader is closed")
+	if err != nil {
+		l.err = err
 		return false
 	}
 	var data *C.uint8_t
@@ -228,7 +229,7 @@ func (l *Loader) Next() bool {
 	var count C.int64_t
 	var has C.int32_t
 	var msg *C.char
-	if l.err = check(op, C.pbgo_loader_next(l.h, &data, &offsets, &count, &has, &msg), msg); l.err != nil {
+	if l.err = check(op, C.pbgo_loader_next(h, &data, &offsets, &count, &has, &msg), msg); l.err != nil {
 		return false
 	}
 	if has == 0 {
@@ -259,7 +260,7 @@ func (l *Loader) Batch() *Batch {
 // Err returns the error that ended the last Next, or nil at the end of a pass.
 func (l *Loader) Err() error {
 	if l == nil {
-		return newError(statusInvalidArgument, "Loader.Err", "nil *Loader")
+		return nilError("Loader.Err", "Loader")
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -331,28 +332,17 @@ func (l *Loader) info(op string) ([3]int64, error) {
 func (l *Loader) Close() error {
 	const op = "Loader.Close"
 	if l == nil {
-		return newError(statusInvalidArgument, op, "nil *Loader")
+		return nilError(op, "Loader")
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.h == nil {
-		return nil
-	}
-	h := l.h
-	l.h, l.batch = nil, Batch{}
-	var msg *C.char
-	return check(op, C.pbgo_loader_close(h, &msg), msg)
+	return l.close(op, func(h *C.pb_loader, msg **C.char) C.int {
+		l.batch = Batch{}
+		return C.pbgo_loader_close(h, msg)
+	})
 }
 
-// handle is checked in Go: a closed handle never reaches the library again.
 func (l *Loader) handle(op string) (*C.pb_loader, error) {
 	if l == nil {
-		return nil, newError(statusInvalidArgument, op, "nil *Loader")
+		return nil, nilError(op, "Loader")
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.h == nil {
-		return nil, newError(statusClosed, op, "loader is closed")
-	}
-	return l.h, nil
+	return l.get(op, "loader is closed")
 }

@@ -8,7 +8,6 @@ import "C"
 import (
 	"runtime"
 	"strconv"
-	"sync"
 	"time"
 	"unsafe"
 )
@@ -65,42 +64,64 @@ func Params[T Float](lens ...int) []ParamSpec {
 	return specs
 }
 
-// Compression is the wire format of float32 gradient buckets.
+// Compression is the wire format of float32 gradient buckets: another name for
+// a Hook (CompressFP16 is HookFP16).
 type Compression int32
 
-// Gradient compression (PB_COMPRESS_* of pybridge.h). Only float32 buckets
-// are compressed; they are decompressed in place after the allreduce.
+// Gradient compression (PB_COMPRESS_* of pybridge.h, equal to the PB_HOOK_*
+// codes of the same hooks). Only float32 buckets are compressed; they are
+// decompressed in place after the allreduce.
 const (
 	NoCompression Compression = C.PB_COMPRESS_NONE
 	CompressFP16  Compression = C.PB_COMPRESS_FP16
 	CompressBF16  Compression = C.PB_COMPRESS_BF16
 )
 
+// reducerConfig is what the options set; NewReducer passes it to the library
+// at once, as one pb_reducer_options.
 type reducerConfig struct {
-	capMB       float64
-	op          Op
-	compression Compression
-	flags       int32
-	hook        Hook // -1: the one compression implies
-	hookRank    int
-	hookFlags   int32
-	gossip      *gossipConfig
+	capMB      float64
+	firstCapMB float64
+	op         Op
+	flags      int32
+	hook       Hook
+	hookRank   int
+	hookFlags  int32
+	hookStart  int
+	gossip     *gossipConfig
+	badComp    *Compression // WithCompression got an unknown value
 }
 
-// ReducerOption configures NewReducer.
+// ReducerOption configures NewReducer. Hooks, compression, PowerSGD and gossip
+// choose one thing, how buckets travel: the last of them given wins.
 type ReducerOption func(*reducerConfig)
 
 // WithBucketCapMB sets the bucket size in MiB, the first bucket's too (torch DDP's
-// rule). Without it buckets hold 25 MiB and the first 1 MiB, so that the first
-// allreduce starts early.
+// rule). Without it, or with 0, buckets hold 25 MiB and the first 1 MiB, so that
+// the first allreduce starts early. A negative or NaN size makes NewReducer fail
+// with ErrInvalidArgument (bucket_cap_mb), as Python's Reducer refuses it.
 func WithBucketCapMB(mb float64) ReducerOption { return func(c *reducerConfig) { c.capMB = mb } }
+
+// WithFirstBucketCapMB sets the first bucket's size in MiB apart from the others
+// (0: by WithBucketCapMB's rule).
+func WithFirstBucketCapMB(mb float64) ReducerOption {
+	return func(c *reducerConfig) { c.firstCapMB = mb }
+}
 
 // WithReduceOp chooses Avg (the default: gradients are averaged over ranks) or Sum.
 func WithReduceOp(op Op) ReducerOption { return func(c *reducerConfig) { c.op = op } }
 
-// WithCompression sends float32 buckets as half or bfloat16.
+// WithCompression sends float32 buckets as half or bfloat16: the same as
+// WithHook(HookFP16) or WithHook(HookBF16).
+//
+// Deprecated: use WithHook.
 func WithCompression(comp Compression) ReducerOption {
-	return func(c *reducerConfig) { c.compression = comp }
+	return func(c *reducerConfig) {
+		c.setHook(Hook(comp))
+		if comp != NoCompression && comp != CompressFP16 && comp != CompressBF16 {
+			c.badComp = &comp
+		}
+	}
 }
 
 // WithAllowUnused lets Wait succeed when some gradients were not marked ready:
@@ -125,39 +146,48 @@ func WithoutRebuild() ReducerOption {
 //	r.Wait(0)               // the Grad slices now hold the averaged gradients
 //
 // Every rank must mark the same gradients (in any order) and call Wait the same
-// number of times. After the first Wait the buckets are rebuilt once, in the
-// order gradients became ready on rank 0, and slices obtained before it no
-// longer take part: call Grad again after Wait rather than keeping slices
-// across iterations (Grad itself is cheap and never calls into the library).
+// number of times. After the first Wait the buckets may be rebuilt, once, in the
+// order gradients became ready on rank 0 (see Generation), and slices obtained
+// before it then no longer take part: call Grad again after Wait rather than
+// keeping slices across iterations (Grad itself is cheap and never calls into
+// the library).
 //
 // The methods may be called from any goroutine. Marks of one iteration may come
 // from several goroutines, but the program must not mark gradients of the next
 // iteration before Wait has returned, nor write a gradient between marking it
 // and Wait.
 type Reducer struct {
-	mu    sync.RWMutex
-	h     *C.pb_reducer
+	// Its mu also guards views and gen: calls hold it for reading, Wait and Close for writing.
+	cHandle[*C.pb_reducer]
 	specs []ParamSpec
 	views []unsafe.Pointer // library memory of each gradient, for the current generation
 	gen   int64
 }
 
-// NewReducer creates a reducer over gradients described by params. The
-// buckets live in host memory, so the group must use the gloo backend.
+// NewReducer creates a reducer over gradients described by params, configured
+// by opts, in one call into the library. The buckets live in host memory, so
+// the group must use the gloo backend.
 //
 // It is a collective: every rank creates its reducers in the same order with the
-// same params and options; when they differ, every rank gets ErrInvalidArgument.
+// same params (shapes included) and options. When anything differs, the hook
+// and its settings and gossip included (say WithPowerSGD on one rank and
+// WithHook(HookFP16) on another), every rank gets ErrInvalidArgument naming the
+// settings that differ.
 func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, error) {
 	const op = "NewReducer"
 	gh, err := g.handle(op)
 	if err != nil {
 		return nil, err
 	}
-	c := reducerConfig{op: Avg, hook: -1}
+	c := reducerConfig{op: Avg, hook: HookAllReduce, hookRank: 1, hookStart: 2}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
 		}
+	}
+	if c.badComp != nil {
+		return nil, newError(statusInvalidArgument, op, "WithCompression: unknown compression %d; "+
+			"use NoCompression, CompressFP16 or CompressBF16 (or WithHook)", int32(*c.badComp))
 	}
 	n, err := toInt32(op, "parameter count", len(params))
 	if err != nil {
@@ -171,6 +201,15 @@ func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, 
 		}
 		counts[i], dtypes[i] = C.int64_t(p.Len), C.int32_t(p.DType)
 	}
+	var o C.pb_reducer_options
+	if err := c.fill(op, &o); err != nil {
+		return nil, err
+	}
+	if err := fillShapes(op, params, &o); err != nil {
+		return nil, err
+	}
+	defer C.free(unsafe.Pointer(o.ndims))
+	defer C.free(unsafe.Pointer(o.dims))
 	var pc *C.int64_t
 	var pd *C.int32_t
 	if len(params) > 0 {
@@ -178,21 +217,80 @@ func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, 
 	}
 	var h *C.pb_reducer
 	var msg *C.char
-	st := C.pbgo_reducer_new(gh, n, pc, pd, C.double(c.capMB), C.int32_t(c.op),
-		C.int32_t(c.compression), C.int32_t(c.flags), &h, &msg)
-	if err := check(op, st, msg); err != nil {
+	if err := check(op, C.pbgo_reducer_create(gh, n, pc, pd, &o, &h, &msg), msg); err != nil {
 		return nil, err
 	}
-	r := &Reducer{h: h, specs: append([]ParamSpec(nil), params...), gen: -1}
-	if err := r.configure(op, c); err != nil {
-		C.pbgo_reducer_free(h, nil)
-		return nil, err
-	}
+	r := &Reducer{specs: append([]ParamSpec(nil), params...), gen: -1}
+	r.h = h
 	if err := r.refresh(op); err != nil {
-		C.pbgo_reducer_free(h, nil)
+		C.pbgo_reducer_close(h, nil)
 		return nil, err
 	}
 	return r, nil
+}
+
+// fill sets every field of o from c (so o does not depend on the library's
+// defaults).
+func (c *reducerConfig) fill(op string, o *C.pb_reducer_options) error {
+	rank, err := toInt32(op, "PowerSGD rank", c.hookRank)
+	if err != nil {
+		return err
+	}
+	start, err := toInt32(op, "PowerSGD start iteration", c.hookStart)
+	if err != nil {
+		return err
+	}
+	o.size = C.uint32_t(unsafe.Sizeof(*o))
+	o.op = C.int32_t(c.op)
+	o.bucket_cap_mb, o.first_bucket_cap_mb = C.double(c.capMB), C.double(c.firstCapMB)
+	o.flags = C.int32_t(c.flags)
+	o.hook, o.hook_rank, o.hook_flags, o.hook_start_iter = C.int32_t(c.hook), rank, C.int32_t(c.hookFlags), start
+	o.gossip_topology, o.gossip_ranks_per_node, o.gossip_seed, o.gossip_sync_every = C.PB_GOSSIP_NONE, 1, 0, 0
+	if gc := c.gossip; gc != nil {
+		per, err := toInt32(op, "ranks per node", gc.ranksPerNode)
+		if err != nil {
+			return err
+		}
+		sync, err := toInt32(op, "sync every", gc.syncEvery)
+		if err != nil {
+			return err
+		}
+		o.gossip_topology, o.gossip_ranks_per_node = C.int32_t(gc.topology), per
+		o.gossip_seed, o.gossip_sync_every = C.int64_t(gc.seed), sync
+	}
+	return nil
+}
+
+// fillShapes points o.ndims and o.dims at C copies of the params' shapes (nil
+// when none has one); the caller frees them.
+func fillShapes(op string, params []ParamSpec, o *C.pb_reducer_options) error {
+	total := 0
+	for i, p := range params {
+		n := 1
+		for _, d := range p.Shape {
+			n *= d
+		}
+		if len(p.Shape) > 0 && n != p.Len {
+			return newError(statusInvalidArgument, op, "parameter %d: shape %v holds %d elements, Len is %d", i, p.Shape, n, p.Len)
+		}
+		total += len(p.Shape)
+	}
+	if total == 0 {
+		return nil
+	}
+	// C memory: the options struct may hold pointers only to memory Go does not own.
+	ndims := unsafe.Slice((*C.int32_t)(C.malloc(C.size_t(len(params))*C.size_t(unsafe.Sizeof(C.int32_t(0))))), len(params))
+	dims := unsafe.Slice((*C.int64_t)(C.malloc(C.size_t(total)*C.size_t(unsafe.Sizeof(C.int64_t(0))))), total)
+	at := 0
+	for i, p := range params {
+		ndims[i] = C.int32_t(len(p.Shape))
+		for _, d := range p.Shape {
+			dims[at] = C.int64_t(d)
+			at++
+		}
+	}
+	o.ndims, o.dims = &ndims[0], &dims[0]
+	return nil
 }
 
 // refresh fetches every view's address; r.mu is held for writing (or r is new).
@@ -232,14 +330,9 @@ func (r *Reducer) refresh(op string) error {
 // RUnlock when it returns no error. A closed reducer's handle is never passed on.
 func (r *Reducer) rhandle(op string) (*C.pb_reducer, error) {
 	if r == nil {
-		return nil, newError(statusInvalidArgument, op, "nil *Reducer")
+		return nil, nilError(op, "Reducer")
 	}
-	r.mu.RLock()
-	if r.h == nil {
-		r.mu.RUnlock()
-		return nil, newError(statusClosed, op, "reducer is closed")
-	}
-	return r.h, nil
+	return r.acquireShared(op, "reducer is closed")
 }
 
 // NumParams returns the number of gradients.
@@ -250,9 +343,12 @@ func (r *Reducer) NumParams() int {
 	return len(r.specs)
 }
 
-// Generation counts the bucket layouts: 0 at creation, 1 after the rebuild
-// that follows the first Wait (unless WithoutRebuild). Slices from Grad are
-// tied to the generation in which they were obtained.
+// Generation counts the bucket layouts: 0 at creation, 1 once the first Wait
+// rebuilt the buckets in the order gradients became ready on rank 0. The
+// rebuild happens at most once and only when that order gives other buckets:
+// when it gives the same ones (or WithoutRebuild), the generation stays 0 and
+// the slices stay valid. Slices from Grad are tied to the generation in which
+// they were obtained.
 func (r *Reducer) Generation() int64 {
 	if r == nil {
 		return 0
@@ -318,20 +414,20 @@ func (r *Reducer) MarkReady(i int) error {
 func (r *Reducer) Wait(timeout time.Duration) error {
 	const op = "Reducer.Wait"
 	if r == nil {
-		return newError(statusInvalidArgument, op, "nil *Reducer")
+		return nilError(op, "Reducer")
 	}
-	r.mu.Lock()
+	h, err := r.acquire(op, "reducer is closed")
+	if err != nil {
+		return err
+	}
 	defer r.mu.Unlock()
-	if r.h == nil {
-		return newError(statusClosed, op, "reducer is closed")
-	}
 	secs := 0.0
 	if timeout > 0 {
 		secs = timeout.Seconds()
 	}
 	var gen C.int64_t
 	var msg *C.char
-	err := check(op, C.pbgo_reducer_wait(r.h, C.double(secs), &gen, &msg), msg)
+	err = check(op, C.pbgo_reducer_wait_generation(h, C.double(secs), &gen, &msg), msg)
 	if int64(gen) != r.gen {
 		if rerr := r.refresh(op); rerr != nil && err == nil {
 			err = rerr
@@ -352,22 +448,18 @@ func (r *Reducer) Zero() error {
 	return check(op, C.pbgo_reducer_zero(h, &msg), msg)
 }
 
-// Close releases the reducer and its gradient memory; slices from Grad must
-// not be used afterwards. Closing again returns nil.
+// Close releases the reducer, its gradient memory and its hook's state (the
+// gossip thread and node groups); slices from Grad must not be used afterwards.
+// Closing again returns nil.
 func (r *Reducer) Close() error {
 	const op = "Reducer.Close"
 	if r == nil {
-		return newError(statusInvalidArgument, op, "nil *Reducer")
+		return nilError(op, "Reducer")
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.h == nil {
-		return nil
-	}
-	h := r.h
-	r.h, r.views = nil, nil
-	var msg *C.char
-	return check(op, C.pbgo_reducer_free(h, &msg), msg)
+	return r.close(op, func(h *C.pb_reducer, msg **C.char) C.int {
+		r.views = nil
+		return C.pbgo_reducer_close(h, msg)
+	})
 }
 
 // BroadcastParams copies every slice of params from rank root to all ranks, in
@@ -422,9 +514,17 @@ const (
 	HookPowerSGD  Hook = C.PB_HOOK_POWERSGD  // torch's PowerSGD low-rank compression
 )
 
-// WithHook chooses a built-in communication hook other than PowerSGD (see
-// WithPowerSGD). It replaces WithCompression.
-func WithHook(h Hook) ReducerOption { return func(c *reducerConfig) { c.hook = h } }
+// WithHook chooses a built-in communication hook (HookPowerSGD with rank 1
+// and warm start; WithPowerSGD chooses those). WithHook(HookFP16) and
+// WithCompression(CompressFP16) make the same reducer.
+func WithHook(h Hook) ReducerOption {
+	return func(c *reducerConfig) { c.setHook(h) }
+}
+
+// setHook makes h how buckets travel, in place of gossip or an earlier hook.
+func (c *reducerConfig) setHook(h Hook) {
+	c.hook, c.gossip, c.badComp = h, nil, nil
+}
 
 // WithPowerSGD compresses gradients with torch's PowerSGD: matrices are sent as
 // rank-`rank` factors (1 to 4 are typical), with error feedback; the first two
@@ -433,11 +533,19 @@ func WithHook(h Hook) ReducerOption { return func(c *reducerConfig) { c.hook = h
 // uncompressed.
 func WithPowerSGD(rank int, warmStart bool) ReducerOption {
 	return func(c *reducerConfig) {
-		c.hook, c.hookRank, c.hookFlags = HookPowerSGD, rank, 0
+		c.setHook(HookPowerSGD)
+		c.hookRank, c.hookFlags = rank, 0
 		if !warmStart {
 			c.hookFlags = C.PB_HOOK_NO_WARM_START
 		}
 	}
+}
+
+// WithPowerSGDStartIter sets how many iterations run plain allreduce before
+// PowerSGD compresses (torch's start_powerSGD_iter; at least 2, the default).
+// Other hooks ignore it.
+func WithPowerSGDStartIter(iterations int) ReducerOption {
+	return func(c *reducerConfig) { c.hookStart = iterations }
 }
 
 // GossipTopology chooses GossipGraD's partners (pybridge.h's PB_GOSSIP_*).
@@ -458,6 +566,7 @@ const (
 // also creates the node groups.
 func WithGossip(topology GossipTopology, ranksPerNode int, seed int64, syncEvery int) ReducerOption {
 	return func(c *reducerConfig) {
+		c.setHook(HookAllReduce)
 		c.gossip = &gossipConfig{topology, ranksPerNode, seed, syncEvery}
 	}
 }
@@ -467,54 +576,4 @@ type gossipConfig struct {
 	ranksPerNode int
 	seed         int64
 	syncEvery    int
-}
-
-// configure applies the hook and shapes chosen at creation.
-func (r *Reducer) configure(op string, c reducerConfig) error {
-	if g := c.gossip; g != nil {
-		per, err := toInt32(op, "ranks per node", g.ranksPerNode)
-		if err != nil {
-			return err
-		}
-		sync, err := toInt32(op, "sync every", g.syncEvery)
-		if err != nil {
-			return err
-		}
-		var msg *C.char
-		if err := check(op, C.pbgo_reducer_set_gossip(r.h, C.int32_t(g.topology), per, C.int64_t(g.seed), sync, &msg), msg); err != nil {
-			return err
-		}
-	}
-	if c.hook >= 0 {
-		rank, err := toInt32(op, "PowerSGD rank", c.hookRank)
-		if err != nil {
-			return err
-		}
-		var msg *C.char
-		if err := check(op, C.pbgo_reducer_set_hook(r.h, C.int32_t(c.hook), rank, C.int32_t(c.hookFlags), &msg), msg); err != nil {
-			return err
-		}
-	}
-	ndims := make([]C.int32_t, len(r.specs))
-	var dims []C.int64_t
-	shaped := false
-	for i, p := range r.specs {
-		if len(p.Shape) == 0 {
-			continue
-		}
-		n := 1
-		for _, d := range p.Shape {
-			n *= d
-			dims = append(dims, C.int64_t(d))
-		}
-		if n != p.Len {
-			return newError(statusInvalidArgument, op, "parameter %d: shape %v holds %d elements, Len is %d", i, p.Shape, n, p.Len)
-		}
-		ndims[i], shaped = C.int32_t(len(p.Shape)), true
-	}
-	if !shaped {
-		return nil
-	}
-	var msg *C.char
-	return check(op, C.pbgo_reducer_set_shapes(r.h, C.int32_t(len(r.specs)), &ndims[0], &dims[0], &msg), msg)
 }

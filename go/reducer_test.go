@@ -260,6 +260,31 @@ func TestReducerMisuse(t *testing.T) {
 	is("op Max", err, pybridge.ErrInvalidArgument, "op")
 	_, err = pybridge.NewReducer(g, specs, pybridge.WithCompression(9))
 	is("compression 9", err, pybridge.ErrInvalidArgument, "compression")
+	_, err = pybridge.NewReducer(g, specs, pybridge.WithBucketCapMB(-1))
+	is("negative bucket cap", err, pybridge.ErrInvalidArgument, "bucket_cap_mb")
+	_, err = pybridge.NewReducer(g, specs, pybridge.WithBucketCapMB(math.NaN()))
+	is("NaN bucket cap", err, pybridge.ErrInvalidArgument, "bucket_cap_mb")
+	_, err = pybridge.NewReducer(g, specs, pybridge.WithHook(7))
+	is("hook 7", err, pybridge.ErrInvalidArgument, "hook code 7")
+	_, err = pybridge.NewReducer(g, specs, pybridge.WithPowerSGD(0, true))
+	is("PowerSGD rank 0", err, pybridge.ErrInvalidArgument, "PowerSGD rank")
+	_, err = pybridge.NewReducer(g, specs, pybridge.WithPowerSGD(1, true), pybridge.WithPowerSGDStartIter(1))
+	is("PowerSGD start 1", err, pybridge.ErrInvalidArgument, "start iteration")
+	_, err = pybridge.NewReducer(g, []pybridge.ParamSpec{{Len: 6, DType: pybridge.DTypeFloat32, Shape: []int{4, 2}}})
+	is("shape of 8 for 6", err, pybridge.ErrInvalidArgument, "holds 8 elements")
+	// Hooks, compression and gossip choose one thing: the last given wins.
+	for _, opts := range [][]pybridge.ReducerOption{
+		{pybridge.WithGossip(pybridge.GossipCube, 1, 0, 0), pybridge.WithHook(pybridge.HookFP16)},
+		{pybridge.WithCompression(9), pybridge.WithHook(pybridge.HookFP16)},
+		{pybridge.WithPowerSGD(2, false), pybridge.WithGossip(pybridge.GossipDissemination, 1, 0, 0)},
+	} {
+		r, err := pybridge.NewReducer(g, specs, opts...)
+		if err != nil {
+			t.Errorf("options %d: %v", len(opts), err)
+		} else if err := r.Close(); err != nil {
+			t.Error(err)
+		}
+	}
 
 	r, err := pybridge.NewReducer(g, specs, pybridge.WithBucketCapMB(1e-5))
 	if err != nil {
@@ -398,4 +423,99 @@ func ExampleNewReducer() {
 	}
 	fmt.Println(weights)
 	// Output: [[0.45 -0.35 0.85] [0.05]]
+}
+
+func init() { roles["reducer-config"] = roleReducerConfig }
+
+// One configuration, agreed on across ranks (without checked mode): each
+// setting that differs on one rank makes NewReducer fail with
+// ErrInvalidArgument on every rank, naming it; WithCompression and WithHook
+// spell the same hook.
+func TestReducerConfig2Ranks(t *testing.T) {
+	expectPass(t, runRanks(t, &launch{role: "reducer-config", world: 2, limit: 90 * time.Second}))
+}
+
+func roleReducerConfig() error {
+	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	rank := g.Rank()
+	odd := rank == g.Size()-1
+	pick := func(mine, others pybridge.ReducerOption) pybridge.ReducerOption {
+		if odd {
+			return mine
+		}
+		return others
+	}
+	refused := func(what string, specs []pybridge.ParamSpec, opt pybridge.ReducerOption, words ...string) error {
+		r, err := pybridge.NewReducer(g, specs, opt)
+		if err == nil {
+			r.Close()
+			return fmt.Errorf("%s: accepted on rank %d", what, rank)
+		}
+		if !errors.Is(err, pybridge.ErrInvalidArgument) {
+			return fmt.Errorf("%s: %v, want ErrInvalidArgument", what, err)
+		}
+		for _, w := range append(words, "differ across ranks") {
+			if !strings.Contains(err.Error(), w) {
+				return fmt.Errorf("%s: %q lacks %q", what, err.Error(), w)
+			}
+		}
+		return nil
+	}
+	flat := pybridge.Params[float32](16)
+	shaped := func(shape ...int) []pybridge.ParamSpec {
+		return []pybridge.ParamSpec{{Len: 16, DType: pybridge.DTypeFloat32, Shape: shape}}
+	}
+	rows, cols := 2, 8
+	if odd {
+		rows, cols = 4, 4
+	}
+	for _, c := range []struct {
+		what  string
+		specs []pybridge.ParamSpec
+		opt   pybridge.ReducerOption
+		words []string
+	}{
+		{"PowerSGD beside fp16", flat, pick(pybridge.WithPowerSGD(1, true), pybridge.WithHook(pybridge.HookFP16)),
+			[]string{"hook:", "powersgd_hook", "fp16_compress_hook"}},
+		{"PowerSGD rank", flat, pybridge.WithPowerSGD(1+rank, true), []string{"rank 1", "rank 2"}},
+		{"gossip seed", flat, pybridge.WithGossip(pybridge.GossipCube, 1, int64(rank), 0), []string{"seed 0", "seed 1"}},
+		{"gossip beside allreduce", flat, pick(pybridge.WithGossip(pybridge.GossipCube, 1, 0, 0), nil), []string{"gossip"}},
+		{"shapes", shaped(rows, cols), nil, []string{"parameters:", "(4, 4)", "(2, 8)"}},
+		{"bucket cap", flat, pybridge.WithBucketCapMB(float64(1 + rank)), []string{"bucket caps:"}},
+		{"flags", flat, pick(pybridge.WithAllowUnused(), nil), []string{"allow_unused"}},
+	} {
+		if err := refused(c.what, c.specs, c.opt, c.words...); err != nil {
+			return err
+		}
+	}
+	// The two spellings of fp16 agree, and the gradients travel as half.
+	r, err := pybridge.NewReducer(g, pybridge.Params[float32](100),
+		pick(pybridge.WithCompression(pybridge.CompressFP16), pybridge.WithHook(pybridge.HookFP16)))
+	if err != nil {
+		return fmt.Errorf("WithCompression beside WithHook of the same hook: %v", err)
+	}
+	defer r.Close()
+	grad, err := r.Grad(0)
+	if err != nil {
+		return err
+	}
+	for i := range grad {
+		grad[i] = 1.0/3 + float32(rank)
+	}
+	if err := r.MarkReady(0); err != nil {
+		return err
+	}
+	if err := r.Wait(20 * time.Second); err != nil {
+		return err
+	}
+	grad, _ = r.Grad(0)
+	exact := float32(1.0/3 + 0.5)
+	if d := math.Abs(float64(grad[0] - exact)); d > 2e-3 || grad[0] == exact {
+		return fmt.Errorf("fp16 mean %v, want within 2e-3 of %v but not equal (half on the wire)", grad[0], exact)
+	}
+	return g.Barrier()
 }

@@ -5,8 +5,8 @@ from .collectives import (AVG, MAX, MIN, PRODUCT, SUM, Work, all_gather, all_red
 from .errors import (AlreadyInitialized, Closed, CommError, CorruptData, InvalidArgument,
                      IOFailure, NotInitialized, PyBridgeError, Timeout, WorkerFailed, WorkerTimeout)
 from .ddp import DistributedDataParallel
-from .group import (Group, current, finalize, init, is_initialized, local_rank, new_group, node_groups,
-                    rank, size, split)
+from .group import Group, current, finalize, init, is_initialized, local_rank, new_group, rank, size
+from .subgroups import node_groups, split
 from .reducer import Reducer, broadcast_parameters
 
 from ._version import __version__

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from . import abi, dtypes
+from .checks import integer
 from .errors import InvalidArgument
 
 CPU = abi.PB_CPU  # device code for host memory; >= 0 is a CUDA device index
@@ -16,7 +17,8 @@ CPU = abi.PB_CPU  # device code for host memory; >= 0 is a CUDA device index
 def as_tensor(obj, dtype=None) -> torch.Tensor:
     """A contiguous tensor viewing `obj`'s memory, so in-place collectives write back.
 
-    `obj` is a torch tensor, a numpy array or any writable buffer (bytearray,
+    `obj` is a torch tensor, a numpy array, any object with `__dlpack__` (JAX, CuPy...;
+    torch.from_dlpack shares its memory) or any writable buffer (bytearray,
     memoryview, array.array, ...). `dtype` reinterprets the bytes, e.g. a uint16
     numpy array as bfloat16, which numpy lacks.
     """
@@ -28,12 +30,17 @@ def as_tensor(obj, dtype=None) -> torch.Tensor:
         if not obj.flags.writeable:
             raise InvalidArgument("numpy array is read-only; collectives write their result in place")
         t = torch.from_numpy(obj) if obj.dtype.name in dtypes.NAMES else _from_buffer(obj, dtype or obj.dtype)
+    elif hasattr(obj, "__dlpack__"):  # JAX, CuPy, TVM...: their memory, shared
+        try:
+            t = torch.from_dlpack(obj)
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+            raise InvalidArgument(f"cannot use {type(obj).__name__} through DLPack: {exc}") from None
     else:
         try:
             view = memoryview(obj)
         except TypeError:
             raise InvalidArgument(
-                f"expected a torch tensor, numpy array or writable buffer, got {type(obj).__name__}") from None
+                f"expected a torch tensor, numpy array, DLPack object or writable buffer, got {type(obj).__name__}") from None
         t = _from_buffer(view, dtype or _format_dtype(view))
     if not t.is_contiguous():
         raise InvalidArgument("tensor is not contiguous; collectives need one block of memory")
@@ -118,13 +125,11 @@ def check_extent(count, dtype, device=CPU):
     allocated or wrapped; returns the torch dtype. Bad values are InvalidArgument naming
     them, never an overflow deeper down."""
     want = dtypes.torch_dtype(dtype)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise InvalidArgument(f"element count must be a non-negative integer, got {count!r}")
+    count = integer("element count", count, low=0)
     if count * want.itemsize > MAX_BYTES:
         raise InvalidArgument(f"element count {count} of {want} is {count * want.itemsize} bytes, more than "
                               f"any memory (the limit is 2^47 bytes)")
-    if isinstance(device, bool) or not isinstance(device, int) or device < CPU:
-        raise InvalidArgument(f"device must be -1 (CPU) or a CUDA device index >= 0, got {device!r}")
+    device = integer("device", device, low=CPU, expected="-1 (CPU) or a CUDA device index >= 0")
     if device >= 0:
         _check_cuda_device(device)
     return want

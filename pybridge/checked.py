@@ -1,28 +1,32 @@
 """Checked mode: verify each collective's fingerprint across the ranks before running it.
 
 A fingerprint is (sequence number, kind, dtype, count, op or root, output count). Before
-a collective, the members all-gather their fingerprints (48 bytes each, the same size on
-every rank, so a mismatch cannot upset the backend) and, if they differ, every member
-raises InvalidArgument naming the ranks and how they differ; the real collective is not
-run and the group stays usable. Point-to-point messages exchange fingerprints through
-the store, and the receive is posted only once both sides agree.
+a collective, the members compare their fingerprints in one allreduce (max) and, if they
+differ, all-gather them (48 bytes each, the same size on every rank, so a mismatch cannot
+upset the backend): every member raises InvalidArgument naming the ranks and how they
+differ; the real collective is not run and the group stays usable. Point-to-point
+messages exchange fingerprints through the store, and the receive is posted only once
+both sides agree.
+
+This module owns checked mode's per-group State (the fingerprint buffer, the count of
+messages per peer) and its logic; it issues no collective itself: collectives.py runs
+the allreduce and the all_gather (collectives._verify) and posts the messages.
 """
 
-import hashlib
 import threading
 import time
 
 import torch
-import torch.distributed as dist
 
-from . import dtypes
-from .errors import InvalidArgument, PyBridgeError, Timeout, classify
+from . import abi, agree, dtypes
+from .errors import InvalidArgument, Timeout
 
 BROADCAST, ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BARRIER, SEND, RECV = range(1, 8)
 NAMES = {BROADCAST: "broadcast", ALL_REDUCE: "all_reduce", ALL_GATHER: "all_gather",
          REDUCE_SCATTER: "reduce_scatter", BARRIER: "barrier", SEND: "send", RECV: "recv"}
-_OP_NAMES = {0: "sum", 1: "avg", 2: "min", 3: "max", 4: "product"}
-_FIELDS = ("sequence number", "operation", "dtype", "count", "op or root", "output count")
+# Reduce op names by their ABI code (PB_SUM ... in capi/pybridge.h).
+OP_NAMES = {getattr(abi, "PB_" + name.upper()): name for name in ("sum", "avg", "min", "max", "product")}
+FIELDS = ("sequence number", "operation", "dtype", "count", "op or root", "output count")
 
 
 class Op:
@@ -47,10 +51,6 @@ class Op:
         return [seq, self.kind, self.dtype, self.count, self.extra, self.count2]
 
 
-def _who(ranks):
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
-
-
 def describe_row(row):
     seq, kind, dt, count, extra, count2 = row
     name = NAMES.get(kind, f"operation {kind}")
@@ -59,7 +59,7 @@ def describe_row(row):
     dtype = _dtype_name(dt)
     arg = ""
     if kind in (ALL_REDUCE, REDUCE_SCATTER):
-        arg = f"({_OP_NAMES.get(extra, extra)}) "
+        arg = f"({OP_NAMES.get(extra, extra)}) "
     elif kind == BROADCAST:
         arg = f"(root {extra}) "
     out = f" into {count2}" if count2 >= 0 else ""
@@ -71,108 +71,62 @@ def _dtype_name(code):
     return str(dt).replace("torch.", "") if dt is not None else f"dtype {code}"
 
 
-def verify(g, seq, op):
-    """Compare the fingerprint of collective `seq` over g; raise on any difference.
+class State:
+    """Checked mode's state for one group: the fingerprint buffer and, per (direction,
+    peer, tag), the messages posted so far. Made with the group (Group.checks)."""
 
-    One allreduce(max) of (h, -h), h a 62-bit hash of the fingerprint, tells every member
-    whether all fingerprints are equal (the maximum equals the minimum);
-    only then do the members all-gather the full rows to say who differs. Every member
-    sees the same answer, so all take the same path."""
-    key = op.key
-    if key is None:
-        key = op.key = signature(op.row(0))
-    # an odd multiplier is a bijection mod 2^62: same key, other seq -> other value
-    h = key ^ ((seq * 0x1E3779B97F4A7C15) & _MASK)
-    buf = g.fingerprint_buffer
-    if buf is None:
-        buf = g.fingerprint_buffer = torch.empty(2, dtype=torch.int64, device=g.device)
-    if buf.is_cuda:
-        buf.copy_(torch.tensor([h, -h], dtype=torch.int64))
-    else:
-        buf.numpy()[:] = (h, -h)  # cheaper than building a tensor
-    try:
-        g.pg.allreduce([buf], _MAX).wait()
-    except Exception as exc:  # noqa: BLE001
-        raise classify(exc) from exc
-    top, low = buf.tolist()
-    if top == -low:
-        return
-    rows = gather_rows(g, op.row(seq))
-    raise InvalidArgument(mismatch(f"{op.name} #{seq} on {g.describe()}", rows))
+    def __init__(self, device):
+        self._device = device
+        self._buffer = None  # made on first use
+        self._p2p = {}  # (direction, peer, tag) -> (count, the last one posted)
+        self._lock = threading.Lock()
+
+    def fingerprint(self, seq, op):
+        """A 2-element int64 tensor (h, -h), h a 62-bit hash of collective `seq`'s
+        fingerprint: after an allreduce(max), agreed() says whether every member's matched."""
+        key = op.key
+        if key is None:
+            key = op.key = agree.signature(op.row(0))
+        # an odd multiplier is a bijection mod 2^62: same key, other seq -> other value
+        h = key ^ ((seq * 0x1E3779B97F4A7C15) & _MASK)
+        buf = self._buffer
+        if buf is None:
+            buf = self._buffer = torch.empty(2, dtype=torch.int64, device=self._device)
+        if buf.is_cuda:
+            buf.copy_(torch.tensor([h, -h], dtype=torch.int64))
+        else:
+            buf.numpy()[:] = (h, -h)  # cheaper than building a tensor
+        return buf
+
+    def _next_message(self, key):
+        """(number of this message, the previous message's _Deferred, this one's)."""
+        with self._lock:
+            n, previous = self._p2p.get(key, (0, None))
+            posted = _Deferred(previous)
+            self._p2p[key] = (n + 1, posted)
+        return n + 1, previous, posted
 
 
-def _max_options():
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = dist.ReduceOp.MAX
-    return opts
-
-
-_MAX = _max_options()
 _MASK = (1 << 62) - 1
 
 
-def gather_rows(g, row):
-    """Every member's `row` (int64s, the same length everywhere), by group rank."""
-    n = len(row)
-    mine = torch.tensor(row, dtype=torch.int64, device=g.device)
-    every = torch.empty(g.size * n, dtype=torch.int64, device=g.device)
+def agreed(buf):
+    """After the allreduce(max) of every member's fingerprint(): were they all equal?
+    (The maximum of h equals the minimum, -max(-h).)"""
+    top, low = buf.tolist()
+    return top == -low
+
+
+def mismatch(g, seq, op, rows):
+    """The InvalidArgument for fingerprints `rows` (by group rank) that differ:
+    'checked mode: ranks disagree on all_reduce #3 on the world group: rank 0 passed
+    all_reduce #3 (sum) float32 x 4; rank 1 passed all_reduce #3 (sum) int32 x 4 (dtype differs)'."""
     try:
-        g.pg._allgather_base(every, mine).wait()
-    except Exception as exc:  # noqa: BLE001
-        raise classify(exc) from exc
-    return [tuple(r) for r in every.view(g.size, n).tolist()]
-
-
-def signature(items):
-    """A 56-bit hash of a list (e.g. of (dtype, count) pairs), the same on every rank."""
-    digest = hashlib.sha256(repr(items).encode()).digest()
-    return int.from_bytes(digest[:7], "little")
-
-
-def mismatch(what, rows):
-    """'ranks disagree on all_reduce #3: rank 1 passed all_reduce #3 (sum) int32 x 4;
-    ranks [0, 2] all_reduce #3 (sum) float32 x 4 (dtype differs)'."""
-    by = {}
-    for r, row in enumerate(rows):
-        by.setdefault(row, []).append(r)
-    # the most common fingerprint first (rank 0's on a tie): the others are the odd ones
-    order = sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
-    ref = order[0][0]
-    parts = []
-    for row, ranks in order[1:]:
-        fields = [f for f, a, b in zip(_FIELDS, row, ref) if a != b]
-        parts.append(f"{_who(ranks)} passed {describe_row(row)} ({', '.join(fields)} differs)")
-    parts.append(f"{_who(order[0][1])} {describe_row(ref)}")
-    return f"checked mode: ranks disagree on {what}: " + "; ".join(parts)
-
-
-def agree_in_store(g, store, key, value, what):
-    """Publish `value` (a string) under key/rank and wait for every member's: a one-off
-    check through the store, for objects every member opens in the same order."""
-    try:
-        values = _gather_in_store(g, store, key, value, what)
-    except PyBridgeError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the store failing (its host gone) is a pybridge error
-        raise classify(exc) from exc
-    if len(set(values)) > 1:
-        by = {}
-        for r, v in enumerate(values):
-            by.setdefault(v, []).append(r)
-        parts = "; ".join(f"{_who(rs)}: {v}" for v, rs in by.items())
-        raise InvalidArgument(f"{what}: ranks disagree: {parts}")
-
-
-def _gather_in_store(g, store, key, value, what):
-    store.set(f"{key}/{g.rank}", value)
-    keys = [f"{key}/{r}" for r in range(g.size)]
-    deadline = time.monotonic() + g.timeout
-    while not store.check(keys):
-        if time.monotonic() > deadline:
-            missing = [r for r, k in enumerate(keys) if not store.check([k])]
-            raise Timeout(f"{what}: ranks {missing} did not open it within {g.timeout:g} s")
-        time.sleep(0.01)
-    return [store.get(k).decode() for k in keys]
+        agree.check(f"checked mode: ranks disagree on {op.name} #{seq} on {g.describe()}", rows,
+                    describe=lambda row: f"passed {describe_row(row)}", fields=FIELDS)
+    except InvalidArgument as err:
+        return err
+    return InvalidArgument(f"checked mode: {op.name} #{seq}: fingerprints differ but the rows agree")
 
 
 # ---- point to point -------------------------------------------------------------------
@@ -182,11 +136,7 @@ def p2p(g, store, direction, peer, tag, op, post):
     for the peer's, compare, and post (`post()` returns torch's work) only when they agree,
     after the previous message of the same (direction, peer, tag). Returns a work-like
     object; the caller never blocks here, so exchanges posted in any order still pair."""
-    key = (direction, peer, tag)
-    n, previous = g.p2p.get(key, (0, None))
-    n += 1
-    posted = _Deferred(previous)
-    g.p2p[key] = (n, posted)
+    n, previous, posted = g.checks._next_message((direction, peer, tag))
     src, dst = (g.rank, peer) if direction == SEND else (peer, g.rank)
     base = f"pybridge/chk/{g.uid}/{src}>{dst}/{tag}/{n}/"
     mine, theirs = base + ("s" if direction == SEND else "r"), base + ("r" if direction == SEND else "s")

@@ -24,6 +24,7 @@ import torch
 
 from . import collectives
 from . import group as _group
+from .checks import integer
 from .errors import CorruptData, InvalidArgument, IOFailure
 
 FORMAT = "pybridge-checkpoint"
@@ -62,9 +63,7 @@ def newest(directory):
 
 
 def _step(step):
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 10**12:
-        raise InvalidArgument(f"step must be an integer in [0, 10^12), got {step!r}")
-    return step
+    return integer("step", step, low=0, high=10**12 - 1, expected="an integer in [0, 10^12)")
 
 
 def _check_tensors(tensors):
@@ -134,8 +133,7 @@ def save(directory, step, *, model=None, optimizer=None, reducer=None, loader=No
     (numbers, strings, lists, dicts, tensors), returned by restore(). keep: checkpoints to
     keep in the folder, the newest ones (0 keeps all). Local: no collective.
     """
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
-        raise InvalidArgument(f"keep must be an integer >= 0, got {keep!r}")
+    keep = integer("keep", keep, low=0)
     path = path_for(directory, _step(step))
     _write_atomic(path, encode(step, model=model, optimizer=optimizer, reducer=reducer, loader=loader,
                                tensors=tensors, extra=extra))
@@ -181,10 +179,8 @@ def _agree_and_fetch(directory, g):
     except IOFailure as exc:  # still join the all_gather, so the others fail too, not hang
         mine, failed = None, exc
     dev = g.device
-    steps = torch.zeros(g.size, dtype=torch.int64, device=dev)
     code = -2 if failed else -1 if mine is None else mine[0]
-    collectives.all_gather(torch.tensor([code], dtype=torch.int64, device=dev), steps, group=g)
-    steps = steps.tolist()
+    steps = [row[0] for row in collectives.gather_rows([code], group=g)]
     if failed:
         raise failed
     bad = [r for r, s in enumerate(steps) if s == -2]

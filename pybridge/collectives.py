@@ -5,19 +5,24 @@ Every call takes `group=` (default: the world); roots and peers are ranks within
 Every rank must issue collectives in the same order: torch.distributed matches them
 by sequence, not by name. Calls that may run concurrently (threads, goroutines) must
 therefore be ordered by the caller.
+
+Every collective pybridge issues goes through _run (numbered and watched by the group's
+watchdog.Progress, verified first in checked mode, errors explained): also checked mode's
+own fingerprint exchange (_verify) and the agreement checks (agree, gather_rows).
 """
 
 import threading
-import time
 
+import torch
 import torch.distributed as dist
 
 from . import abi, checked
+from . import agree as _agree
 from . import group as _group
 from . import watchdog as _watchdog
 from .buffers import as_tensor
 from .checked import Op
-from .checks import positive_seconds
+from .checks import integer, positive_seconds
 from .errors import InvalidArgument, Timeout, classify
 
 # The C ABI's op codes (PB_SUM ... in capi/pybridge.h).
@@ -37,6 +42,7 @@ def _allreduce_options(rop):
 # Hot paths call the ProcessGroup directly with prebuilt options: torch.distributed's
 # Python wrappers cost several microseconds per call, which dominates small messages.
 _ALLREDUCE_OPTS = {code: _allreduce_options(rop) for code, rop in OPS.items()}
+_MAX_OPTS = _ALLREDUCE_OPTS[MAX]
 
 
 def _op_code(op, dtype):
@@ -121,37 +127,78 @@ class Work:
 
 def _run(g, op, start, async_op, *buffers):
     """Start collective `op` on g (`start()` returns torch's work object) and wait for it,
-    or wrap it in a Work that keeps `buffers` alive while it is in flight. Checked mode
-    verifies its fingerprint first; while it runs the watchdog finds it in g.inflight."""
-    g.issued = seq = g.issued + 1
-    inflight = g.inflight
+    or wrap it in a Work that keeps `buffers` alive while it is in flight. Numbered by the
+    group's progress (the watchdog's, which sees it while it runs); checked mode verifies
+    its fingerprint first."""
+    progress = g.progress
+    seq = progress.begin(op)
     try:
-        if g.checked:
-            checked.verify(g, seq, op)
-        if inflight is not None:
-            inflight[seq] = (op, time.monotonic(), None)
+        if g.checks is not None:
+            _verify(g, seq, op)
         work = start()
         if not async_op:
             work.wait()
-            if inflight is not None:
-                del inflight[seq]
+            progress.end(seq)
             return None
     except InvalidArgument:
-        _forget(inflight, seq)
+        progress.end(seq)
         raise
     except Exception as exc:  # noqa: BLE001
         err = _watchdog.explain(g, seq, op, exc)  # while still in flight: it is part of the answer
-        _forget(inflight, seq)
+        progress.end(seq)
         raise err from exc
-    if inflight is not None:
-        inflight[seq] = (op, inflight[seq][1], work)
+    progress.running(seq, work)
     return Work(work, *buffers, explain=lambda exc: _watchdog.explain(g, seq, op, exc),
-                finish=None if inflight is None else lambda: _forget(inflight, seq))
+                finish=(lambda: progress.end(seq)) if progress.watched else None)
 
 
-def _forget(inflight, seq):
-    if inflight is not None:
-        inflight.pop(seq, None)
+def _verify(g, seq, op):
+    """Checked mode: one allreduce(max) of the members' fingerprint hashes says whether they
+    all match; only if not, the rows are all-gathered to say who differs. Part of
+    collective `seq`: not numbered on its own. Every member sees the same answer, so all
+    take the same path."""
+    buf = g.checks.fingerprint(seq, op)
+    _inner(lambda: g.pg.allreduce([buf], _MAX_OPTS))
+    if not checked.agreed(buf):
+        raise checked.mismatch(g, seq, op, _gather_rows(g, op.row(seq), inner=True))
+
+
+def _inner(start):
+    """Run a collective that is part of another one (checked mode's): wait, classify errors."""
+    try:
+        start().wait()
+    except Exception as exc:  # noqa: BLE001
+        raise classify(exc) from exc
+
+
+def _gather_rows(g, row, inner=False):
+    n = len(row)
+    mine = torch.tensor(row, dtype=torch.int64, device=g.device)
+    every = torch.empty(g.size * n, dtype=torch.int64, device=g.device)
+    if inner:
+        _inner(lambda: g.pg._allgather_base(every, mine))
+    else:
+        all_gather(mine, every, group=g)
+    return [tuple(r) for r in every.view(g.size, n).tolist()]
+
+
+def gather_rows(row, *, group=None):
+    """Every member's `row` (a few integers, as many on every rank: the length is not
+    checked outside checked mode), by group rank: one all_gather. A collective: every
+    member calls it, in order with the others."""
+    g = group or _group.current()
+    g.check_open()
+    return _gather_rows(g, [integer("row item", v) for v in row])
+
+
+def agree(row, what, *, group=None, **how):
+    """Check that every member passes the same `row` (a few integers, as many on every
+    rank; a list of any length can be folded into one with agree.signature): a collective
+    (one all_gather); on any difference every member raises the same InvalidArgument,
+    "{what}: ...", naming the ranks that differ and how (agree.check: describe, fields, hint)."""
+    g = group or _group.current()
+    if g.size > 1:
+        _agree.check(what, gather_rows(row, group=g), **how)
 
 
 def _prepare(buf, group, dtype=None):
@@ -179,7 +226,7 @@ def _pair(inp, out, group, dtype, factor_in, factor_out, what):
 def _broadcast_call(buf, root, group, dtype):
     """Check a broadcast's arguments; return the group, the tensor, its Op and what starts it."""
     g, t = _prepare(buf, group, dtype)
-    g.check_rank("root", root)
+    root = g.check_rank("root", root)
     opts = dist.BroadcastOptions()
     opts.rootRank = root
     return g, t, Op(checked.BROADCAST, t, root), lambda: g.pg.broadcast([t], opts)
@@ -270,21 +317,21 @@ def isend(buf, dst, tag=0, *, group=None, dtype=None) -> Work:
     """Start sending `buf` to rank `dst` (a rank within `group`); matched by a recv/irecv
     with the same tag."""
     g, t = _prepare(buf, group, dtype)
-    g.check_rank("destination", dst, allow_self=False)
-    _check_tag(tag)
+    dst = g.check_rank("destination", dst, allow_self=False)
+    tag = _check_tag(tag)
     return _p2p(g, checked.SEND, dst, tag, t, lambda: g.pg.send([t], dst, tag))  # the group's own ranks
 
 
 def irecv(buf, src, tag=0, *, group=None, dtype=None) -> Work:
     """Start receiving into `buf` from rank `src` (a rank within `group`)."""
     g, t = _prepare(buf, group, dtype)
-    g.check_rank("source", src, allow_self=False)
-    _check_tag(tag)
+    src = g.check_rank("source", src, allow_self=False)
+    tag = _check_tag(tag)
     return _p2p(g, checked.RECV, src, tag, t, lambda: g.pg.recv([t], src, tag))
 
 
 def _p2p(g, direction, peer, tag, t, post):
-    """Start a send or receive; its errors name the peer. Not counted in g.issued: only
+    """Start a send or receive; its errors name the peer. Not numbered by g.progress: only
     two members take part, so the group's collective numbering stays the same everywhere."""
     op = Op(direction, t)
     where = "to" if direction == checked.SEND else "from"
@@ -297,8 +344,8 @@ def _p2p(g, direction, peer, tag, t, post):
                     f"{g.describe()}: {err}",)
         return err
     try:
-        if g.checked:
-            work = checked.p2p(g, _group._world_store(), direction, peer, tag, op, post)
+        if g.checks is not None:
+            work = checked.p2p(g, _group.world_store(), direction, peer, tag, op, post)
         else:
             work = post()
     except InvalidArgument:
@@ -309,8 +356,7 @@ def _p2p(g, direction, peer, tag, t, post):
 
 
 def _check_tag(tag):
-    if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0:
-        raise InvalidArgument(f"tag must be a non-negative integer, got {tag!r}")
+    return integer("tag", tag, low=0)
 
 
 def _group_size(group):

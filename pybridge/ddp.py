@@ -6,7 +6,7 @@ False), no_sync accumulation) autograd accumulates straight into them. When .gra
 None, autograd hands over a fresh gradient; the hook copies it into the bucket with the
 averaging folded into that copy (one pass, like torch DDP) and points .grad at the view.
 A post-accumulate-grad hook marks the gradient ready; the first hook of a backward pass
-queues a callback that finalizes the reduction when backward ends, so the training loop
+queues a callback that waits for the reduction when backward ends, so the training loop
 is the usual `loss.backward(); opt.step()`.
 """
 
@@ -33,7 +33,7 @@ class DistributedDataParallel(torch.nn.Module):
     that will be followed by a synchronized backward), `find_unused_parameters` (parameters
     that get no gradient in an iteration count as zero; those unused on every rank keep
     .grad None, as with torch DDP), `op` ('avg' or 'sum'), `compression` (None, 'fp16',
-    'bf16': float32 buckets travel compressed), `bucket_cap_mb` (default 25),
+    'bf16': float32 buckets travel compressed; the built-in fp16/bf16 hooks), `bucket_cap_mb` (default 25),
     `first_bucket_cap_mb` (default 1 with the default bucket cap, else the bucket cap, as in
     torch DDP; see reducer.bucket_caps), `rebuild_buckets` (reorder buckets after the first
     iteration by when gradients become ready), `init_sync` (broadcast parameters and buffers
@@ -108,7 +108,9 @@ class DistributedDataParallel(torch.nn.Module):
         torch's DistributedDataParallel.register_comm_hook: torch's hooks run unmodified, e.g.
         `register_comm_hook(None, default_hooks.fp16_compress_hook)` or PowerSGD with
         `powerSGD_hook.PowerSGDState(process_group=None, ...)`. Call before training (or
-        between iterations); every rank registers the same hook."""
+        between iterations); every rank registers the same hook (the ranks compare it at the
+        next backward, before anything is sent: Reducer.register_comm_hook). The wrapper owns
+        `state`: close() closes it if it has close()."""
         self.reducer.register_comm_hook(state, hook)
 
     def close(self):
@@ -156,7 +158,7 @@ class DistributedDataParallel(torch.nn.Module):
                 elif g is not v:
                     v.copy_(g)
                 p.grad = v
-        reducer.finalize()
+        reducer.wait()
         if reducer.generation != self._generation:
             old, self._views = self._views, reducer.grads()
             self._generation = reducer.generation
@@ -168,7 +170,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._fresh = bytearray(len(self._params))
 
     def _drop_globally_unused(self):
-        # Issued after every bucket (finalize launched them all), so the order of
+        # Issued after every bucket (wait() launched them all), so the order of
         # collectives is the same on every rank.
         used = torch.tensor(list(self._used), dtype=torch.uint8, device=self._pb_group.device)
         if self._pb_group.size > 1:

@@ -25,8 +25,9 @@ import threading
 
 import torch
 
-from . import collectives, comm_hooks
+from . import collectives, comm_hooks, subgroups
 from . import group as _group
+from .checks import integer
 from .errors import InvalidArgument
 from .gossip_schedule import check_topology, peers
 
@@ -47,10 +48,9 @@ class GossipState:
                  sync_every=0):
         self.group = g = group or _group.current()
         self.topology = check_topology(topology)
-        for name, v, low in (("ranks_per_node", ranks_per_node, 1), ("seed", seed, 0),
-                             ("sync_every", sync_every, 0)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise InvalidArgument(f"gossip {name} must be an integer >= {low}, got {v!r}")
+        ranks_per_node = integer("gossip ranks_per_node", ranks_per_node, low=1)
+        seed = integer("gossip seed", seed, low=0)
+        sync_every = integer("gossip sync_every", sync_every, low=0)
         if g.size % ranks_per_node:
             raise InvalidArgument(f"ranks_per_node {ranks_per_node} does not divide the group size {g.size}")
         self.seed, self.rotate, self.sync_every = seed, bool(rotate), sync_every
@@ -58,8 +58,8 @@ class GossipState:
         self.node = g.rank // ranks_per_node
         # Separate groups even for one rank per node: the exchanges run on the hook's thread
         # and must not share a process group with the caller's own collectives.
-        self.intra, self.cross = _group.node_groups(ranks_per_node, group=g)
-        self.everyone = g.split(0)  # for sync_every's exact steps
+        self.intra, self.cross = subgroups.node_groups(ranks_per_node, group=g)
+        self.everyone = subgroups.split(0, group=g)  # for sync_every's exact steps
         self.master = self.intra.rank == 0
         self.step = 0
         self._params = []   # parameters seen this step (for sync_every)
@@ -114,38 +114,45 @@ class GossipState:
             average_parameters(params, group=self.everyone)
         return buf
 
+    # ---- the hook, on the caller's thread -------------------------------------------------
+
+    def hook(self, bucket):
+        """The GossipGraD communication hook for one bucket (torch's contract, with this
+        state bound): queue its exchange on the state's thread and return its future."""
+        buf = bucket.buffer()
+        send_to, recv_from = self.peers()
+        # A sync step averages every bucket exactly (not only the last one: a gossiped bucket
+        # would leave its parameters different after the optimizer step) and, with the last
+        # bucket, the parameters seen this step.
+        sync = bool(self.sync_every) and (self.step + 1) % self.sync_every == 0
+        if sync:
+            try:
+                self._params.extend(bucket.parameters())
+            except InvalidArgument:
+                pass  # specs only (C, Go): the caller averages its own parameters
+        index = bucket.index()
+        if sync:
+            params = None
+            if bucket.is_last():
+                params, self._params = self._params, []
+
+            def work():
+                return self._sync(buf, params)
+        else:
+            def work():
+                return self._mix(index, buf, send_to, recv_from)
+        if bucket.is_last():
+            self.step += 1
+        fut = torch.futures.Future()
+        self._jobs.put((fut, work))
+        return fut
+
 
 def gossip_hook(state, bucket):
-    """The GossipGraD communication hook: pass a GossipState as `state`."""
+    """The GossipGraD communication hook: pass a GossipState as `state` (GossipState.hook)."""
     if not isinstance(state, GossipState):
         raise InvalidArgument(f"gossip_hook needs a GossipState as its state, got {type(state).__name__}")
-    buf = bucket.buffer()
-    send_to, recv_from = state.peers()
-    # A sync step averages every bucket exactly (not only the last one: a gossiped bucket
-    # would leave its parameters different after the optimizer step) and, with the last
-    # bucket, the parameters seen this step.
-    sync = bool(state.sync_every) and (state.step + 1) % state.sync_every == 0
-    if sync:
-        try:
-            state._params.extend(bucket.parameters())
-        except InvalidArgument:
-            pass  # specs only (C, Go): the caller averages its own parameters
-    index = bucket.index()
-    if sync:
-        params = None
-        if bucket.is_last():
-            params, state._params = state._params, []
-
-        def work():
-            return state._sync(buf, params)
-    else:
-        def work():
-            return state._mix(index, buf, send_to, recv_from)
-    if bucket.is_last():
-        state.step += 1
-    fut = torch.futures.Future()
-    state._jobs.put((fut, work))
-    return fut
+    return state.hook(bucket)
 
 
 # Its collectives run on the state's own thread in the order the hook is called (bucket

@@ -9,12 +9,13 @@ period = max(1, ceil(log2 N)) and power = s % period:
   dissemination: send to position (i + 2^power) mod N, receive from (i - 2^power) mod N.
 With a fixed topology, ceil(log2 N) steps mix every node's value into every other node
 (exactly the mean for N a power of two). Rotation redraws the topology at the start of
-each period, from (seed, period index) alone, with the splitmix64 Fisher-Yates shuffle of
-the RecordIO partitioner: no global random state is read or changed.
+each period, from (seed, period index) alone, with pybridge.shuffle (the splitmix64
+Fisher-Yates shuffle the RecordIO partitioner uses too): no global random state is read or changed.
 """
 
+from .checks import index, integer
 from .errors import InvalidArgument
-from .recordio.partition import permutation
+from .shuffle import permutation
 
 CUBE = "cube"
 DISSEMINATION = "dissemination"
@@ -28,32 +29,25 @@ def check_topology(topology):
     return name
 
 
-def _count(name, v, minimum):
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise InvalidArgument(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return v
-
-
 def period(num_nodes):
     """Steps per period: max(1, ceil(log2 N)); the power of two cycles through 0..period-1."""
-    return max(1, (_count("number of nodes", num_nodes, 1) - 1).bit_length())
+    return max(1, (integer("number of nodes", num_nodes, low=1) - 1).bit_length())
 
 
 def virtual_topology(num_nodes, seed, step, rotate=True):
     """The node at each position for `step`: redrawn every period when rotating, else identity."""
     if not rotate or num_nodes == 1:
         return list(range(num_nodes))
-    return permutation(num_nodes, _count("seed", seed, 0), step // period(num_nodes))
+    return permutation(num_nodes, integer("seed", seed, low=0), step // period(num_nodes))
 
 
 def peers(topology, num_nodes, seed, step, node, rotate=True):
     """(send_to, receive_from) node numbers for `node` at `step`; (None, None) when the node
     sits out this step (a single node, or cube's unmatched position)."""
     topology = check_topology(topology)
-    n = _count("number of nodes", num_nodes, 1)
-    step = _count("step", step, 0)
-    if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < n:
-        raise InvalidArgument(f"node {node!r} is out of range for {n} nodes")
+    n = integer("number of nodes", num_nodes, low=1)
+    step = integer("step", step, low=0)
+    node = index("node", node, n, f"{n} nodes")
     if n == 1:
         return None, None
     order = virtual_topology(n, seed, step, rotate)

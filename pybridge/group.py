@@ -1,4 +1,9 @@
-"""Process groups: the world (created by init() or adopted from torch) and its subgroups."""
+"""Process groups: the world (created by init() or adopted from torch) and its subgroups.
+
+This module sits below collectives.py: it builds groups and their backends but issues no
+collective. Creation that needs one (split, node_groups) lives in subgroups.py, above the
+collectives; it adds Group.split.
+"""
 
 import datetime
 import gc
@@ -7,14 +12,16 @@ import sys
 import threading
 import time
 import urllib.parse
+import warnings
 
 import torch
 import torch.distributed as dist
 
+from . import checked as _checked
 from . import rendezvous
 from . import roster as _roster
 from . import watchdog as _watchdog
-from .checks import positive_seconds
+from .checks import index, positive_seconds
 from .errors import AlreadyInitialized, Closed, InvalidArgument, NotInitialized, PyBridgeError, Timeout, classify
 
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds rendezvous and every collective
@@ -28,9 +35,13 @@ class Group:
     """A process group: this process's rank in it, its members, and the torch group behind it.
 
     The world group comes from init() (or is adopted from torch, see current()); subgroups
-    come from new_group() and split(). Ranks given to any call that takes a group (roots,
-    peers, new_group's list) are ranks WITHIN that group, 0..size-1, as torch's group_src /
-    group_dst; `ranks` maps them to global ranks.
+    come from new_group() and split() (pybridge.subgroups). Ranks given to any call that
+    takes a group (roots, peers, new_group's list) are ranks WITHIN that group, 0..size-1,
+    as torch's group_src / group_dst; `ranks` maps them to global ranks.
+
+    Each concern keeps its own state here, changed only by its owner: `progress` is the
+    watchdog's (watchdog.Progress: collectives started, those in flight), `checks` checked
+    mode's (checked.State, None when off).
     """
 
     def __init__(self, pg, ranks, global_rank, local_rank, backend, timeout, *, owned, parent=None,
@@ -56,18 +67,33 @@ class Group:
         # Reliability (docs/failures.md): checked mode, who every rank is, and progress.
         self.checked = parent.checked if parent is not None else checked
         self.roster = parent.roster if parent is not None else roster  # by global rank, or None
-        self.issued = 0  # collectives started on this group: names them "#seq" in errors
-        # seq -> (op, start time, torch work or None) while in flight; None: watchdog off
-        self.inflight = ({} if parent.inflight is not None else None) if parent is not None else None
-        self.fingerprint_buffer = None  # checked mode's, made on first use
-        self.p2p = {}  # checked mode: (direction, peer, tag) -> (count, last one posted)
+        self.progress = _watchdog.Progress(parent.progress if parent is not None else None)
+        self.checks = _checked.State(self.device) if self.checked else None
+
+    @property
+    def issued(self):
+        """Collectives started on this group so far (they are "#1" ... "#issued" in errors)."""
+        return self.progress.issued
+
+    @property
+    def children(self):
+        """The live subgroups made from this one (a copy)."""
+        with _lock:
+            return tuple(self._children)
+
+    # Deprecated: state that Group used to carry for the watchdog and checked mode.
+    inflight = property(lambda self: _deprecated(
+        "inflight", "Group.progress (the watchdog's)",
+        self.progress.snapshot()[1] if self.progress.watched else None))
+    fingerprint_buffer = property(lambda self: _deprecated("fingerprint_buffer", "Group.checks (checked mode's)", None))
+    p2p = property(lambda self: _deprecated("p2p", "Group.checks (checked mode's)", {}))
 
     @property
     def store(self):
         """A key-value store shared by the members (the rendezvous store; a subgroup's keys
         get a prefix of their own). Used e.g. for dynamic data partitioning."""
         if self._store is None:
-            store = _world_store()
+            store = world_store()
             self._store = store if self.parent is None else dist.PrefixStore(f"pybridge/{self.uid}/data/", store)
         return self._store
 
@@ -79,15 +105,15 @@ class Group:
             raise Closed("the adopted torch.distributed group was destroyed")
 
     def check_rank(self, what, r, allow_self=True):
-        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.size:
-            raise InvalidArgument(f"{what} rank {r!r} is out of range for a group of size {self.size}")
+        """`r` as a rank within this group (InvalidArgument naming `what` otherwise)."""
+        r = index(f"{what} rank", r, self.size, f"a group of size {self.size}")
         if not allow_self and r == self.rank:
             raise InvalidArgument(f"{what} rank {r} is this process's own rank")
+        return r
 
     def global_rank_of(self, group_rank):
         """The global rank of member `group_rank`."""
-        self.check_rank("group", group_rank)
-        return self.ranks[group_rank]
+        return self.ranks[self.check_rank("group", group_rank)]
 
     def group_rank_of(self, global_rank):
         """The rank within this group of the process with global rank `global_rank`."""
@@ -116,49 +142,26 @@ class Group:
         other group creations from this group.
         """
         self.check_open()
-        members = _member_list(ranks, self.size)
-        seq = self._next_seq()
-        if self.rank not in members:
-            return None
-        return self._make_child([self.ranks[r] for r in members], seq)
+        return self.subgroup(_member_list(ranks, self.size))
 
-    def split(self, color, key=None, *, timeout=None, backend=None):
-        """MPI_Comm_split: every member calls it (a collective over this group); members that
-        pass the same color form one subgroup, ranked by (key, rank in this group). A negative
-        or None color joins no group and gets None. key defaults to the rank in this group.
-        timeout (seconds) bounds the subgroup's operations; default: this group's.
-        backend: the subgroup's ("gloo" or "nccl"); default: this group's. A gloo subgroup of
-        an NCCL group carries CPU tensors beside it (small control messages, for example).
-        """
-        self.check_open()
-        timeout = self.timeout if timeout is None else positive_seconds("timeout", timeout)
-        backend = self.backend if backend is None else _pick_backend(backend)
-        color = -1 if color is None else _int_arg("color", color)
-        key = self.rank if key is None else _int_arg("key", key)
-        from . import collectives  # late: collectives imports this module
-        mine = torch.tensor([color, key], dtype=torch.int64, device=self.device)
-        every = torch.zeros(2 * self.size, dtype=torch.int64, device=self.device)
-        collectives.all_gather(mine, every, group=self)
-        pairs = every.view(self.size, 2).tolist()
-        seq = self._next_seq()
-        if color < 0:
-            return None
-        order = sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)
-        return self._make_child([self.ranks[r] for _, r in order], seq, timeout, backend)
-
-    def _next_seq(self):
+    def subgroup(self, members, *, timeout=None, backend=None):
+        """The next subgroup made from this one: the members with these ranks (within this
+        group), ranked in that order; None when this rank is not among them (or members is
+        None). Every member of this group calls it, in the same order as its other subgroup
+        creations from this group: the count names the subgroup's store keys, so every
+        member computes the same name whatever other groups each of them made before.
+        timeout and backend default to this group's. (new_group and split build on it.)"""
         with _lock:
             self._created += 1
-            return self._created
-
-    def _make_child(self, global_ranks, seq, timeout=None, backend=None):
-        # Named by the parent, its creation count and the members: the same on every member,
-        # whatever other groups each of them made before.
+            seq = self._created
+        if members is None or self.rank not in members:
+            return None
+        global_ranks = [self.ranks[r] for r in members]
         uid = f"{self.uid}.{seq}-{'_'.join(map(str, global_ranks))}"
         timeout = self.timeout if timeout is None else timeout
         backend = backend or self.backend
-        pg = _backend_group(backend, global_ranks.index(self.global_rank), len(global_ranks),
-                            dist.PrefixStore(f"pybridge/{uid}/pg/", _world_store()), timeout)
+        pg = _backend_group(backend, members.index(self.rank), len(global_ranks),
+                            dist.PrefixStore(f"pybridge/{uid}/pg/", world_store()), timeout)
         child = Group(pg, global_ranks, self.global_rank, self.local_rank, backend,
                       timeout, owned=True, parent=self, uid=uid)
         with _lock:
@@ -191,10 +194,9 @@ class Group:
                 f"{self.backend} {state}>")
 
 
-def _int_arg(what, v):
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise InvalidArgument(f"{what} must be an integer, got {v!r}")
-    return v
+def _deprecated(name, owner, value):
+    warnings.warn(f"Group.{name} is deprecated: its state moved to {owner}", DeprecationWarning, stacklevel=3)
+    return value
 
 
 def _member_list(ranks, size):
@@ -212,7 +214,9 @@ def _member_list(ranks, size):
     return members
 
 
-def _world_store():
+def world_store():
+    """The world's rendezvous store (no prefix): subgroups' backends and checked mode's
+    point-to-point fingerprints meet there."""
     return dist.distributed_c10d._get_default_store()
 
 
@@ -261,7 +265,8 @@ def _within(seconds, what, fn):
     return box["value"]
 
 
-def _env_int(name):
+def env_int(name):
+    """An integer environment variable, or None when unset or empty."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return None
@@ -271,7 +276,8 @@ def _env_int(name):
         raise InvalidArgument(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def _pick_backend(backend):
+def pick_backend(backend):
+    """'gloo' or 'nccl' for a backend argument ('auto', None, 'gloo', 'nccl')."""
     backend = (backend or "auto").lower()
     if backend not in BACKENDS:
         raise InvalidArgument(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -288,7 +294,7 @@ def _rendezvous(init_method, master_addr, master_port):
         if init_method not in (None, "", "env://"):
             raise InvalidArgument("give either init_method or master_addr/master_port, not both")
         addr = master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-        port = master_port or _env_int("MASTER_PORT")
+        port = master_port or env_int("MASTER_PORT")
         if not port:
             raise InvalidArgument("master_port is not given and MASTER_PORT is not set")
         return f"tcp://{addr}:{int(port)}"
@@ -326,18 +332,18 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
     with _lock:
         if _current is not None or dist.is_initialized():
             raise AlreadyInitialized("process group is already initialized; call finalize() first")
-        rank = _env_int("RANK") if rank is None or rank < 0 else rank
-        world_size = _env_int("WORLD_SIZE") if world_size is None or world_size < 0 else world_size
+        rank = env_int("RANK") if rank is None or rank < 0 else rank
+        world_size = env_int("WORLD_SIZE") if world_size is None or world_size < 0 else world_size
         if rank is None or world_size is None:
             raise InvalidArgument("rank and world size are unknown: set RANK and WORLD_SIZE "
                                   "(pybridge-launch and torchrun do) or pass them explicitly")
         if world_size < 1 or not 0 <= rank < world_size:
             raise InvalidArgument(f"rank {rank} is not within world size {world_size}")
         if local_rank is None or local_rank < 0:
-            local_rank = _env_int("LOCAL_RANK")
+            local_rank = env_int("LOCAL_RANK")
             local_rank = rank if local_rank is None else local_rank
         timeout = positive_seconds("timeout", timeout)
-        backend = _pick_backend(backend)
+        backend = pick_backend(backend)
         method = _rendezvous(init_method, master_addr, master_port)
         if backend == "nccl":
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
@@ -376,7 +382,7 @@ def _own_store(method, timeout):
     serializes its calls, so a blocking wait on the shared one (a subgroup's rendezvous)
     would otherwise hold the watchdog up. Other stores are shared."""
     if urllib.parse.urlparse(method).scheme not in ("tcp", "env") or rendezvous.agent_hosts_store():
-        return _world_store()
+        return world_store()
     host, port = rendezvous.tcp_address(method)
     client = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout),
                            wait_for_workers=False)
@@ -437,7 +443,7 @@ def _free_here(holder):
 def _adopt():
     """The group of a program that called torch.distributed.init_process_group itself."""
     rank, size = dist.get_rank(), dist.get_world_size()
-    local_rank = _env_int("LOCAL_RANK")
+    local_rank = env_int("LOCAL_RANK")
     backend = dist.get_backend()
     backend = "nccl" if "nccl" in backend else backend
     timeout = DEFAULT_TIMEOUT
@@ -474,29 +480,6 @@ def new_group(ranks, *, group=None):
     return (group or current()).new_group(ranks)
 
 
-def split(color, key=None, *, group=None, timeout=None, backend=None):
-    """Split `group` (default: the world) by color; see Group.split."""
-    return (group or current()).split(color, key, timeout=timeout, backend=backend)
-
-
-def node_groups(ranks_per_node=None, *, group=None):
-    """(intra-node group, cross-node group) for this rank: the members on this node, and the
-    members with this rank's local rank on every node. Nodes are consecutive blocks of
-    `ranks_per_node` ranks of `group` (default: LOCAL_WORLD_SIZE, as torchrun and
-    pybridge-launch set it; pass it to pretend, e.g. nodes of 2 ranks on one machine).
-    A collective over `group`: every member calls it."""
-    g = group or current()
-    if ranks_per_node is None:
-        ranks_per_node = _env_int("LOCAL_WORLD_SIZE") or g.size
-    per = _int_arg("ranks_per_node", ranks_per_node)
-    if per < 1 or g.size % per:
-        raise InvalidArgument(f"ranks_per_node {per} does not divide the group size {g.size} "
-                              "(nodes must have equal numbers of ranks)")
-    intra = g.split(g.rank // per, g.rank)
-    cross = g.split(g.rank % per, g.rank)
-    return intra, cross
-
-
 def rank() -> int:
     return current().rank
 
@@ -507,3 +490,14 @@ def size() -> int:
 
 def local_rank() -> int:
     return current().local_rank
+
+
+def __getattr__(name):
+    # split and node_groups moved to pybridge.subgroups (they issue a collective, and the
+    # collectives import this module); pybridge.split and pybridge.node_groups are unchanged.
+    if name in ("split", "node_groups"):
+        warnings.warn(f"pybridge.group.{name} is deprecated: use pybridge.{name} (pybridge.subgroups.{name})",
+                      DeprecationWarning, stacklevel=2)
+        from . import subgroups
+        return getattr(subgroups, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

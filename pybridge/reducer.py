@@ -6,31 +6,36 @@ caller that computes gradients itself (C, Go) uses it exactly as the autograd ho
     r = Reducer([(4096, "float32"), ((256, 256), "float16"), ...])
     g = r.grad(i)          # a view into a library-owned flat bucket; write the gradient here
     r.mark_ready(i)        # the "hook": the bucket's allreduce starts once all its grads are in
-    r.finalize()           # waits every bucket; the views now hold the averaged gradients
+    r.wait()               # waits every bucket; the views now hold the averaged gradients
 
-Every rank must mark the same set of gradients (any order) and call finalize() the same
+Every rank must mark the same set of gradients (any order) and call wait() the same
 number of times: bucket allreduces are always issued in bucket order 0..n-1, which is what
 keeps the collectives in the same sequence on every rank whatever order gradients arrive in.
 One reducer must not be driven from several threads at once without ordering (a lock keeps
 its own state consistent, but the caller decides which iteration a mark belongs to).
 
-Views stay valid until the buckets are rebuilt: after the first finalize() the buckets are
+Views stay valid until the buckets are rebuilt: after the first wait() the buckets are
 rebuilt once in the order gradients became ready on rank 0 (unless rebuild=False), and
-`generation` goes up by one. Callers that keep raw pointers must fetch views again when
-`generation` changes (the gradient values are carried over into the new views).
+when that gives other buckets than the initial ones `generation` goes up by one. Callers
+that keep raw pointers must fetch views again when `generation` changes (the gradient
+values are carried over into the new views).
+
+One configuration, checked across ranks: every setting (parameters, op, caps, flags, the
+hook and its state's settings) is compared by one small allgather when the reducer is
+created, and again at the first mark_ready/set_grad/wait after register_comm_hook() or
+set_shapes() changed it; ranks that differ all get InvalidArgument naming the settings.
 """
 
-import hashlib
 import threading
 import time
 
 import torch
 
-from . import abi, checked, collectives, comm_hooks, dtypes
+from . import abi, agree, collectives, comm_hooks, dtypes
 from . import group as _group
 from . import watchdog as _watchdog
 from .buffers import check_extent
-from .checks import positive_finite, positive_seconds
+from .checks import index, integer, positive_finite, positive_seconds
 from .collectives import AVG, SUM
 from .errors import Closed, InvalidArgument, Timeout, classify
 
@@ -38,7 +43,7 @@ MiB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25.0
 DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
 
-# The C ABI's compression codes (PB_COMPRESS_* in capi/pybridge.h).
+# The C ABI's compression codes (PB_COMPRESS_* in capi/pybridge.h): names of built-in hooks.
 COMPRESS_NONE, COMPRESS_FP16, COMPRESS_BF16 = abi.PB_COMPRESS_NONE, abi.PB_COMPRESS_FP16, abi.PB_COMPRESS_BF16
 _COMPRESSION = {None: COMPRESS_NONE, "none": COMPRESS_NONE, "fp16": COMPRESS_FP16,
                 "float16": COMPRESS_FP16, "half": COMPRESS_FP16, "bf16": COMPRESS_BF16,
@@ -57,6 +62,29 @@ def _resolve_compression(c):
     if isinstance(c, bool) or c not in (COMPRESS_NONE, COMPRESS_FP16, COMPRESS_BF16):
         raise InvalidArgument(f"unknown compression {c!r}; use None, 'fp16' or 'bf16' (codes 0..2)")
     return c
+
+
+def _hook_choice(hook, state, compression):
+    """(a built-in hook chosen by settings, or None; (state, hook) of a callable, or None).
+    compression= is another name for a built-in hook: 'fp16' is hook=HOOK_FP16."""
+    alias = _COMPRESSION_HOOK[compression]
+    if hook is None:
+        spec, pair = comm_hooks.BuiltinHook(alias), None
+    elif isinstance(hook, (comm_hooks.BuiltinHook, comm_hooks.GossipHook)):
+        spec, pair = hook, None
+    elif isinstance(hook, int) and not isinstance(hook, bool):
+        spec, pair = comm_hooks.BuiltinHook(hook), None
+    elif callable(hook):
+        spec, pair = None, (state, hook)
+    else:
+        raise InvalidArgument(f"hook must be callable as hook(state, bucket), a PB_HOOK_* code, or a "
+                              f"comm_hooks.BuiltinHook or GossipHook, got {hook!r}")
+    if spec is not None and state is not None:
+        raise InvalidArgument("hook_state goes with a callable hook; a built-in hook makes its own state")
+    if compression != COMPRESS_NONE and not (isinstance(spec, comm_hooks.BuiltinHook) and spec.code == alias):
+        raise InvalidArgument(f"compression={compression} names the built-in hook {alias} (PB_HOOK_*), but "
+                              f"hook={hook!r} was given too; give one of them")
+    return spec, pair
 
 
 def _resolve_op(op):
@@ -115,10 +143,10 @@ def _spec(i, item, default_device):
     if isinstance(size, torch.Size):
         size = tuple(size)
     shape = (size,) if isinstance(size, int) and not isinstance(size, bool) else size
-    if not isinstance(shape, (tuple, list)) or any(
-            isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
-        raise InvalidArgument(f"parameter {i}: size must be a non-negative element count or a shape, "
-                              f"got {size!r}")
+    expected = "a non-negative element count or a shape"
+    if not isinstance(shape, (tuple, list)):
+        raise InvalidArgument(f"parameter {i}: size must be {expected}, got {size!r}")
+    shape = [integer(f"parameter {i}: size", d, low=0, expected=expected) for d in shape]
     dt = dtypes.torch_dtype(dt)
     n = 1
     for d in shape:
@@ -194,8 +222,9 @@ def _wait(fut, deadline, what):
     return value[0] if isinstance(value, (list, tuple)) else value
 
 
-# Hook states whose step counter a checkpoint keeps: type name -> attribute.
-_HOOK_STEP = {"GossipState": "step", "PowerSGDState": "iter"}
+# What the reducer compares across ranks, by name (the order of the allgathered row).
+_SETTINGS = ("parameters", "op", "bucket caps", "flags", "hook")
+_SHOWN = 400  # bytes of each differing setting's value exchanged for the error message
 
 
 class Reducer:
@@ -203,21 +232,26 @@ class Reducer:
 
     `params`: a sequence of tensors or specs `(numel or shape, dtype[, device])`; dtype is a
     pybridge dtype code, name or torch dtype (floating point only); device defaults to the
-    group's (CPU for gloo). `op`: 'avg' (default) or 'sum'. `compression`: None, 'fp16' or
-    'bf16': float32 buckets travel in that type and are decompressed in place (other dtypes
-    are sent as they are); these pick a built-in communication hook, and
-    register_comm_hook() installs any other (torch's DDP comm-hook contract, see
-    pybridge/comm_hooks.py). `rebuild`: rebuild the buckets once, after the first finalize(),
-    in the order gradients became ready on rank 0. `allow_unused`: finalize() accepts
-    gradients that were never marked and sends what their views hold (zero them first, e.g.
-    with zero_grad(), if they should count as zero). `names`: used in error messages.
+    group's (CPU for gloo). `op`: 'avg' (default) or 'sum'. `hook`: how a full bucket
+    travels (torch's DDP comm-hook contract, see pybridge/comm_hooks.py): a callable
+    hook(state, bucket) with its `hook_state`, a PB_HOOK_* code, or a comm_hooks.BuiltinHook
+    (e.g. PowerSGD with its rank) or comm_hooks.GossipHook; default: allreduce.
+    `compression`: None, 'fp16' or 'bf16', another name for hook=HOOK_FP16 or HOOK_BF16:
+    float32 buckets travel in that type and are decompressed in place (other dtypes are sent
+    as they are). The reducer owns its hook's state: close() closes a state that has a
+    close() (a GossipState's thread and groups). `rebuild`: rebuild the buckets once, after
+    the first wait(), in the order gradients became ready on rank 0. `allow_unused`: wait()
+    accepts gradients that were never marked and sends what their views hold (zero them
+    first, e.g. with zero_grad(), if they should count as zero). `names`: used in error
+    messages.
 
     Construction is a collective: every rank must create its reducers in the same order with
-    the same specs and options; a mismatch raises InvalidArgument on every rank.
+    the same specs and options; a mismatch in any of them (the hook and its settings
+    included) raises InvalidArgument on every rank, naming what differs.
     """
 
     def __init__(self, params, *, group=None, bucket_cap_mb=None, first_bucket_cap_mb=None, op="avg",
-                 compression=None,
+                 compression=None, hook=None, hook_state=None,
                  rebuild=True, allow_unused=False, names=None):
         self._group = group or _group.current()
         self._group.check_open()
@@ -231,52 +265,64 @@ class Reducer:
         self.names = names
         self.op = _resolve_op(op)
         self.compression = _resolve_compression(compression)
+        spec, pair = _hook_choice(hook, hook_state, self.compression)
         bucket_cap_mb, first_bucket_cap_mb = bucket_caps(bucket_cap_mb, first_bucket_cap_mb)
         self.bucket_cap = _resolve_cap(bucket_cap_mb, "bucket_cap_mb")
         self.first_bucket_cap = _resolve_cap(first_bucket_cap_mb, "first_bucket_cap_mb")
         self.allow_unused = bool(allow_unused)
-        self._rebuild_pending = bool(rebuild)
+        self.rebuild = self._rebuild_pending = bool(rebuild)
         self._world = self._group.size
         self._params = params if params and all(isinstance(p, torch.Tensor) for p in params) else None
-        self._use_hook(*comm_hooks.builtin(_COMPRESSION_HOOK[self.compression], self._group))
+        self._hook_state = self._hook = None
         self._lock = threading.Lock()
         self._closed = False
         self.generation = 0
-        self.iterations = 0  # completed finalize() calls
-        self._check_same_everywhere()
+        self.iterations = 0  # completed wait() calls
+        # Agreed on before a built-in hook is built: the gossip state's groups are a collective.
+        self._hook_identity = spec.identity() if spec is not None else comm_hooks.identity(*pair)
+        self._agree()
+        self._use_hook(*(spec.build(self._group) if spec is not None else pair))
         self._layout(assign_buckets(self.specs, list(range(len(self.specs)))[::-1],
                                     self.bucket_cap, self.first_bucket_cap))
         self._start_iteration()
 
     # ---- layout -------------------------------------------------------------------------
 
-    def _signature(self):
-        text = repr((
-            [(s.shape, str(s.dtype), s.device.type) for s in self.specs],
-            self.op, self.compression, self.bucket_cap, self.first_bucket_cap,
-            self.allow_unused, self._rebuild_pending))
-        digest = hashlib.sha256(text.encode()).digest()
-        return [len(self.specs), sum(s.numel for s in self.specs),
-                int.from_bytes(digest[:7], "little")]
+    def _settings(self):
+        """Every setting the ranks must share, by name (_SETTINGS), as readable text."""
+        specs = [(s.shape, str(s.dtype).replace("torch.", ""), s.device.type) for s in self.specs]
+        params = f"{len(specs)} parameters, {sum(s.numel for s in self.specs)} elements: {specs}"
+        return (params, "avg" if self.op == AVG else "sum",
+                f"{self.bucket_cap} bytes, first bucket {self.first_bucket_cap} bytes",
+                f"allow_unused={self.allow_unused}, rebuild={self.rebuild}", self._hook_identity)
 
-    def _check_same_everywhere(self):
-        """One small allgather of (count, total elements, hash of specs and options):
-        a rank with other shapes would otherwise deadlock or mix up gradients later."""
-        if self._world == 1:
-            return
-        mine = self._signature()
-        dev = self._group.device
-        out = torch.zeros(self._world * 3, dtype=torch.int64, device=dev)
-        collectives.all_gather(torch.tensor(mine, dtype=torch.int64, device=dev), out, group=self._group)
-        rows = out.view(self._world, 3).tolist()
-        bad = [r for r, row in enumerate(rows) if row != rows[0]]
-        if bad:
-            detail = "; ".join(f"rank {r}: {row[0]} parameters, {row[1]} elements"
-                               for r, row in enumerate(rows))
-            raise InvalidArgument(
-                f"reducer parameters or options differ across ranks (ranks {bad} differ from "
-                f"rank 0): {detail}. Every rank must create the reducer with the same "
-                "parameter shapes, dtypes and options")
+    def _agree(self):
+        """One small allgather of (count, total elements, a hash per setting): a rank with
+        other shapes or another hook would otherwise deadlock or mix up gradients later.
+        When they differ, a second one exchanges the values that differ, for the message."""
+        if self._world > 1:
+            values = self._settings()
+            mine = [len(self.specs), sum(s.numel for s in self.specs)] + [agree.signature(v) for v in values]
+            rows = collectives.gather_rows(mine, group=self._group)
+            differ = [k for k in range(len(_SETTINGS)) if len({row[2 + k] for row in rows}) > 1]
+            if differ:
+                names = [_SETTINGS[k] for k in differ]
+                agree.check("reducer settings differ across ranks", self._values([values[k] for k in differ]),
+                            describe=lambda row: "; ".join(f"{n}: {v}" for n, v in zip(names, row)),
+                            fields=names, hint=". Every rank must create the reducer with the same parameter "
+                            "shapes, dtypes and options, and register the same hook")
+        self._stale = False
+
+    def _values(self, values):
+        """Every rank's `values` (texts, the first _SHOWN bytes of each), by rank: one
+        all_gather of fixed size, so it cannot upset the backend."""
+        mine = []
+        for v in values:
+            b = v.encode()[:_SHOWN]
+            mine += list(b) + [0] * (_SHOWN - len(b))
+        rows = collectives.gather_rows(mine, group=self._group)
+        return [tuple(bytes(row[k * _SHOWN:(k + 1) * _SHOWN]).rstrip(b"\0").decode(errors="replace")
+                      for k in range(len(values))) for row in rows]
 
     def _layout(self, assignment):
         self.buckets = [_Bucket(b, members, self.specs) for b, members in enumerate(assignment)]
@@ -312,7 +358,8 @@ class Reducer:
     def set_shapes(self, shapes):
         """Give gradients shapes (same element counts) for callers that created the reducer
         from counts (C, Go): hooks such as PowerSGD compress matrices, not flat vectors.
-        `shapes`: one shape per parameter, or None to keep that one's. Between iterations."""
+        `shapes`: one shape per parameter, or None to keep that one's. Between iterations;
+        the ranks compare them at the next iteration's first mark_ready/set_grad/wait."""
         with self._lock:
             self._check_open()
             if any(self._ready):
@@ -329,6 +376,7 @@ class Reducer:
                                           f"the parameter has {self.specs[i].numel}")
                 self.specs[i] = spec
                 self._views[i] = self._views[i].view(spec.shape)
+            self._stale = True
 
     @property
     def num_params(self):
@@ -376,8 +424,11 @@ class Reducer:
         """Communicate each full bucket with `hook(state, bucket) -> Future` (torch's DDP
         comm-hook contract; torch's own hooks work, see pybridge/comm_hooks.py). Call it
         before the first gradient of an iteration is marked; every rank must register the
-        same hook. It replaces the built-in hook chosen by `compression`. The hook must do
-        its own averaging (torch's hooks do)."""
+        same hook: the ranks compare it (comm_hooks.identity: the function's name, the
+        state's type and known settings) at the next iteration's first mark_ready, set_grad
+        or wait, and all raise InvalidArgument there when they differ. It replaces the hook
+        chosen before, whose state is closed if it has close() (the reducer owns its hook's
+        state). The hook must do its own averaging (torch's hooks do)."""
         if not callable(hook):
             raise InvalidArgument(f"hook must be callable as hook(state, bucket), got {hook!r}")
         with self._lock:
@@ -386,9 +437,14 @@ class Reducer:
                 raise InvalidArgument("register_comm_hook() must be called between iterations, "
                                       "not after gradients were marked ready")
             self._use_hook(state, hook)
+            self._stale = True
 
     def _use_hook(self, state, hook):
+        old = self._hook_state
         self._hook_state, self._hook = state, hook
+        self._hook_identity = comm_hooks.identity(state, hook)
+        if old is not None and old is not state:
+            _close_state(old)
         self._builtin = comm_hooks.prescales(hook)
         self._eager = comm_hooks.is_eager(hook)
         # pybridge's summing hooks let the 1/size of 'avg' be folded into the gradient copy
@@ -399,6 +455,9 @@ class Reducer:
         """Gradient `i` is written: once every gradient of its bucket is, and every earlier
         bucket has been launched, the bucket's allreduce starts (asynchronously)."""
         with self._lock:
+            if self._stale:
+                self._check_open()
+                self._agree()
             self._mark(i)
 
     def set_grad(self, i, grad):
@@ -406,6 +465,9 @@ class Reducer:
         mark it ready. For a gradient that lives elsewhere this is one pass instead of
         copy-then-mark: the averaging division is folded into the copy."""
         with self._lock:
+            if self._stale:
+                self._check_open()
+                self._agree()
             self._check_mark(i)
             view = self._views[i]
             if not isinstance(grad, torch.Tensor) or grad.numel() != view.numel():
@@ -422,13 +484,11 @@ class Reducer:
 
     def _check_mark(self, i):
         self._check_open()
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self._ready):
-            raise InvalidArgument(f"gradient index {i!r} is out of range for "
-                                  f"{len(self.specs)} parameters")
+        index("gradient index", i, len(self._ready), f"{len(self.specs)} parameters")
         if self._ready[i]:
             raise InvalidArgument(
                 f"gradient {self.name(i)} was marked ready twice in one iteration; each "
-                "gradient may be marked once between finalize() calls (if a parameter is "
+                "gradient may be marked once between wait() calls (if a parameter is "
                 "used several times, mark it after its gradient is complete)")
 
     def _mark(self, i):
@@ -441,7 +501,7 @@ class Reducer:
         if self._pending[b] == 0 and b == self._next:
             self._launch_ready()
 
-    def finalize(self, timeout=None):
+    def wait(self, timeout=None):
         """Wait for every bucket's allreduce and leave the reduced gradients in the views.
 
         Raises InvalidArgument naming the gradients never marked (unless allow_unused), and
@@ -451,6 +511,8 @@ class Reducer:
             self._check_open()
             if timeout is not None:
                 timeout = positive_seconds("timeout", timeout)
+            if self._stale:
+                self._agree()
             missing = self.missing
             if missing and not self.allow_unused:
                 drained = self._drain()
@@ -458,7 +520,7 @@ class Reducer:
                 shown = ", ".join(self.name(i) for i in missing[:20])
                 more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
                 raise InvalidArgument(
-                    f"finalize() called with {len(missing)} gradient(s) not marked ready: "
+                    f"wait() called with {len(missing)} gradient(s) not marked ready: "
                     f"{shown}{more}. Mark every gradient each iteration, or create the "
                     "reducer with allow_unused=True (find_unused_parameters in the DDP wrapper)"
                     + ("" if drained else ". The buckets already sent did not complete: other "
@@ -485,7 +547,8 @@ class Reducer:
                 self._rebuild(order)
             self._start_iteration()
 
-    wait = finalize
+    # The older name of wait(), kept: "finalize" is also pybridge.finalize(), leaving the group.
+    finalize = wait
 
     def state_dict(self):
         """What a restart needs to continue the schedule: completed iterations and the hook's
@@ -494,8 +557,7 @@ class Reducer:
         from zero, as on a fresh reducer."""
         with self._lock:
             self._check_open()
-            step = getattr(self._hook_state, _HOOK_STEP.get(type(self._hook_state).__name__, ""), None)
-            return {"iterations": self.iterations, "hook_step": step}
+            return {"iterations": self.iterations, "hook_step": comm_hooks.hook_step(self._hook_state)}
 
     def load_state_dict(self, state):
         """Restore state_dict()'s counters, between iterations."""
@@ -506,15 +568,17 @@ class Reducer:
             if any(self._ready):
                 raise InvalidArgument("load_state_dict() must be called between iterations")
             self.iterations = state["iterations"]
-            attr = _HOOK_STEP.get(type(self._hook_state).__name__)
-            if attr is not None and isinstance(state.get("hook_step"), int):
-                setattr(self._hook_state, attr, state["hook_step"])
+            if isinstance(state.get("hook_step"), int):
+                comm_hooks.set_hook_step(self._hook_state, state["hook_step"])
 
     def close(self):
-        """Release the buckets. Views already handed out keep their memory alive."""
+        """Release the buckets and close the hook's state if it has close() (a GossipState's
+        thread and groups). Views already handed out keep their memory alive."""
         with self._lock:
             self._closed = True
             self.buckets, self._views, self._works = [], [None] * len(self.specs), []
+            state, self._hook_state = self._hook_state, None
+        _close_state(state)
 
     def __enter__(self):
         return self
@@ -536,8 +600,7 @@ class Reducer:
 
     def _check(self, i):
         self._check_open()
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.specs):
-            raise InvalidArgument(f"gradient index {i!r} is out of range for {len(self.specs)} parameters")
+        index("gradient index", i, len(self.specs), f"{len(self.specs)} parameters")
 
     def _drain(self, limit=10.0):
         """Wait (bounded) for the buckets already launched, so that no allreduce is still
@@ -598,7 +661,7 @@ class Reducer:
         def finish(inner):
             try:
                 fut.set_result(inner.value())
-            except Exception as exc:  # noqa: BLE001 - raised by finalize(), naming the bucket
+            except Exception as exc:  # noqa: BLE001 - raised by wait(), naming the bucket
                 fut.set_exception(exc)
 
         def start(_):
@@ -623,6 +686,13 @@ class Reducer:
         for new, prev in zip(self._views, old):
             new.copy_(prev)
         self.generation += 1
+
+
+def _close_state(state):
+    """Close a hook state that owns resources (GossipState: a thread and groups)."""
+    close = getattr(state, "close", None)
+    if callable(close):
+        close()
 
 
 def _bucket_error(exc, bucket, group=None):
@@ -669,18 +739,10 @@ def _check_same_tensors(tensors, root, g):
     """One small allgather of (root, number of tensors, hash of their dtypes and counts):
     ranks passing other tensors would otherwise get garbage, or abort inside gloo."""
     items = [(str(t.dtype), t.numel()) for t in tensors]
-    rows = checked.gather_rows(g, [root, len(items), checked.signature(items)])
-    if len(set(rows)) > 1:
-        by = {}
-        for r, row in enumerate(rows):
-            by.setdefault(row, []).append(r)
-        kinds = {}  # the distinct lists of dtypes and counts, named A, B, ...
-        parts = "; ".join(f"ranks {rs} pass {n} tensors (root {rt}, dtypes and counts "
-                          f"{kinds.setdefault(sig, chr(65 + len(kinds)))})"
-                          for (rt, n, sig), rs in by.items())
-        raise InvalidArgument(f"broadcast_parameters: ranks pass different tensors: {parts}. "
-                              "Every rank must pass the same dtypes and counts in the same order "
-                              "and the same root")
+    collectives.agree([root, len(items), agree.signature(items)], "broadcast_parameters: ranks pass different "
+                      "tensors", group=g, describe=lambda r: f"pass {r[1]} tensors (root {r[0]})",
+                      fields=("root", "number of tensors", "dtypes and counts"),
+                      hint=". Every rank must pass the same dtypes and counts in the same order and the same root")
 
 
 def _broadcast_chunk(ts, root, g):

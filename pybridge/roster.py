@@ -11,6 +11,7 @@ import os
 import socket
 import time
 
+from . import agree
 from .errors import InvalidArgument, Timeout
 
 # Keyed by torchrun's restart count too: a restarted job (possibly with another world
@@ -47,9 +48,11 @@ def join(store, mine, timeout):
         for r in range(size + 1):
             if r not in have and store.check([_KEY.format(r)]):
                 have[r] = json.loads(store.get(_KEY.format(r)))
-        problem = _disagreement(have, mine)
-        if problem:
-            _fail(store, rank, have, problem)
+        try:
+            _check(have)
+        except InvalidArgument:
+            _leave(store, rank, have, "mismatch")
+            raise
         if len(have) >= size:
             store.set(_VERDICT.format(rank), "ok")
             return [have[r] for r in range(size)]
@@ -63,24 +66,17 @@ def join(store, mine, timeout):
         pause = min(pause * 2, 0.05)
 
 
-def _disagreement(have, mine):
+def _check(have):
+    """Entries heard so far that disagree on a setting every rank must share: InvalidArgument
+    ('init: ranks disagree on the world size: rank 0 world size 2; rank 1 world size 3')."""
     for field, what in (("world_size", "world size"), ("checked", "checked mode")):
-        values = {}
-        for r, entry in sorted(have.items()):
-            values.setdefault(entry[field], []).append(r)
-        if len(values) > 1:
-            parts = "; ".join(f"ranks {rs} {what} {_show(v)}" for v, rs in values.items())
-            return f"init: ranks disagree on the {what}: {parts}"
-    return None
+        agree.check(f"init: ranks disagree on the {what}", {r: e[field] for r, e in have.items()},
+                    describe=lambda v, what=what: f"{what} {_show(v)}",
+                    hint=". Every rank must pass the same world size and options")
 
 
 def _show(v):
     return ("on" if v else "off") if isinstance(v, bool) else str(v)
-
-
-def _fail(store, rank, have, problem):
-    _leave(store, rank, have, "mismatch")
-    raise InvalidArgument(problem + ". Every rank must pass the same world size and options")
 
 
 def _leave(store, rank, have, verdict):

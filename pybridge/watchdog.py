@@ -1,9 +1,11 @@
 """Progress of every rank, for errors that name ranks and for the hang watchdog.
 
-Each group counts the collectives it started (`Group.issued`) and keeps the unfinished
-ones (`Group.inflight`: seq -> (op, start time, torch work or None)). Nothing is
-published per call: a background thread per process ("monitor") answers requests
-through the rendezvous store, so the hot path only updates a counter and a dict.
+Each group has a Progress (`Group.progress`), owned here: it counts the collectives the
+group started (numbering them "#seq" in errors) and, while the watchdog runs, keeps the
+unfinished ones. collectives' run path updates it through its methods, nothing else
+writes it. Nothing is published per call: a background thread per process ("monitor")
+answers requests through the rendezvous store, so the hot path only updates a counter and
+a dict.
 
 - A rank that needs to know where the others are (a collective failed, or the monitor
   sees one stuck longer than the threshold) bumps a request counter; every monitor
@@ -28,6 +30,74 @@ _REQ = "pybridge/wd/req"
 _ANS = "pybridge/wd/ans/{}"
 
 _monitor = None  # the running Monitor, or None
+
+
+class Progress:
+    """One group's collectives: how many were started, and (watched) the unfinished ones,
+    seq -> (op, start time, torch work or None). Made per group: a subgroup's is watched
+    when its parent's is."""
+
+    __slots__ = ("_issued", "_inflight")
+
+    def __init__(self, parent=None):
+        self._issued = 0
+        self._inflight = {} if parent is not None and parent.watched else None
+
+    @property
+    def issued(self):
+        """Collectives started so far; the latest one is "#issued"."""
+        return self._issued
+
+    @property
+    def watched(self):
+        return self._inflight is not None
+
+    def begin(self, op):
+        """Number a collective that starts now (and track it while watched); returns its seq."""
+        self._issued = seq = self._issued + 1
+        if self._inflight is not None:
+            self._inflight[seq] = (op, time.monotonic(), None)
+        return seq
+
+    def running(self, seq, work):
+        """Collective `seq` continues asynchronously as torch's `work`."""
+        inflight = self._inflight
+        if inflight is not None and seq in inflight:
+            op, started, _ = inflight[seq]
+            inflight[seq] = (op, started, work)
+
+    def end(self, seq):
+        if self._inflight is not None:
+            self._inflight.pop(seq, None)
+
+    def snapshot(self):
+        """(issued, list of in-flight entries by seq) as read by the watchdog's thread."""
+        inflight = self._inflight
+        return self._issued, ({} if inflight is None else dict(inflight))
+
+    def first_unfinished(self):
+        """(seq, (op, start, work)) of the oldest collective still running, or (None, None);
+        async work found completed is retired here."""
+        inflight = self._inflight
+        if inflight is None:
+            return None, None
+        for seq in sorted(list(inflight)):
+            entry = inflight.get(seq)
+            if entry is None:
+                continue
+            work = entry[2]
+            if work is not None and _completed(work):
+                inflight.pop(seq, None)
+                continue
+            return seq, entry
+        return None, None
+
+    def _watch(self):
+        if self._inflight is None:
+            self._inflight = {}
+
+    def _unwatch(self):
+        self._inflight = None
 
 
 def threshold(setting, timeout):
@@ -56,9 +126,9 @@ def start(world, seconds, open_store):
     other ranks through the store `open_store()` returns."""
     global _monitor
     if seconds <= 0:
-        world.inflight = None
+        world.progress._unwatch()
         return
-    world.inflight = {}
+    world.progress._watch()
     _monitor = Monitor(world, seconds, open_store())
     _monitor.thread.start()
     # Stopped before the interpreter finalizes: a daemon thread caught inside a store call
@@ -79,7 +149,7 @@ def explain(g, seq, op, exc):
     timeout or a broken connection the ranks that died, are late or never joined."""
     err = classify(exc)
     diag = ""
-    if isinstance(err, (Timeout, CommError)) and _monitor is not None and g.inflight is not None:
+    if isinstance(err, (Timeout, CommError)) and _monitor is not None and g.progress.watched:
         diag = _bounded(lambda: _monitor.diagnose(g, seq, op), ANSWER_WAIT + 2)
     err.args = (f"{op.name} #{seq} ({op.nbytes} bytes) on {g.describe()}: {diag}{err}",)
     return err
@@ -89,9 +159,10 @@ def explain_latest(g, exc, what):
     """As explain(), for a failure seen later than its collective (a reducer bucket's
     future): names where every member is relative to g's latest collective."""
     err = classify(exc)
-    if isinstance(err, (Timeout, CommError)) and _monitor is not None and g.inflight is not None:
-        diag = _bounded(lambda: _monitor.diagnose(g, g.issued, _Latest), ANSWER_WAIT + 2)
-        err.args = (f"{what} (the latest collective on {g.describe()} is #{g.issued}): {diag}{err}",)
+    latest = g.progress.issued
+    if isinstance(err, (Timeout, CommError)) and _monitor is not None and g.progress.watched:
+        diag = _bounded(lambda: _monitor.diagnose(g, latest, _Latest), ANSWER_WAIT + 2)
+        err.args = (f"{what} (the latest collective on {g.describe()} is #{latest}): {diag}{err}",)
     else:
         err.args = (f"{what}: {err}",)
     return err
@@ -124,25 +195,10 @@ def _groups(world):
     out, todo = [], [world]
     while todo:
         g = todo.pop()
-        if not g.closed and g.inflight is not None:
+        if not g.closed and g.progress.watched:
             out.append(g)
-            todo.extend(g._children)
+            todo.extend(g.children)
     return out
-
-
-def _first_unfinished(g):
-    """The oldest collective still running on g (completed async work is retired here)."""
-    inflight = g.inflight
-    for seq in sorted(list(inflight)):
-        entry = inflight.get(seq)
-        if entry is None:
-            continue
-        work = entry[2]
-        if work is not None and _completed(work):
-            inflight.pop(seq, None)
-            continue
-        return seq, entry
-    return None, None
 
 
 def _completed(work):
@@ -181,8 +237,8 @@ class Monitor:
     def answer(self, req):
         groups = {}
         for g in _groups(self.world):
-            seq, _ = _first_unfinished(g)
-            groups[g.uid] = [g.issued, seq]
+            seq, _ = g.progress.first_unfinished()
+            groups[g.uid] = [g.progress.issued, seq]
         self.store.set(_ANS.format(self.world.global_rank), json.dumps({"req": req, "groups": groups}))
         self.answered = max(self.answered, req)
 
@@ -211,7 +267,7 @@ class Monitor:
     def _look_for_stalls(self):
         now = time.monotonic()
         for g in _groups(self.world):
-            seq, entry = _first_unfinished(g)
+            seq, entry = g.progress.first_unfinished()
             if seq is None or (g.uid, seq) in self.reported:
                 continue
             op, started, _ = entry

@@ -7,11 +7,11 @@ import cffi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIB_PATH = os.environ.get("PYBRIDGE_LIB", os.path.join(ROOT, "build", "libpybridge.so"))
-# The build module on its own, not through the package: importing pybridge here would
+# The header's parser on its own, not through the package: importing pybridge here would
 # decide which core the library's embedded interpreter finds.
-_spec = importlib.util.spec_from_file_location("_pb_capi_build", os.path.join(ROOT, "pybridge", "_capi_build.py"))
-_capi_build = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_capi_build)
+_spec = importlib.util.spec_from_file_location("_pb_capi_gen", os.path.join(ROOT, "pybridge", "_capi_gen.py"))
+_capi_gen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_capi_gen)
 
 
 _loaded = None
@@ -23,6 +23,6 @@ def load():
     if _loaded is None:
         ffi = cffi.FFI()
         with open(os.path.join(ROOT, "capi", "pybridge.h")) as f:
-            ffi.cdef(_capi_build.public_cdef(f.read()))
+            ffi.cdef(_capi_gen.public_cdef(f.read()))
         _loaded = ffi, ffi.dlopen(LIB_PATH)
     return _loaded

@@ -94,7 +94,7 @@ def abi_collectives(rank, world):
     assert lib.pb_all_reduce_async(g, bp[0], lib.PB_PRODUCT, wp) == 0
     assert lib.pb_work_wait(wp[0], 10.0) == 0
     assert view.tolist() == [int(np.prod([r + 1 for r in range(world)]))] * 4
-    assert lib.pb_work_free(wp[0]) == 0 and lib.pb_buffer_free(bp[0]) == 0
+    assert lib.pb_work_close(wp[0]) == 0 and lib.pb_buffer_close(bp[0]) == 0
     # Point to point.
     msg = np.full(4, rank * 10, dtype=np.uint8)
     if rank == 0:

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from pybridge import _capi_build as cli
+from pybridge._capi_library import write_pc
 
 
 def fake_prefix(root):
@@ -15,7 +16,7 @@ def fake_prefix(root):
     for folder, name in ((d["include"], "pybridge.h"), (d["lib"], "libpybridge.so")):
         os.makedirs(folder, exist_ok=True)
         open(os.path.join(folder, name), "w").close()
-    cli.write_pc(os.path.join(d["pkgconfig"], "pybridge.pc"), None, None, prefix=d["prefix"])
+    write_pc(os.path.join(d["pkgconfig"], "pybridge.pc"), None, None, prefix=d["prefix"])
     return d
 
 

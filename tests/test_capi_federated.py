@@ -63,7 +63,7 @@ def _c_worker(ffi, lib, g, rank, out):
             assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, weights), task.client + 1) == 0, _err(ffi, lib)
     assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, np.zeros(5, np.float32)), 1) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_fed_worker_next_task(w, task, has) == 0 and has[0] == 0  # terminated stays terminated
-    assert lib.pb_fed_worker_free(w) == 0
+    assert lib.pb_fed_worker_close(w) == 0
     assert lib.pb_fed_worker_next_task(w, task, has) == lib.PB_ERR_INVALID_ARGUMENT
     assert "freed or foreign" in _err(ffi, lib)
     out.append(tasks)

@@ -108,7 +108,7 @@ def _c_worker(ffi, lib, g, rank, key, fault):
         assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, weights), task.client + 1) == 0, _err(ffi, lib)
     if end[0] == 0 and rank == FAULTY:
         _store().set(f"done-{key}", "1")
-    assert lib.pb_fed_worker_free(w) == 0, _err(ffi, lib)
+    assert lib.pb_fed_worker_free(w) == 0, _err(ffi, lib)  # the deprecated name of pb_fed_worker_close
     return {"tasks": tasks, "end": end}
 
 

@@ -56,8 +56,8 @@ def abi_groups(rank, world):
         z = np.array([float(rank)], np.float64)
         assert lib.pb_broadcast(sub[0], _tensor(ffi, lib, z), 0) == 0
         out["sub_root"] = float(z[0])  # group rank 0 is global rank 3
-        assert lib.pb_group_free(sub[0]) == 0
-        assert lib.pb_barrier(sub[0]) == lib.PB_ERR_INVALID_ARGUMENT  # freed: an unknown handle
+        assert lib.pb_group_close(sub[0]) == 0
+        assert lib.pb_barrier(sub[0]) == lib.PB_ERR_INVALID_ARGUMENT  # closed: an unknown handle
     bad = ffi.new("int32_t[2]", [1, 1])
     assert lib.pb_group_new(g, bad, 2, sub) == lib.PB_ERR_INVALID_ARGUMENT
 
@@ -70,8 +70,9 @@ def abi_groups(rank, world):
         ids.append(i32[0])
     out["nodes"] = ids
 
-    # The world cannot be freed like a subgroup; a subgroup cannot be finalized.
-    assert lib.pb_group_free(g) == lib.PB_ERR_INVALID_ARGUMENT
+    # The world cannot be closed like a subgroup; a subgroup cannot be finalized.
+    assert lib.pb_group_close(g) == lib.PB_ERR_INVALID_ARGUMENT
+    assert b"pb_group_close: the world group is left with pb_finalize" in ffi.string(lib.pb_last_error())
     assert lib.pb_finalize(pair) == lib.PB_ERR_INVALID_ARGUMENT
 
     # A reducer on the pair, with the fp16 hook chosen by code.
@@ -93,7 +94,7 @@ def abi_groups(rank, world):
     assert lib.pb_barrier(g) == 0
     assert lib.pb_finalize(g) == 0
     assert lib.pb_barrier(pair) == lib.PB_ERR_CLOSED  # finalize closed every subgroup
-    assert lib.pb_group_free(pair) == 0
+    assert lib.pb_group_free(pair) == 0  # the deprecated name of pb_group_close still works
     return out
 
 

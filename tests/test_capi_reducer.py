@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, ROOT, load
 from ranks import run_ranks
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
@@ -232,3 +232,212 @@ def misuse(rank, world):
 def test_misuse_codes():
     out = run_ranks(misuse, 2, timeout=90)
     assert out[0] == out[1] and len(out[0]) > 30
+
+
+# ---- pb_reducer_create: one options struct, agreed on across ranks --------------------------
+
+def _header_defaults():
+    """The defaults pb_reducer_options_init sets, read from its body in the header."""
+    import re
+    with open(os.path.join(ROOT, "capi", "pybridge.h")) as f:
+        text = f.read()
+    body = text[text.index("static inline void pb_reducer_options_init"):]
+    body = body[:body.index("\n}")]
+    return dict(re.findall(r"options->(\w+) = ([^;]+);", body))
+
+
+def options(ffi, lib, **fields):
+    """A pb_reducer_options as pb_reducer_options_init fills it (a static inline function,
+    which cffi's ABI mode cannot call), then `fields`."""
+    o = ffi.new("pb_reducer_options *")  # zero-filled
+    for name, value in _header_defaults().items():
+        if value == "0":
+            continue
+        if name == "size":
+            o.size = ffi.sizeof("pb_reducer_options")
+        else:
+            setattr(o, name, getattr(lib, value) if value.startswith("PB_") else int(value))
+    for name, value in fields.items():
+        setattr(o, name, value)
+    return o
+
+
+def test_adapter_defaults_are_the_headers():
+    """The C adapter's defaults for fields past a caller's size are what
+    pb_reducer_options_init sets, and it knows every field of the struct."""
+    from pybridge import abi
+    from pybridge.capi import reducer as adapter
+    ffi, _ = load()
+    fields = [name for name, _ in ffi.typeof("pb_reducer_options").fields]
+    assert set(adapter._DEFAULTS) == set(fields) - {"size"}
+    header = _header_defaults()
+    assert set(header) == set(fields)  # the init function sets every field
+    for name, value in adapter._DEFAULTS.items():
+        want = header[name]
+        want = getattr(abi, want) if want.startswith("PB_") else int(want)
+        assert (value or 0) == want, (name, value, want)
+
+
+def _create(ffi, lib, g, counts, o, dts=None):
+    dts = dts if dts is not None else [lib.PB_FLOAT32] * len(counts)
+    rp = ffi.new("pb_reducer **")
+    rc = lib.pb_reducer_create(g, len(counts), ffi.new("int64_t[]", counts), ffi.new("int32_t[]", dts), o, rp)
+    return rc, rp[0]
+
+
+def _step(ffi, lib, r, values):
+    for i in range(len(values)):
+        v, _ = _view(ffi, lib, r, i)
+        v[:] = values[i]
+        assert lib.pb_reducer_mark_ready(r, i) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_wait(r, 20.0) == 0, _err(ffi, lib)
+    return [_view(ffi, lib, r, i)[0].tolist() for i in range(len(values))]
+
+
+def create_cases(rank, world):
+    ffi, lib = load()
+    INVALID = lib.PB_ERR_INVALID_ARGUMENT
+    g = _init(ffi, lib)
+    odd = rank == world - 1
+    msgs = {}
+
+    def refused(name, rc_r, *words):
+        rc, r = rc_r
+        msg = _err(ffi, lib)
+        assert rc == INVALID, f"{name}: rc {rc}: {msg}"
+        for w in words:
+            assert w in msg, f"{name}: {msg!r} lacks {w!r}"
+        msgs[name] = msg
+
+    def ok(rc_r):
+        rc, r = rc_r
+        assert rc == 0, _err(ffi, lib)
+        return r
+
+    # NULL options: the defaults (average, allreduce).
+    r = ok(_create(ffi, lib, g, [3], ffi.NULL))
+    assert _step(ffi, lib, r, [[rank] * 3]) == [[sum(range(world)) / world] * 3]
+    assert lib.pb_reducer_close(r) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_close(r) == INVALID  # closed: the handle is gone
+
+    # Local errors, named.
+    refused("negative cap", _create(ffi, lib, g, [3], options(ffi, lib, bucket_cap_mb=-1.0)), "bucket_cap_mb")
+    refused("NaN cap", _create(ffi, lib, g, [3], options(ffi, lib, bucket_cap_mb=float("nan"))), "bucket_cap_mb")
+    refused("gossip with a hook", _create(ffi, lib, g, [3], options(
+        ffi, lib, hook=lib.PB_HOOK_FP16, gossip_topology=lib.PB_GOSSIP_CUBE)), "hook's place")
+    refused("unknown hook", _create(ffi, lib, g, [3], options(ffi, lib, hook=9)), "hook code 9")
+    refused("unknown topology", _create(ffi, lib, g, [3], options(ffi, lib, gossip_topology=5)), "topology 5")
+    refused("hook flags", _create(ffi, lib, g, [3], options(ffi, lib, hook_flags=4)), "hook flags")
+    refused("PowerSGD rank 0", _create(ffi, lib, g, [3], options(ffi, lib, hook=lib.PB_HOOK_POWERSGD, hook_rank=0)),
+            "PowerSGD rank")
+    refused("size 0", _create(ffi, lib, g, [3], options(ffi, lib, size=0)), "size is 0")
+    refused("size inside a field", _create(ffi, lib, g, [3], options(ffi, lib, size=6)), "inside field op")
+    ndims, dims = ffi.new("int32_t[]", [2]), ffi.new("int64_t[]", [2, 2])
+    refused("shape count", _create(ffi, lib, g, [3], options(ffi, lib, ndims=ndims, dims=dims)), "4 elements")
+    refused("dims NULL", _create(ffi, lib, g, [4], options(ffi, lib, ndims=ndims)), "dims is NULL")
+
+    # An older, smaller struct: the fields past its size take their defaults, whatever the
+    # memory there holds.
+    old = options(ffi, lib, op=lib.PB_SUM, hook=99, gossip_topology=77)
+    old.size = ffi.offsetof("pb_reducer_options", "hook")
+    r = ok(_create(ffi, lib, g, [2], old))
+    assert _step(ffi, lib, r, [[1.0, rank]]) == [[world, sum(range(world))]]  # op was read: sum
+    assert lib.pb_reducer_close(r) == 0
+    # A newer, larger struct: unknown bytes must be zero.
+    known = ffi.sizeof("pb_reducer_options")
+    big = ffi.new("char[]", known + 16)
+    ffi.memmove(big, options(ffi, lib), known)
+    newer = ffi.cast("pb_reducer_options *", big)
+    newer.size = known + 16
+    r = ok(_create(ffi, lib, g, [2], newer))
+    assert lib.pb_reducer_close(r) == 0
+    big[known + 3] = b"\x01"
+    refused("newer settings", _create(ffi, lib, g, [2], newer), "newer pybridge")
+
+    # Across ranks, without checked mode: PowerSGD beside fp16, gossip seeds, shapes.
+    refused("powersgd vs fp16", _create(ffi, lib, g, [16], options(
+        ffi, lib, hook=lib.PB_HOOK_POWERSGD if odd else lib.PB_HOOK_FP16)), "hook:", "powersgd_hook", "fp16")
+    refused("gossip seed", _create(ffi, lib, g, [16], options(
+        ffi, lib, gossip_topology=lib.PB_GOSSIP_CUBE, gossip_seed=rank)), "seed 0", "seed 1")
+    ndims, dims = ffi.new("int32_t[]", [2]), ffi.new("int64_t[]", [4, 4] if odd else [2, 8])
+    refused("shapes", _create(ffi, lib, g, [16], options(ffi, lib, ndims=ndims, dims=dims)), "parameters:", "(4, 4)")
+    refused("op", _create(ffi, lib, g, [16], options(ffi, lib, op=lib.PB_SUM if odd else lib.PB_AVG)), "op:")
+    refused("caps", _create(ffi, lib, g, [16], options(ffi, lib, first_bucket_cap_mb=1.0 + odd)), "bucket caps:")
+
+    # The compression spelling (pb_reducer_new) and the hook spelling agree.
+    counts = [100]
+    if odd:
+        r = _new(ffi, lib, g, counts, comp=lib.PB_COMPRESS_FP16)
+    else:
+        r = ok(_create(ffi, lib, g, counts, options(ffi, lib, hook=lib.PB_HOOK_FP16)))
+    got = _step(ffi, lib, r, [[1.0 / 3 + rank] * 100])[0]
+    exact = 1.0 / 3 + sum(range(world)) / world
+    assert abs(got[0] - exact) < 2e-3 and got[0] != np.float32(exact), got[0]
+    assert lib.pb_reducer_free(r) == 0  # the deprecated name still works
+
+    # Deprecated setters after creation: compared at the next iteration's first call.
+    r = ok(_create(ffi, lib, g, [16], ffi.NULL))
+    assert lib.pb_reducer_set_hook(r, lib.PB_HOOK_POWERSGD if odd else lib.PB_HOOK_BF16, 1, 0) == 0, _err(ffi, lib)
+    refused("set_hook", (lib.pb_reducer_mark_ready(r, 0), None), "hook:", "powersgd_hook", "bf16")
+    assert lib.pb_reducer_set_hook(r, lib.PB_HOOK_ALLREDUCE, 1, 0) == 0
+    assert _step(ffi, lib, r, [[rank] * 16]) == [[sum(range(world)) / world] * 16]
+    assert lib.pb_reducer_close(r) == 0
+    assert lib.pb_finalize(g) == 0
+    return msgs
+
+
+def test_create_with_options():
+    out = run_ranks(create_cases, 2, timeout=120)
+    for name in ("powersgd vs fp16", "gossip seed", "shapes", "set_hook"):
+        assert out[0][name] == out[1][name], name  # every rank is told every rank's value
+
+
+def powersgd_through_options(rank, world):
+    """Shapes and PowerSGD in the options give what the deprecated set_shapes + set_hook
+    calls give: the same gradients, bit for bit."""
+    ffi, lib = load()
+    g = _init(ffi, lib)
+    counts = [192, 8]  # a 16 x 12 matrix (small matrices are not worth compressing) and a vector
+    grad = lambda it, q, i, k: float(np.sin(0.013 * (k + 1) ** 2 + it + 7 * q + 3 * i))  # noqa: E731
+    ndims, dims = ffi.new("int32_t[]", [2, 0]), ffi.new("int64_t[]", [16, 12])  # kept alive: o points at them
+    o = options(ffi, lib, hook=lib.PB_HOOK_POWERSGD, hook_rank=2, hook_start_iter=2, ndims=ndims, dims=dims)
+    rc, r = _create(ffi, lib, g, counts, o)
+    assert rc == 0, _err(ffi, lib)
+    old = _new(ffi, lib, g, counts)
+    assert lib.pb_reducer_set_shapes(old, 2, ndims, dims) == 0
+    assert lib.pb_reducer_set_hook(old, lib.PB_HOOK_POWERSGD, 2, 0) == 0
+    for it in range(4):  # past start_iter: compressed
+        grads = [[grad(it, rank, i, k) for k in range(n)] for i, n in enumerate(counts)]
+        a, b = _step(ffi, lib, r, grads), _step(ffi, lib, old, grads)
+        assert a == b
+    assert lib.pb_reducer_close(r) == 0 and lib.pb_reducer_close(old) == 0
+    assert lib.pb_finalize(g) == 0
+    mean = [np.mean([grad(3, q, 0, k) for q in range(world)]) for k in range(counts[0])]
+    return max(abs(x - y) for x, y in zip(a[0], mean))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(),
+                    reason="torch's PowerSGD hook cannot run on CPU tensors when CUDA is present")
+def test_powersgd_options_match_the_deprecated_setters():
+    moved = run_ranks(powersgd_through_options, 2, timeout=120)
+    assert all(m > 1e-4 for m in moved), moved  # compressed: not the exact mean
+
+
+@pytest.mark.parametrize("compiler", ["gcc -std=c99 -pedantic", "g++ -x c++ -pedantic"])
+def test_options_from_c_and_cpp(tmp_path, compiler):
+    """pb_reducer_options_init and pb_reducer_create from a C (and C++) program, warnings as
+    errors: the header's struct and inline function compile cleanly in both."""
+    import shutil
+    import subprocess
+
+    from ranks import free_port
+    if shutil.which(compiler.split()[0]) is None:
+        pytest.skip(f"{compiler.split()[0]} is not installed")
+    exe = tmp_path / "reducer_options"
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
+                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.dirname(LIB_PATH)})
+    subprocess.run([*compiler.split(), "-Wall", "-Wextra", "-Werror", "-o", str(exe),
+                    os.path.join(ROOT, "tests/c/reducer_options.c"), *flags.stdout.split()], check=True)
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    run = subprocess.run([str(exe), str(free_port())], capture_output=True, text=True, timeout=60, env=env)
+    assert run.returncode == 0 and "reducer_options: ok" in run.stdout, run.stdout + run.stderr

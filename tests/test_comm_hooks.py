@@ -192,3 +192,85 @@ def test_hooks_wait_for_the_previous_bucket_unless_declared_eager():
     started = run_ranks(hook_start_order, 1, timeout=60)[0]
     assert started["default"] == [0] and started["default after"] == [0, 1, 2], started
     assert started["eager"] == [0, 1, 2] and started["eager after"] == [0, 1, 2], started
+
+
+def hooks_bind_their_dtype(rank, world):
+    import warnings
+
+    import pybridge
+    from pybridge import comm_hooks
+    pybridge.init(backend="gloo", timeout=30)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ctx = comm_hooks.HookContext(pybridge.current(), torch.float32)  # the old way to send float32
+    assert any(issubclass(w.category, DeprecationWarning) and "ignored" in str(w.message) for w in caught)
+    out = {}
+    for name, hook in (("fp16", comm_hooks.fp16_compress_hook), ("bf16", comm_hooks.bf16_compress_hook)):
+        buf = torch.full((10,), 1.0 / 3)
+        fut = hook(ctx, comm_hooks.GradBucket(0, buf, [buf], None, True))
+        fut.wait()
+        out[name] = (str(ctx._scratch[0].dtype), buf[0].item())
+    pybridge.finalize()
+    return out
+
+
+def test_compress_hooks_bind_their_wire_type():
+    out = run_ranks(hooks_bind_their_dtype, 1, timeout=60)[0]
+    # The wire type is the hook's whatever the state says, and the values went through it.
+    assert out["fp16"] == ("torch.float16", torch.tensor(1.0 / 3).half().item()), out
+    assert out["bf16"] == ("torch.bfloat16", torch.tensor(1.0 / 3).bfloat16().item()), out
+    assert out["fp16"][1] != out["bf16"][1] != torch.tensor(1.0 / 3).item()
+
+
+def test_identity_names_the_hook_its_state_and_settings():
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from pybridge import comm_hooks
+    ident = comm_hooks.identity
+    assert ident(None, default_hooks.fp16_compress_hook) == \
+        "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook"
+    assert ident(comm_hooks.HookContext(None), comm_hooks.fp16_compress_hook) == \
+        "pybridge.comm_hooks.fp16_compress_hook(state pybridge.comm_hooks.HookContext)"
+    # A built-in chosen by settings has the identity of the (state, hook) it builds, so
+    # Python's, C's and Go's ways of choosing a hook agree across ranks.
+    for code in (comm_hooks.HOOK_ALLREDUCE, comm_hooks.HOOK_FP16, comm_hooks.HOOK_BF16):
+        spec = comm_hooks.BuiltinHook(code)
+        assert spec.identity() == ident(*spec.build(None))
+    psgd = comm_hooks.BuiltinHook(comm_hooks.HOOK_POWERSGD, rank=3, warm_start=False, start_iter=5)
+    assert psgd.identity() == ident(*comm_hooks.builtin(comm_hooks.HOOK_POWERSGD, None, rank=3,
+                                                        warm_start=False, start_iter=5))
+    assert "rank 3" in psgd.identity() and "warm_start False" in psgd.identity() and "start_iter 5" in psgd.identity()
+    assert psgd.identity() != comm_hooks.BuiltinHook(comm_hooks.HOOK_POWERSGD, rank=2).identity()
+    # Settings other hooks ignore do not tell them apart.
+    assert comm_hooks.BuiltinHook(comm_hooks.HOOK_FP16, rank=4).identity() == \
+        comm_hooks.BuiltinHook(comm_hooks.HOOK_FP16).identity()
+
+
+def gossip_identity(rank, world):
+    import pybridge
+    from pybridge import comm_hooks
+    pybridge.init(backend="gloo", timeout=30)
+    spec = comm_hooks.GossipHook("Dissemination", ranks_per_node=1, seed=4, sync_every=3)
+    state, hook = spec.build(pybridge.current())
+    same = spec.identity() == comm_hooks.identity(state, hook)
+    text = spec.identity()
+    state.close()
+    pybridge.finalize()
+    return same, text
+
+
+def test_gossip_spec_identity_matches_its_state():
+    same, text = run_ranks(gossip_identity, 1, timeout=60)[0]
+    assert same, text
+    assert "topology 'dissemination'" in text and "seed 4" in text and "sync_every 3" in text
+
+
+def test_hook_step_is_typed():
+    from pybridge import comm_hooks
+    state = comm_hooks.powersgd_state(None)
+    assert comm_hooks.hook_step(state) == 0
+    comm_hooks.set_hook_step(state, 7)
+    assert state.iter == 7 and comm_hooks.hook_step(state) == 7
+    for other in (None, comm_hooks.HookContext(None), object()):
+        assert comm_hooks.hook_step(other) is None
+        comm_hooks.set_hook_step(other, 3)  # ignored

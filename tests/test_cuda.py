@@ -128,7 +128,7 @@ def capi_nccl(rank, world):
     work = ffi.new("pb_work **")
     assert lib.pb_all_reduce_async(gp[0], buf[0], lib.PB_SUM, work) == 0, ffi.string(lib.pb_last_error())
     assert lib.pb_work_wait(work[0], 30.0) == 0
-    assert lib.pb_work_free(work[0]) == 0 and lib.pb_buffer_free(buf[0]) == 0
+    assert lib.pb_work_close(work[0]) == 0 and lib.pb_buffer_close(buf[0]) == 0
     assert lib.pb_finalize(gp[0]) == 0
     return "ok"
 

@@ -227,7 +227,7 @@ def check_errors(rank, world):
     # Shapes (or options) that differ across ranks are caught at construction on every rank.
     shape = (4, 5) if rank == world - 1 else (5, 4)
     raises(InvalidArgument, lambda: Reducer([(10, "float32"), (shape, "float32")]),
-           "differ across ranks", f"ranks [{world - 1}]")
+           "differ across ranks", f"rank {world - 1} parameters", "(parameters differs)")
     count = [(3, "float32")] * (2 if rank == 0 else 3)
     raises(InvalidArgument, lambda: Reducer(count), "differ across ranks", "2 parameters")
     raises(InvalidArgument, lambda: Reducer([(8, "float32")], compression="fp16" if rank else None),
@@ -312,3 +312,124 @@ def silent_peer(rank, world):
 def test_finalize_times_out_instead_of_hanging():
     waited, idle = run_ranks(silent_peer, 2, timeout=40)
     assert idle == "idle" and isinstance(waited, float) and waited < 2.5, waited
+
+
+# ---- one configuration, agreed on across ranks ---------------------------------------------
+
+def agreement_cases(rank, world):
+    """Settings that differ on one rank only: every rank raises InvalidArgument naming the
+    setting (without checked mode), at construction or at the first call of the next
+    iteration after register_comm_hook/set_shapes; and two spellings of one hook agree."""
+    import threading
+
+    from pybridge import comm_hooks
+    from pybridge.comm_hooks import BuiltinHook, GossipHook
+    from pybridge.gossip import GossipState, gossip_hook
+    pybridge.init(timeout=30)
+    out = {}
+    odd = rank == world - 1
+
+    def refused(make, *words):
+        e = raises(InvalidArgument, make, "differ across ranks", *words)
+        return str(e)
+
+    spec = [(64, "float32")]
+    # At construction: PowerSGD beside fp16, and every other setting in turn.
+    out["powersgd vs fp16"] = refused(
+        lambda: Reducer(spec, **({"hook": BuiltinHook(comm_hooks.HOOK_POWERSGD)} if odd else {"compression": "fp16"})),
+        "hook:", "powersgd_hook", "fp16_compress_hook")
+    refused(lambda: Reducer(spec, hook=BuiltinHook(comm_hooks.HOOK_POWERSGD, rank=1 + odd)), "hook:", "rank 2")
+    refused(lambda: Reducer(spec, op="sum" if odd else "avg"), "op:")
+    refused(lambda: Reducer(spec, bucket_cap_mb=1 + odd), "bucket caps:")
+    refused(lambda: Reducer(spec, allow_unused=odd), "flags:", "allow_unused")
+    refused(lambda: Reducer(spec, rebuild=not odd), "flags:", "rebuild")
+    refused(lambda: Reducer([((8, 8) if odd else (4, 16), "float32")]), "parameters:", "(8, 8)")
+    # Gossip: compared before the state (a collective creating groups) is built.
+    threads = threading.active_count()
+    refused(lambda: Reducer(spec, hook=GossipHook("cube", seed=int(odd))), "hook:", "seed 0", "seed 1")
+    refused(lambda: Reducer(spec, hook=GossipHook("cube" if odd else "dissemination")), "topology")
+    assert threading.active_count() == threads, "a refused gossip reducer left a thread"
+
+    # Two spellings of one hook agree, and reduce as fp16 does.
+    red = Reducer(spec, **({"compression": "fp16"} if odd else {"hook": comm_hooks.HOOK_FP16}))
+    red.set_grad(0, torch.full((64,), 1.0 / 3 + rank))
+    red.wait()
+    exact = torch.full((64,), 1.0 / 3 + sum(range(world)) / world)
+    assert torch.allclose(red.grad(0), exact, atol=2e-3) and not torch.equal(red.grad(0), exact), red.grad(0)
+    out["fp16 alias"] = red.grad(0)[0].item()
+    red.close()
+
+    # After construction: checked at the first mark_ready, set_grad or wait of the next
+    # iteration (each rank may come to a different one first), before anything is sent.
+    red = Reducer([(16, "float32"), (16, "float32")], allow_unused=True)
+    if odd:
+        red.register_comm_hook(*comm_hooks.builtin(comm_hooks.HOOK_POWERSGD, red.group))
+    else:
+        red.register_comm_hook(*comm_hooks.builtin(comm_hooks.HOOK_FP16, red.group))
+    calls = {"mark_ready": lambda: red.mark_ready(0), "set_grad": lambda: red.set_grad(1, torch.ones(16)),
+             "wait": red.wait}
+    for firsts in (("mark_ready", "wait"), ("set_grad", "mark_ready")):
+        out["registered " + "/".join(firsts)] = refused(calls[firsts[rank % 2]], "hook:", "powersgd_hook")
+        assert red.missing == [0, 1] and red.launched == 0  # nothing was marked or launched
+    red.register_comm_hook(*comm_hooks.builtin(comm_hooks.HOOK_ALLREDUCE, red.group))
+    red.set_grad(0, torch.full((16,), float(rank)))
+    red.set_grad(1, torch.ones(16))
+    red.wait()
+    assert red.grad(0).tolist() == [sum(range(world)) / world] * 16
+    # Shapes set afterwards (C and Go's set_shapes) are compared the same way.
+    red.set_shapes([(4, 4) if odd else (2, 8), None])
+    refused(lambda: red.mark_ready(1), "parameters:", "(4, 4)")
+    red.set_shapes([(4, 4), None])
+    for i in (1, 0):
+        red.mark_ready(i)
+    red.wait()
+    # A Python hook by name: module, qualified name and the state's type.
+    state = GossipState(seed=int(odd))
+    red.register_comm_hook(state, gossip_hook)
+    refused(lambda: red.mark_ready(0), "pybridge.gossip.gossip_hook", "seed 0", "seed 1")
+    red.close()
+    assert not state._worker.is_alive(), "Reducer.close() left the gossip state's thread running"
+    pybridge.barrier()
+    pybridge.finalize()
+    return out
+
+
+def test_every_setting_is_agreed_across_ranks():
+    out = run_ranks(agreement_cases, 2, timeout=120)
+    # Both ranks got the same message: the values of both ranks, not only their own.
+    assert out[0]["powersgd vs fp16"] == out[1]["powersgd vs fp16"]
+    for key in ("registered mark_ready/wait", "registered set_grad/mark_ready"):
+        assert out[0][key] == out[1][key]
+    assert out[0]["fp16 alias"] == out[1]["fp16 alias"]
+
+
+def gossip_closed_with_reducer(rank, world):
+    import threading
+
+    from pybridge import comm_hooks
+    from pybridge.comm_hooks import GossipHook
+    pybridge.init(timeout=30)
+    gossip = lambda: sum(t.name == "pybridge-gossip" for t in threading.enumerate())  # noqa: E731
+    before = gossip()
+    red = Reducer([(8, "float32")], hook=GossipHook("cube", seed=3))
+    during = gossip()
+    red.set_grad(0, torch.full((8,), float(rank)))
+    red.wait()
+    red.close()
+    after = gossip()
+    # Replacing the hook closes the state it replaces (the reducer owns it).
+    red = Reducer([(8, "float32")], hook=GossipHook("cube", seed=3))
+    red.register_comm_hook(*comm_hooks.builtin(comm_hooks.HOOK_ALLREDUCE, red.group))
+    replaced = gossip()
+    red.close()
+    pybridge.finalize()
+    return before, during, after, replaced
+
+
+def test_closing_a_gossip_reducer_stops_its_thread():
+    for counts in run_ranks(gossip_closed_with_reducer, 2, timeout=60):
+        assert counts == (0, 1, 0, 0)
+
+
+def test_wait_is_the_name_and_finalize_an_alias():
+    assert Reducer.finalize is Reducer.wait

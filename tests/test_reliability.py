@@ -64,7 +64,7 @@ def test_checked_mode_names_the_ranks_that_differ():
         kind, msg = out["dtype"]
         assert kind == "InvalidArgument"
         assert "all_reduce #1" in msg and "rank 1 passed all_reduce #1 (sum) int32 x 4 (dtype differs)" in msg
-        assert "ranks [0, 2] all_reduce #1 (sum) float32 x 4" in msg
+        assert "ranks [0, 2] passed all_reduce #1 (sum) float32 x 4; rank 1 passed" in msg
         assert "rank 1 passed all_reduce #2 (max)" in out["op"][1] and "op or root differs" in out["op"][1]
         assert "float32 x 5 (count differs)" in out["count"][1]
         assert "broadcast #4 (root 1)" in out["root"][1]
@@ -74,7 +74,8 @@ def test_checked_mode_names_the_ranks_that_differ():
     for rank in (0, 2):  # each names itself root: the subgroup's ranks 0 and 1 differ
         kind, msg = res[rank]["sub"]
         assert kind == "InvalidArgument" and "ranks disagree on broadcast #1 on group w.1-2_0:" in msg
-        assert "rank 1 passed broadcast #1 (root 1) float32 x 2 (op or root differs); rank 0 broadcast #1 (root 0)" in msg
+        assert ("rank 0 passed broadcast #1 (root 0) float32 x 2; "
+                "rank 1 passed broadcast #1 (root 1) float32 x 2 (op or root differs)") in msg
     for rank in (0, 1):
         kind, msg = res[rank]["p2p"]
         assert kind == "InvalidArgument"
@@ -99,8 +100,9 @@ def test_broadcast_parameters_refuses_different_tensors_on_every_rank():
     res = run_ranks(_unchecked_mismatches, 2, timeout=90)
     for out in res:
         assert out["params"][0] == "InvalidArgument"
-        assert "ranks [0] pass 2 tensors" in out["params"][1] and "ranks [1] pass 2 tensors" in out["params"][1]
-        assert "ranks [0] pass 1 tensors" in out["count"][1] and "ranks [1] pass 2 tensors" in out["count"][1]
+        assert "rank 0 pass 2 tensors (root 0); rank 1 pass 2 tensors (root 0) (dtypes and counts differs)" \
+            in out["params"][1]
+        assert "rank 0 pass 1 tensors (root 0); rank 1 pass 2 tensors" in out["count"][1]
         assert out["ok"] == [1.0, 1.0]
 
 
@@ -114,13 +116,13 @@ def test_ranks_disagreeing_on_world_size_all_fail(sizes):
     res = run_ranks(_init_with, 2, sizes, (False, False), timeout=60)
     for out in res:
         assert out is not None and out[0] == "InvalidArgument", res
-        assert "ranks disagree on the world size: ranks [0] world size" in out[1]
+        assert "ranks disagree on the world size: rank 0 world size" in out[1]
 
 
 def test_ranks_disagreeing_on_checked_mode_all_fail():
     res = run_ranks(_init_with, 2, (2, 2), (True, False), timeout=60)
     for out in res:
-        assert out[0] == "InvalidArgument" and "ranks [0] checked mode on; ranks [1] checked mode off" in out[1]
+        assert out[0] == "InvalidArgument" and "rank 0 checked mode on; rank 1 checked mode off" in out[1]
 
 
 def _join_alone(rank, world):
@@ -194,9 +196,11 @@ def test_dynamic_loaders_opened_differently_fail_on_every_rank(tmp_path):
     res = run_ranks(_open_loaders, 2, paths, timeout=90)
     for out in res:
         assert out["batch"][0] == "InvalidArgument"
-        assert "dynamic loader open: ranks disagree: rank 0: 2 files, 20 records, batch 4" in out["batch"][1]
-        assert "rank 1: 2 files, 20 records, batch 5" in out["batch"][1]
-        assert "rank 0: 1 files, 10 records" in out["files"][1]
+        assert "dynamic loader open: ranks disagree: rank 0 opened 2 files, 20 records, batch 4" in out["batch"][1]
+        assert "rank 1 opened 2 files, 20 records, batch 5, " in out["batch"][1]
+        assert "(batch differs)" in out["batch"][1]
+        assert "rank 0 opened 1 files, 10 records" in out["files"][1]
+        assert "(files, records, data differs)" in out["files"][1]
     assert res[0]["records"] + res[1]["records"] == 20
 
 

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	pybridge "github.com/pybridge/pybridge/go"
+	"github.com/pybridge/pybridge/go/floats"
 )
 
 const (
@@ -79,29 +80,6 @@ func parallel(n, threads int, f func(lo, hi int)) {
 	wg.Wait()
 }
 
-func dot(a, b []float32) float32 {
-	b = b[:len(a)]
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(a); i += 4 {
-		s0 += a[i] * b[i]
-		s1 += a[i+1] * b[i+1]
-		s2 += a[i+2] * b[i+2]
-		s3 += a[i+3] * b[i+3]
-	}
-	for ; i < len(a); i++ {
-		s0 += a[i] * b[i]
-	}
-	return s0 + s1 + s2 + s3
-}
-
-func axpy(alpha float32, x, y []float32) {
-	x = x[:len(y)]
-	for i := range y {
-		y[i] += alpha * x[i]
-	}
-}
-
 func (m *model) forward(x []float32, threads int) {
 	copy(m.acts[0], x)
 	for l := 0; l < depth; l++ {
@@ -111,7 +89,7 @@ func (m *model) forward(x []float32, threads int) {
 			for r := lo; r < hi; r++ {
 				xr, yr := in[r*width:(r+1)*width], out[r*width:(r+1)*width]
 				for o := 0; o < width; o++ {
-					v := dot(xr, w[o*width:(o+1)*width]) + b[o]
+					v := floats.Dot(xr, w[o*width:(o+1)*width]) + b[o]
 					if relu && v < 0 {
 						v = 0
 					}
@@ -143,7 +121,7 @@ func (m *model) backward(threads int, gw, gb func(l int) []float32, ready func(l
 					a := dy[r*width+o]
 					s += a
 					if a != 0 {
-						axpy(a, in[r*width:(r+1)*width], row)
+						floats.Axpy(a, in[r*width:(r+1)*width], row)
 					}
 				}
 				db[o] = s
@@ -160,7 +138,7 @@ func (m *model) backward(threads int, gw, gb func(l int) []float32, ready func(l
 				clear(xr)
 				for o := 0; o < width; o++ {
 					if a := dy[r*width+o]; a != 0 {
-						axpy(a, w[o*width:(o+1)*width], xr)
+						floats.Axpy(a, w[o*width:(o+1)*width], xr)
 					}
 				}
 				// ReLU of the previous layer: its output is this layer's input.

@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand"
 	"strconv"
+
+	"github.com/pybridge/pybridge/go/floats"
 )
 
 // Image and record layout shared with prepare.py and train.py: one label byte,
@@ -65,7 +67,7 @@ func (m *MLP) forward(x []float32, labels []uint8) (act activations, loss float6
 		xn := x[n*imageSize : (n+1)*imageSize]
 		hn := act.h[n*hid : (n+1)*hid]
 		for j := 0; j < hid; j++ {
-			if s := m.B1[j] + dot(m.W1[j*imageSize:(j+1)*imageSize], xn); s > 0 {
+			if s := m.B1[j] + floats.Dot(m.W1[j*imageSize:(j+1)*imageSize], xn); s > 0 {
 				hn[j] = s
 			}
 		}
@@ -163,7 +165,7 @@ func (m *MLP) backward(act activations, g Grads, ready func(i int) error) error 
 				continue
 			}
 			gB1[j] += d
-			axpy(d, xn, gW1[j*imageSize:(j+1)*imageSize])
+			floats.Axpy(d, xn, gW1[j*imageSize:(j+1)*imageSize])
 		}
 	}
 	if err := ready(1); err != nil {
@@ -214,37 +216,4 @@ type errRecordSize int
 
 func (e errRecordSize) Error() string {
 	return "mnist: record of " + strconv.Itoa(int(e)) + " bytes, want 785 (1 label byte + 784 pixels)"
-}
-
-// dot returns sum(a[i]*b[i]) with four accumulators, which lets the CPU overlap the
-// additions (the first layer's 784-long dot products dominate the step time).
-func dot(a, b []float32) float32 {
-	b = b[:len(a)]
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(a); i += 4 {
-		s0 += a[i] * b[i]
-		s1 += a[i+1] * b[i+1]
-		s2 += a[i+2] * b[i+2]
-		s3 += a[i+3] * b[i+3]
-	}
-	for ; i < len(a); i++ {
-		s0 += a[i] * b[i]
-	}
-	return (s0 + s1) + (s2 + s3)
-}
-
-// axpy computes y += alpha*x.
-func axpy(alpha float32, x, y []float32) {
-	y = y[:len(x)]
-	i := 0
-	for ; i+4 <= len(x); i += 4 {
-		y[i] += alpha * x[i]
-		y[i+1] += alpha * x[i+1]
-		y[i+2] += alpha * x[i+2]
-		y[i+3] += alpha * x[i+3]
-	}
-	for ; i < len(x); i++ {
-		y[i] += alpha * x[i]
-	}
 }

@@ -67,6 +67,11 @@ def parse_args(argv=None):
     p.add_argument("--init-weights", default=None, help="start from these parameters (checkpoint format)")
     p.add_argument("--save-weights", default=None,
                    help="rank 0 writes the final parameters and momentum here (checkpoint format)")
+    p.add_argument("--ddp", choices=["pybridge", "torch"], default="pybridge",
+                   help="gradient averaging: pybridge.DistributedDataParallel (default) or torch's own "
+                        "(the baseline of bench/gotorch.py)")
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="DDP bucket size in MiB (default: torch DDP's 25, the first bucket 1)")
     p.add_argument("--device", default=None,
                    help="cpu or cuda[:N] (default: env PYBRIDGE_DEVICE set by pybridge-launch, else cpu)")
     opts = p.parse_args(argv)
@@ -186,6 +191,15 @@ def data_kind(folder):
     return {"synthetic": "synthetic digits (SYNTHETIC: not real MNIST)", "mnist": "real MNIST"}.get(kind, kind)
 
 
+def make_ddp(opts, model, device):
+    """pybridge's DDP wrapper, or torch's over the same default process group."""
+    caps = {} if opts.bucket_cap_mb is None else {"bucket_cap_mb": opts.bucket_cap_mb}
+    if opts.ddp == "torch":
+        ids = [device.index or 0] if device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, **caps)
+    return pybridge.DistributedDataParallel(model, **caps)
+
+
 def main(argv=None):
     opts = parse_args(argv)
     device = torch.device(opts.device or os.environ.get("PYBRIDGE_DEVICE") or "cpu")
@@ -210,7 +224,7 @@ def main(argv=None):
             say(f"resumed from {opts.checkpoint} after epoch {start_epoch} (step {step})")
         else:
             say(f"no checkpoint at {opts.checkpoint}: starting from scratch")
-    ddp = pybridge.DistributedDataParallel(model)  # broadcasts rank 0's parameters
+    ddp = make_ddp(opts, model, device)  # broadcasts rank 0's parameters
 
     train = recordio.Loader(os.path.join(opts.data, fmt.TRAIN_GLOB), per_rank, partition="static",
                             shuffle=True, seed=opts.seed, drop_last=True)
@@ -274,7 +288,9 @@ def main(argv=None):
         metrics.close()
     train.close()
     test.close()
-    ddp.close()
+    if opts.ddp == "pybridge":
+        ddp.close()
+    del ddp
     pybridge.finalize()
     return 0
 

@@ -5,6 +5,7 @@ pybridge.checkpoint saves, agrees on the newest and restores.
 """
 
 from .. import capi, checkpoint
+from ..checks import integer
 from ..errors import InvalidArgument
 from . import handles, live_group, put, tensor, text
 from .recordio import LoaderHandle
@@ -13,8 +14,7 @@ from .reducer import CReducer
 
 def _named(n, names, tensors):
     ffi = capi.ffi
-    if n < 0:
-        raise InvalidArgument(f"n must be >= 0, got {n}")
+    integer("n", n, low=0)
     if n and (names == ffi.NULL or tensors == ffi.NULL):
         raise InvalidArgument(f"{'names' if names == ffi.NULL else 'tensors'} is NULL with n = {n}")
     out = {}

@@ -47,7 +47,7 @@ def pb_init_v2(init_method, backend, rank, world_size, local_rank, timeout, flag
 def pb_finalize(group):
     g = handles.get(group, _group.Group, "group")
     if g.parent is not None:
-        raise InvalidArgument("pb_finalize takes the world group; free a subgroup with pb_group_free")
+        raise InvalidArgument("pb_finalize takes the world group; close a subgroup with pb_group_close")
     _prepared.clear()
     if not g.closed:
         _group.finalize()
@@ -139,8 +139,11 @@ def pb_buffer_tensor(buffer, out):
     out.device = b.device
 
 
-def pb_buffer_free(buffer):
+def pb_buffer_close(buffer):
     handles.remove(buffer, Buffer, "buffer")
+
+
+pb_buffer_free = pb_buffer_close  # deprecated name (pybridge.h), the same function
 
 
 # ---- asynchronous operations --------------------------------------------------------------
@@ -195,7 +198,10 @@ def pb_work_test(work, done):
         raise
 
 
-def pb_work_free(work):
+def pb_work_close(work):
     handles.remove(work, collectives.Work, "work")
+
+
+pb_work_free = pb_work_close  # deprecated name (pybridge.h), the same function
 
 

@@ -182,8 +182,11 @@ def pb_fed_worker_fail(worker, message):
     c.task = None
 
 
-def pb_fed_worker_free(worker):
+def pb_fed_worker_close(worker):
     c = handles.remove(worker, FedWorker, "worker")
     c.task = None
     c.worker.close()
+
+
+pb_fed_worker_free = pb_fed_worker_close  # deprecated name (pybridge.h), the same function
 

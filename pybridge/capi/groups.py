@@ -1,8 +1,9 @@
 """C ABI functions for subgroups (pybridge.group): split, explicit member lists, node
 groups, rank mapping, free. Conversion only."""
 
-from .. import capi
+from .. import capi, subgroups
 from .. import group as _group
+from ..checks import integer
 from ..errors import InvalidArgument
 from . import handles, live_group, put
 
@@ -21,14 +22,13 @@ def _check_out(out, what="out"):
 
 def pb_group_split(parent, color, key, out):
     _check_out(out)
-    _add_or_null(live_group(parent).split(color if color >= 0 else None, key), out)
+    _add_or_null(subgroups.split(color if color >= 0 else None, key, group=live_group(parent)), out)
 
 
 def pb_group_new(parent, ranks, n, out):
     g = live_group(parent)
     _check_out(out)
-    if n < 1:
-        raise InvalidArgument(f"n must be >= 1 (a group needs a member), got {n}")
+    integer("n", n, low=1, expected="at least 1 (a group needs a member)")
     if ranks == capi.ffi.NULL:
         raise InvalidArgument(f"ranks is NULL with n = {n}")
     _add_or_null(g.new_group([int(ranks[i]) for i in range(n)]), out)
@@ -38,7 +38,7 @@ def pb_group_nodes(parent, ranks_per_node, intra, cross):
     g = live_group(parent)
     _check_out(intra, "intra")
     _check_out(cross, "cross")
-    a, b = _group.node_groups(ranks_per_node if ranks_per_node > 0 else None, group=g)
+    a, b = subgroups.node_groups(ranks_per_node if ranks_per_node > 0 else None, group=g)
     handles.add(a, "pb_group *", intra)
     handles.add(b, "pb_group *", cross)
 
@@ -51,10 +51,13 @@ def pb_group_rank_of(group, global_rank, out):
     put(out, live_group(group).group_rank_of(global_rank))
 
 
-def pb_group_free(group):
+def pb_group_close(group):
     g = handles.get(group, _group.Group, "group")
     if g.parent is None:
-        raise InvalidArgument("the world group is left with pb_finalize, not freed with pb_group_free")
+        raise InvalidArgument("the world group is left with pb_finalize, not closed with pb_group_close")
     handles.remove(group, _group.Group, "group")
     if not g.closed:
         g.close()
+
+
+pb_group_free = pb_group_close  # deprecated name (pybridge.h), the same function

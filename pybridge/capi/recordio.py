@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import abi, capi
 from .. import group as _group
+from ..checks import integer
 from ..errors import Closed, InvalidArgument
 from ..recordio import Loader
 from ..recordio.partition import LocalStore
@@ -37,8 +38,7 @@ def _loader(ptr):
 
 
 def _files(files, nfiles):
-    if nfiles <= 0:
-        raise InvalidArgument(f"nfiles must be at least 1, got {nfiles}")
+    integer("nfiles", nfiles, low=1, expected="at least 1")
     if files == capi.ffi.NULL:
         raise InvalidArgument("files is NULL")
     out = []

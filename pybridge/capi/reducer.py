@@ -1,35 +1,40 @@
 """C ABI functions for the gradient reducer (pybridge.reducer) and parameter broadcast.
 
-Conversion only: the bucketing, hooks and reduction live in pybridge/reducer.py.
+Conversion only: the bucketing, hooks, their states and the cross-rank check live in
+pybridge/reducer.py and pybridge/comm_hooks.py. What stays here is C's concern: memory of
+superseded bucket layouts that C callers may still point at.
 """
 
-from .. import abi, capi, comm_hooks, dtypes, gossip
+import math
+
+from .. import abi, capi, comm_hooks, dtypes
 from .. import reducer as _reducer
 from ..buffers import CPU
+from ..checks import integer
 from ..errors import InvalidArgument
 from . import handles, live_group, put, tensor
 
 ALLOW_UNUSED, NO_REBUILD = abi.PB_REDUCER_ALLOW_UNUSED, abi.PB_REDUCER_NO_REBUILD
+_TOPOLOGIES = {abi.PB_GOSSIP_CUBE: "cube", abi.PB_GOSSIP_DISSEMINATION: "dissemination"}
+
+# pb_reducer_options: each field and the default pb_reducer_options_init gives it, in
+# struct order. A field that ends past the caller's `size` takes its default.
+_DEFAULTS = {"op": abi.PB_AVG, "bucket_cap_mb": 0.0, "first_bucket_cap_mb": 0.0, "flags": 0,
+             "hook": abi.PB_HOOK_ALLREDUCE, "hook_rank": 1, "hook_flags": 0,
+             "gossip_topology": abi.PB_GOSSIP_NONE, "gossip_ranks_per_node": 1, "gossip_seed": 0,
+             "gossip_sync_every": 0, "hook_start_iter": 2, "ndims": None, "dims": None}
+_MAX_OPTIONS_SIZE = 1 << 16  # far past any future struct: a larger size is garbage, not a version
 
 
 class CReducer:
     """A Reducer plus the bucket memory of superseded layouts: C callers hold raw pointers
-    into the buckets, so memory they may still point at is kept until pb_reducer_free
-    (the buckets are rebuilt at most once, so this is bounded by one extra copy)."""
+    into the buckets, so memory they may still point at is kept until pb_reducer_close
+    (the buckets are rebuilt at most once, so this is bounded by one extra copy). The
+    hook's state belongs to the Reducer, which closes it."""
 
     def __init__(self, reducer):
         self.reducer = reducer
         self.retired = []
-        self.hook_state = None  # a GossipState owns a thread and groups: closed with the reducer
-
-    def set_hook_state(self, state):
-        self.close_hook_state()
-        self.hook_state = state
-
-    def close_hook_state(self):
-        state, self.hook_state = self.hook_state, None
-        if state is not None:
-            state.close()
 
 
 def _get(ptr):
@@ -43,29 +48,118 @@ def _describe(out, view):
     out.device = view.device.index if view.device.type == "cuda" else CPU
 
 
-def pb_reducer_new(group, nparams, counts, dtype_codes, bucket_cap_mb, op, compression, flags, out):
+def _options(ptr):
+    """The fields of a pb_reducer_options (NULL: defaults), honouring the caller's size."""
     ffi = capi.ffi
-    g = live_group(group)
-    if out == ffi.NULL:
-        raise InvalidArgument("out (the pointer to store the reducer handle in) is NULL")
-    if nparams < 0:
-        raise InvalidArgument(f"nparams must be >= 0, got {nparams}")
+    got = dict(_DEFAULTS)
+    if ptr == ffi.NULL:
+        return got
+    size, known = int(ptr.size), ffi.sizeof("pb_reducer_options")
+    if size < 4 or size > _MAX_OPTIONS_SIZE:
+        raise InvalidArgument(f"pb_reducer_options.size is {size}; set it with pb_reducer_options_init "
+                              f"(sizeof(pb_reducer_options) is {known} in this library)")
+    for name, field in ffi.typeof("pb_reducer_options").fields:
+        if name == "size":
+            continue
+        start, end = field.offset, field.offset + ffi.sizeof(field.type)
+        if end <= size:
+            got[name] = getattr(ptr, name)
+        elif start < size:
+            raise InvalidArgument(f"pb_reducer_options.size {size} ends inside field {name} (bytes {start}..{end}); "
+                                  "set it with pb_reducer_options_init")
+    if size > known and any(ffi.buffer(ffi.cast("char *", ptr) + known, size - known)[:]):
+        raise InvalidArgument(f"pb_reducer_options.size is {size} but this library knows {known} bytes, and "
+                              "bytes past them are set (options of a newer pybridge?)")
+    for name in ("ndims", "dims"):
+        if got[name] is not None and got[name] == ffi.NULL:
+            got[name] = None
+    return got
+
+
+def _specs(nparams, counts, dtype_codes, ndims=None, dims=None):
+    """(count or shape, dtype) per gradient; shapes from ndims/dims must hold counts[i]."""
+    ffi = capi.ffi
+    integer("nparams", nparams, low=0)
     if nparams and (counts == ffi.NULL or dtype_codes == ffi.NULL):
         raise InvalidArgument(f"{'counts' if counts == ffi.NULL else 'dtypes'} is NULL "
                               f"with nparams = {nparams}")
-    if flags & ~(ALLOW_UNUSED | NO_REBUILD):
-        raise InvalidArgument(f"unknown reducer flags 0x{flags:x}; valid: PB_REDUCER_ALLOW_UNUSED (1), "
-                              "PB_REDUCER_NO_REBUILD (2)")
-    specs = []
+    if (ndims is None) != (dims is None):
+        raise InvalidArgument(f"pb_reducer_options.{'dims' if dims is None else 'ndims'} is NULL; "
+                              "give both ndims and dims, or neither")
+    specs, at = [], 0
     for i in range(nparams):
         n = int(counts[i])
         if n < 0:
             raise InvalidArgument(f"counts[{i}] is negative ({n})")
-        specs.append((n, int(dtype_codes[i])))
-    cap = None if bucket_cap_mb <= 0 else bucket_cap_mb  # <= 0: the default; NaN is checked there
-    r = _reducer.Reducer(specs, group=g, bucket_cap_mb=cap, op=op, compression=compression,
-                         rebuild=not flags & NO_REBUILD, allow_unused=bool(flags & ALLOW_UNUSED))
+        size = n
+        if ndims is not None:
+            shape, at = _shape(i, ndims, dims, at)
+            if shape is not None:
+                if math.prod(shape) != n:
+                    raise InvalidArgument(f"parameter {i}: shape {shape} holds {math.prod(shape)} "
+                                          f"elements, counts[{i}] is {n}")
+                size = shape
+        specs.append((size, int(dtype_codes[i])))
+    return specs
+
+
+def _shape(i, ndims, dims, at):
+    """(gradient i's shape or None for flat, the next index into dims)."""
+    k = int(ndims[i])
+    if k < 0:
+        raise InvalidArgument(f"ndims[{i}] is negative ({k})")
+    return (tuple(int(dims[at + j]) for j in range(k)) if k else None), at + k
+
+
+def _hook(o):
+    """The built-in hook the options choose (comm_hooks.BuiltinHook or GossipHook)."""
+    if o["hook_flags"] & ~abi.PB_HOOK_NO_WARM_START:
+        raise InvalidArgument(f"unknown hook flags 0x{o['hook_flags']:x}; valid: PB_HOOK_NO_WARM_START (1)")
+    topology = o["gossip_topology"]
+    if topology == abi.PB_GOSSIP_NONE:
+        return comm_hooks.BuiltinHook(o["hook"], rank=o["hook_rank"], start_iter=o["hook_start_iter"],
+                                      warm_start=not o["hook_flags"] & abi.PB_HOOK_NO_WARM_START)
+    if topology not in _TOPOLOGIES:
+        raise InvalidArgument(f"unknown gossip topology {topology}; use PB_GOSSIP_NONE (-1), PB_GOSSIP_CUBE (0) "
+                              "or PB_GOSSIP_DISSEMINATION (1)")
+    if o["hook"] != abi.PB_HOOK_ALLREDUCE:
+        raise InvalidArgument(f"gossip (gossip_topology {topology}) takes the hook's place, but hook is "
+                              f"{o['hook']}: leave hook at PB_HOOK_ALLREDUCE, or gossip_topology at PB_GOSSIP_NONE")
+    return comm_hooks.GossipHook(_TOPOLOGIES[topology], ranks_per_node=o["gossip_ranks_per_node"],
+                                 seed=o["gossip_seed"], sync_every=o["gossip_sync_every"])
+
+
+def _create(group, nparams, counts, dtype_codes, o, out, cap_mb):
+    """pb_reducer_create and pb_reducer_new: one path to one core call."""
+    ffi = capi.ffi
+    g = live_group(group)
+    if out == ffi.NULL:
+        raise InvalidArgument("out (the pointer to store the reducer handle in) is NULL")
+    specs = _specs(nparams, counts, dtype_codes, o["ndims"], o["dims"])
+    flags = o["flags"]
+    if flags & ~(ALLOW_UNUSED | NO_REBUILD):
+        raise InvalidArgument(f"unknown reducer flags 0x{flags:x}; valid: PB_REDUCER_ALLOW_UNUSED (1), "
+                              "PB_REDUCER_NO_REBUILD (2)")
+    first = o["first_bucket_cap_mb"]
+    r = _reducer.Reducer(specs, group=g, bucket_cap_mb=cap_mb, first_bucket_cap_mb=None if first == 0 else first,
+                         op=o["op"], hook=_hook(o), rebuild=not flags & NO_REBUILD,
+                         allow_unused=bool(flags & ALLOW_UNUSED))
     handles.add(CReducer(r), "pb_reducer *", out)
+
+
+def pb_reducer_create(group, nparams, counts, dtype_codes, options, out):
+    o = _options(options)
+    cap = o["bucket_cap_mb"]
+    _create(group, nparams, counts, dtype_codes, o, out, None if cap == 0 else cap)  # < 0, NaN: refused there
+
+
+def pb_reducer_new(group, nparams, counts, dtype_codes, bucket_cap_mb, op, compression, flags, out):
+    if compression not in (abi.PB_COMPRESS_NONE, abi.PB_COMPRESS_FP16, abi.PB_COMPRESS_BF16):
+        raise InvalidArgument(f"unknown compression {compression}; use PB_COMPRESS_NONE (0), "
+                              "PB_COMPRESS_FP16 (1) or PB_COMPRESS_BF16 (2)")
+    o = dict(_DEFAULTS, op=op, hook=compression, flags=flags)  # PB_COMPRESS_X is PB_HOOK_X
+    cap = None if bucket_cap_mb <= 0 else bucket_cap_mb  # <= 0: the default here; NaN is checked there
+    _create(group, nparams, counts, dtype_codes, o, out, cap)
 
 
 def pb_reducer_grad(reducer, index, out):
@@ -101,7 +195,7 @@ def pb_reducer_wait(reducer, timeout):
     r = c.reducer
     before, flats = r.generation, [b.flat for b in r.buckets]
     try:
-        r.finalize(None if timeout <= 0 else timeout)  # NaN is checked there
+        r.wait(None if timeout <= 0 else timeout)  # NaN is checked there
     finally:
         if r.generation != before:
             c.retired.extend(flats)
@@ -109,41 +203,31 @@ def pb_reducer_wait(reducer, timeout):
 
 def pb_reducer_set_hook(reducer, hook, rank, flags):
     r = _get(reducer).reducer
-    if flags & ~abi.PB_HOOK_NO_WARM_START:
-        raise InvalidArgument(f"unknown hook flags 0x{flags:x}; valid: PB_HOOK_NO_WARM_START (1)")
-    state, fn = comm_hooks.builtin(hook, r.group, rank=rank,
-                                   warm_start=not flags & abi.PB_HOOK_NO_WARM_START)
-    r.register_comm_hook(state, fn)
-    _get(reducer).set_hook_state(None)
-
-
-_TOPOLOGIES = {abi.PB_GOSSIP_CUBE: "cube", abi.PB_GOSSIP_DISSEMINATION: "dissemination"}
+    spec = _hook(dict(_DEFAULTS, hook=hook, hook_rank=rank, hook_flags=flags))
+    r.register_comm_hook(*spec.build(r.group))
 
 
 def pb_reducer_set_gossip(reducer, topology, ranks_per_node, seed, sync_every):
-    c = _get(reducer)
-    if topology not in _TOPOLOGIES:
-        raise InvalidArgument(f"unknown gossip topology {topology}; use PB_GOSSIP_CUBE (0) or "
-                              "PB_GOSSIP_DISSEMINATION (1)")
-    state = gossip.GossipState(c.reducer.group, topology=_TOPOLOGIES[topology],
-                               ranks_per_node=ranks_per_node, seed=seed, sync_every=sync_every)
-    c.reducer.register_comm_hook(state, gossip.gossip_hook)
-    c.set_hook_state(state)
+    r = _get(reducer).reducer
+    if topology == abi.PB_GOSSIP_NONE:
+        raise InvalidArgument("pb_reducer_set_gossip needs PB_GOSSIP_CUBE (0) or PB_GOSSIP_DISSEMINATION (1), "
+                              "got PB_GOSSIP_NONE; choose a hook with pb_reducer_set_hook instead")
+    spec = _hook(dict(_DEFAULTS, gossip_topology=topology, gossip_ranks_per_node=ranks_per_node,
+                      gossip_seed=seed, gossip_sync_every=sync_every))
+    r.register_comm_hook(*spec.build(r.group))
 
 
 def pb_reducer_set_shapes(reducer, nparams, ndims, dims):
+    ffi = capi.ffi
     r = _get(reducer).reducer
     if nparams != r.num_params:
         raise InvalidArgument(f"nparams is {nparams} but the reducer has {r.num_params} gradients")
-    if nparams and (ndims == capi.ffi.NULL or dims == capi.ffi.NULL):
-        raise InvalidArgument(f"{'ndims' if ndims == capi.ffi.NULL else 'dims'} is NULL")
+    if nparams and (ndims == ffi.NULL or dims == ffi.NULL):
+        raise InvalidArgument(f"{'ndims' if ndims == ffi.NULL else 'dims'} is NULL")
     shapes, at = [], 0
     for i in range(nparams):
-        k = int(ndims[i])
-        if k < 0:
-            raise InvalidArgument(f"ndims[{i}] is negative ({k})")
-        shapes.append(tuple(int(dims[at + j]) for j in range(k)) if k else None)
-        at += k
+        shape, at = _shape(i, ndims, dims, at)
+        shapes.append(shape)
     r.set_shapes(shapes)
 
 
@@ -151,17 +235,18 @@ def pb_reducer_zero(reducer):
     _get(reducer).reducer.zero_grad()
 
 
-def pb_reducer_free(reducer):
+def pb_reducer_close(reducer):
     c = handles.remove(reducer, CReducer, "reducer")
-    c.reducer.close()
-    c.close_hook_state()
+    c.reducer.close()  # closes the hook's state too
     c.retired = []
+
+
+pb_reducer_free = pb_reducer_close  # Deprecated in the header: the one destructor is named _close
 
 
 def pb_broadcast_params(group, n, tensors, root):
     g = live_group(group)
-    if n < 0:
-        raise InvalidArgument(f"n must be >= 0, got {n}")
+    integer("n", n, low=0)
     if n and tensors == capi.ffi.NULL:
         raise InvalidArgument(f"tensors is NULL with n = {n}")
     ts = [tensor(tensors + i, f"tensors[{i}]") for i in range(n)]

@@ -10,14 +10,14 @@ import os
 import queue
 import threading
 
-import numpy as np
 
-from .. import checked
+from .. import agree
+from ..checks import index, integer
 from ..errors import Closed, InvalidArgument
 from .batch import Batch, decode_fixed  # noqa: F401 - decode_fixed is part of the loader API
 from .index import SIDECAR_SUFFIX
-from .partition import (DynamicPartition, LocalStore, _merge, _positive_int, chunk_tasks, dataset_name,
-                        next_instance, num_batches, plan_remaining, static_shard)
+from .partition import (DynamicPartition, LocalStore, _merge, chunk_tasks, dataset_name, next_instance,
+                        num_batches, plan_remaining, static_shard)
 from .reader import Reader, join
 
 PARTITIONS = ("static", "dynamic")
@@ -166,14 +166,13 @@ class Loader:
     def __init__(self, files, batch_size, *, partition="static", group=None, num_replicas=None, rank=None,
                  shuffle=False, seed=0, drop_last=False, task_records=None, store=None, name=None,
                  prefetch=2, skip_corrupt=False, verify_checksums=True, index_cache=False, epoch=0):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise InvalidArgument(f"batch_size must be a positive integer, got {batch_size!r}")
+        batch_size = integer("batch_size", batch_size, low=1)
         if partition not in PARTITIONS:
             raise InvalidArgument(f"partition must be 'static' or 'dynamic', got {partition!r}")
-        self.batch_size = int(batch_size)
+        self.batch_size = batch_size
         self.partition = partition
         self.shuffle = bool(shuffle)
-        self.seed = _positive_int("seed", seed, 0)  # checked now, not at the first shuffled batch
+        self.seed = integer("seed", seed, low=0)  # checked now, not at the first shuffled batch
         self.drop_last = bool(drop_last)
         self.prefetch = _prefetch_count(prefetch)
         group = group or _live_group()
@@ -186,11 +185,8 @@ class Loader:
             num_replicas = group.size if group else 1
         if rank is None:
             rank = group.rank if group else 0
-        if isinstance(num_replicas, bool) or not isinstance(num_replicas, (int, np.integer)) or num_replicas < 1:
-            raise InvalidArgument(f"num_replicas must be a positive integer, got {num_replicas!r}")
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < num_replicas:
-            raise InvalidArgument(f"rank {rank!r} is out of range for num_replicas {num_replicas}")
-        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.num_replicas = integer("num_replicas", num_replicas, low=1)
+        self.rank = index("rank", rank, self.num_replicas, f"num_replicas {self.num_replicas}")
         self.files = expand_files(files)
         self._readers = {}
         self._open_order = []
@@ -238,12 +234,12 @@ class Loader:
         """Ranks opening a dynamic loader over other files or options would each count on
         counters of their own and read records twice: compare once, through the store."""
         g = self._group  # the loader's group (a store of the caller's own is not checked)
-        sig = (f"{len(self.files)} files, {self.num_records} records, batch {self.batch_size}, "
-               f"shuffle {self.shuffle}, seed {self.seed}, drop_last {self.drop_last}, data "
-               + dataset_name(self.tasks))
+        row = (len(self.files), self.num_records, self.batch_size, self.shuffle, self.seed, self.drop_last,
+               dataset_name(self.tasks))
         try:
-            checked.agree_in_store(g, store, f"pybridge/loader-open/{next_instance('open:' + g.uid)}",
-                                   sig, "dynamic loader open")
+            agree.in_store(store, f"pybridge/loader-open/{next_instance('open:' + g.uid)}", g.rank, g.size, row,
+                           timeout=g.timeout, what="dynamic loader open: ranks disagree",
+                           describe=_describe_open, fields=_OPEN_FIELDS)
         except BaseException:
             self.close()
             raise
@@ -252,9 +248,7 @@ class Loader:
 
     def set_epoch(self, epoch):
         """Epoch of the next pass (changes the shuffle; keys the dynamic counters)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise InvalidArgument(f"epoch must be a non-negative integer, got {epoch!r}")
-        self.epoch = int(epoch)
+        self.epoch = integer("epoch", epoch, low=0)
 
     def set_prefetch(self, batches):
         """Batches prepared ahead on the background thread from the next pass on (0: none)."""
@@ -393,8 +387,8 @@ class Loader:
         plan = []
         for item in state["remaining"]:
             ok = (isinstance(item, (list, tuple)) and len(item) == 2
-                  and all(isinstance(v, int) and not isinstance(v, bool) for v in item))
-            if not ok or item[0] < 0 or item[1] < 0 or item[0] + item[1] > self.num_records:
+                  and all(type(v) is int and v >= 0 for v in item))  # exactly what state_dict writes
+            if not ok or item[0] + item[1] > self.num_records:
                 raise InvalidArgument(f"loader state: bad remaining range {item!r} for "
                                       f"{self.num_records} records")
             plan.append((item[0], item[1]))
@@ -456,9 +450,15 @@ class Loader:
 
 
 def _prefetch_count(n):
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise InvalidArgument(f"prefetch must be a non-negative integer, got {n!r}")
-    return int(n)
+    return integer("prefetch", n, low=0)
+
+
+_OPEN_FIELDS = ("files", "records", "batch", "shuffle", "seed", "drop_last", "data")
+
+
+def _describe_open(row):
+    return "opened " + ", ".join(f"{v} {k}" if k in ("files", "records") else f"{k} {v}"
+                                 for k, v in zip(_OPEN_FIELDS, row))
 
 
 def _live_group():

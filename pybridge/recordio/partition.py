@@ -18,9 +18,8 @@ Dynamic partition:
   process group's store (store.add(key, 1)), so a faster rank reads more tasks; every record
   is read exactly once per epoch, and ranks may end with different numbers of batches.
 
-The shuffle is a Fisher-Yates shuffle driven by splitmix64, seeded with seed and epoch; it is
-spelled out here (not numpy's generator, whose streams may change between versions) so that
-every rank, and any other implementation, derives the same order.
+The shuffle is pybridge.shuffle.permutation (Fisher-Yates driven by splitmix64, seeded with
+seed and epoch), the same one gossip's topology uses, so that every rank derives the same order.
 """
 
 import hashlib
@@ -29,9 +28,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..checks import index, integer
 from ..errors import InvalidArgument, classify
-
-_MASK64 = (1 << 64) - 1
+from ..shuffle import permutation
 
 
 class Task(NamedTuple):
@@ -40,17 +39,11 @@ class Task(NamedTuple):
     count: int
 
 
-def _positive_int(name, v, minimum=1):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-        raise InvalidArgument(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return int(v)
-
-
 def chunk_tasks(file, chunk_first, task_records=None):
     """Tasks for one file from its chunk boundaries (Index.first: each chunk's first record,
     then the total): one per chunk, split into pieces of at most task_records records."""
     if task_records is not None:
-        task_records = _positive_int("task_records", task_records)
+        task_records = integer("task_records", task_records, low=1)
     bounds = [int(b) for b in chunk_first]
     tasks = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
@@ -65,27 +58,6 @@ def make_tasks(files, counts, task_records=None):
     if len(files) != len(counts):
         raise InvalidArgument(f"{len(files)} files but {len(counts)} record counts")
     return [t for f, n in zip(files, counts) for t in chunk_tasks(f, [0, int(n)], task_records)]
-
-
-def _splitmix64(state):
-    state = (state + 0x9E3779B97F4A7C15) & _MASK64
-    z = state
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return state, z ^ (z >> 31)
-
-
-def permutation(n, seed, epoch):
-    """The shuffle order of n items for (seed, epoch): Fisher-Yates, j = splitmix64() % (i + 1)."""
-    seed = _positive_int("seed", seed, 0)
-    epoch = _positive_int("epoch", epoch, 0)
-    state = (seed * 0x9E3779B97F4A7C15 + epoch) & _MASK64
-    order = list(range(n))
-    for i in range(n - 1, 0, -1):
-        state, r = _splitmix64(state)
-        j = r % (i + 1)
-        order[i], order[j] = order[j], order[i]
-    return order
 
 
 def epoch_order(tasks, epoch=0, seed=0, shuffle=False):
@@ -109,11 +81,8 @@ def num_batches(total, num_replicas, batch_size=1, drop_last=False):
 
 
 def _check_rank(num_replicas, rank):
-    num_replicas = _positive_int("num_replicas", num_replicas)
-    rank = _positive_int("rank", rank, 0)
-    if rank >= num_replicas:
-        raise InvalidArgument(f"rank {rank} is out of range for num_replicas {num_replicas}")
-    return num_replicas, rank
+    num_replicas = integer("num_replicas", num_replicas, low=1)
+    return num_replicas, index("rank", rank, num_replicas, f"num_replicas {num_replicas}")
 
 
 def take(ordered, start, count):
@@ -151,7 +120,7 @@ def static_shard(tasks, num_replicas, rank, *, batch_size=1, epoch=0, seed=0, sh
     plan: the part of the epoch's record stream to share out, as (start, count) ranges of
     stream positions (default: all of it); a resumed epoch passes what is left of it."""
     num_replicas, rank = _check_rank(num_replicas, rank)
-    batch_size = _positive_int("batch_size", batch_size)
+    batch_size = integer("batch_size", batch_size, low=1)
     ordered = epoch_order(tasks, epoch, seed, shuffle)
     plan = [(0, sum(t.count for t in ordered))] if plan is None else plan
     return [piece for start, count in plan_share(plan, num_replicas, rank, batch_size, drop_last)
@@ -275,9 +244,9 @@ class DynamicPartition:
         self.tasks = list(tasks)
         self.store = store
         self.shuffle = bool(shuffle)
-        self.seed = _positive_int("seed", seed, 0)
+        self.seed = integer("seed", seed, low=0)
         self.name = name or dataset_name(self.tasks, self.shuffle, self.seed)
-        self.instance = _positive_int("instance", instance, 0)
+        self.instance = integer("instance", instance, low=0)
 
     def key(self, epoch, pass_no=0):
         return f"pybridge/recordio/{self.name}/{self.instance}/epoch{epoch}/pass{pass_no}"

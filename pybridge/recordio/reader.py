@@ -37,6 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import Closed, CorruptData, InvalidArgument
+from ..checks import integer
 from .batch import Batch
 from .checksum import crc32_combine, crc32_update
 from .format import (HEADER_SIZE, NONE, FormatError, corrupt, decompress, gather_into, io_failure,
@@ -586,8 +587,7 @@ class Reader:
         if self.closed:
             raise Closed(f"{self.path}: reader is closed")
         for name, v in (("start", start), ("count", count)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-                raise InvalidArgument(f"{name} must be a non-negative integer, got {v!r}")
+            integer(name, v, low=0)
         if start + count > self.num_records:
             raise InvalidArgument(f"{self.path}: records [{start}, {start + count}) are out of range; "
                                   f"the file holds {self.num_records}")
@@ -615,8 +615,7 @@ class Reader:
 
     def batches(self, batch_size, start=0, count=None):
         """Sequential scan in batches of `batch_size` records (the last may be shorter)."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise InvalidArgument(f"batch_size must be a positive integer, got {batch_size!r}")
+        integer("batch_size", batch_size, low=1)
         end = self.num_records if count is None else start + count
         self._check_range(start, end - start)
         for s in range(start, end, batch_size):

@@ -7,6 +7,7 @@ import zlib
 import numpy as np
 
 from ..errors import Closed, InvalidArgument
+from ..checks import integer
 from .format import (DEFAULT_MAX_CHUNK_BYTES, MAX_U32, compress, compressor_id, io_failure,
                      pack_header)
 
@@ -28,10 +29,8 @@ class Writer:
 
     def __init__(self, file, compressor="snappy", max_chunk_bytes=DEFAULT_MAX_CHUNK_BYTES):
         self.compressor = compressor_id(compressor)
-        if isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, (int, np.integer)) \
-                or not 0 < max_chunk_bytes <= MAX_CHUNK_LIMIT:
-            raise InvalidArgument(f"max_chunk_bytes must be in 1..{MAX_CHUNK_LIMIT}, got {max_chunk_bytes!r}")
-        self.max_chunk_bytes = int(max_chunk_bytes)
+        self.max_chunk_bytes = integer("max_chunk_bytes", max_chunk_bytes, low=1, high=MAX_CHUNK_LIMIT,
+                                       expected=f"in 1..{MAX_CHUNK_LIMIT}")
         if isinstance(file, (str, os.PathLike)):
             self.path = os.fspath(file)
             try:

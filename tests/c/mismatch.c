@@ -31,7 +31,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[3], "worldsize") == 0) {
         expect("init with world size 2 on rank 0 and 3 on rank 1",
                pb_init(url, "gloo", rank, rank == 0 ? 2 : 3, rank, 20, &g), PB_ERR_INVALID_ARGUMENT,
-               "ranks disagree on the world size: ranks [0] world size 2; ranks [1] world size 3");
+               "ranks disagree on the world size: rank 0 world size 2; rank 1 world size 3");
         printf("mismatch: %d failed checks\n", failures);
         return failures != 0;
     }

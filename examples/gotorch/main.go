@@ -1,0 +1,380 @@
+// Command gotorch trains the MNIST MLP the way a GoTorch-style program does:
+// the parameters, forward, backward and SGD step run in libtorch (mlp.cpp,
+// reached from Go through cgo and a small C wrapper, as GoTorch is built), and
+// pybridge makes it data-parallel: rank 0's parameters broadcast to all, the
+// gradients averaged bucket by bucket while backward still runs, the RecordIO
+// loader handing each rank its share, pybridge-launch starting one process per
+// rank. The same flags and output as examples/mnist's trainers:
+//
+//	pybridge-launch --nproc-per-node 2 ./gotorch --data data/mnist --epochs 5
+//
+// Each parameter's gradient is a view of its place in the reducer's bucket, so
+// libtorch's backward accumulates into the bucket itself (torch DDP's
+// gradient_as_bucket_view) and no gradient is copied; a post-accumulate hook on
+// each parameter marks it ready, so its bucket's allreduce starts at once.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+	"unsafe"
+
+	pybridge "github.com/pybridge/pybridge/go"
+)
+
+// The record layout and model of examples/mnist (mnist_format.py is the one definition).
+const (
+	imageSize  = 28 * 28
+	recordSize = 1 + imageSize
+	numClasses = 10
+	hidden     = 128
+	evalBatch  = 256
+)
+
+type options struct {
+	data, saveWeights, device string
+	epochs, batchSize, steps  int
+	lr, momentum              float64
+	seed                      int64
+	bucketCapMB               float64
+	checkInPlace, noOverlap   bool
+	timing                    bool
+}
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("gotorch", flag.ContinueOnError)
+	fs.StringVar(&o.data, "data", "data/mnist", "folder written by examples/mnist/prepare.py")
+	fs.IntVar(&o.epochs, "epochs", 5, "epochs")
+	fs.IntVar(&o.batchSize, "batch-size", 64, "GLOBAL batch: records per step over all ranks, divisible by the world size")
+	fs.Float64Var(&o.lr, "lr", 0.05, "learning rate")
+	fs.Float64Var(&o.momentum, "momentum", 0.9, "SGD momentum")
+	fs.Int64Var(&o.seed, "seed", 1, "initial parameters (torch.manual_seed) and data order")
+	fs.IntVar(&o.steps, "steps", -1, "stop after this many global steps in all (-1: no limit)")
+	fs.StringVar(&o.saveWeights, "save-weights", "", "rank 0 writes the final parameters and momentum here (mnist_format.py)")
+	fs.Float64Var(&o.bucketCapMB, "bucket-cap-mb", 0, "reducer bucket size in MiB (0: 25, the first bucket 1, as torch DDP)")
+	fs.BoolVar(&o.noOverlap, "no-overlap", false, "mark gradients ready after backward instead of from autograd hooks (to measure the overlap)")
+	fs.BoolVar(&o.timing, "timing", false, "rank 0 prints the median forward+backward, wait and step times at the end")
+	fs.BoolVar(&o.checkInPlace, "check-in-place", false, "after every step, fail unless each gradient libtorch holds is still its bucket's memory")
+	fs.StringVar(&o.device, "device", "cpu", "cpu (gloo); cuda needs tensors the Go package cannot take yet")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if o.epochs < 1 || o.batchSize < 1 {
+		return o, errors.New("--epochs and --batch-size must be positive")
+	}
+	if o.bucketCapMB < 0 {
+		return o, errors.New("--bucket-cap-mb must be >= 0")
+	}
+	if o.device != "cpu" {
+		return o, fmt.Errorf("--device %q: only cpu runs today (device tensors need pybridge's tensor API)", o.device)
+	}
+	return o, nil
+}
+
+func main() {
+	opts, err := parseFlags(os.Args[1:])
+	if err == flag.ErrHelp {
+		return
+	}
+	if err == nil {
+		err = run(opts)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gotorch:", err)
+		os.Exit(1)
+	}
+}
+
+// trainer holds one rank's state.
+type trainer struct {
+	g                     *pybridge.Group
+	model                 *Model
+	reducer               *pybridge.Reducer
+	gen                   int64           // the reducer generation the gradient views belong to
+	check                 bool            // verify after every step that the gradients are the buckets' memory
+	overlap               bool            // gradients marked ready from autograd hooks (else all after backward)
+	backward, wait, total []time.Duration // per step, with --timing
+	pixels                []byte
+	labels                []byte
+}
+
+func run(opts options) error {
+	g, err := pybridge.Init(pybridge.WithBackend("gloo"))
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	rank, world := g.Rank(), g.Size()
+	say := func(format string, a ...any) {
+		if rank == 0 {
+			fmt.Printf(format+"\n", a...)
+		}
+	}
+	if opts.batchSize%world != 0 {
+		return fmt.Errorf("--batch-size %d is the global batch and must be divisible by the world size %d",
+			opts.batchSize, world)
+	}
+	perRank := opts.batchSize / world
+
+	model, err := NewModel(hidden, opts.seed, -1)
+	if err != nil {
+		return err
+	}
+	defer model.Close()
+	t := &trainer{g: g, model: model, gen: -1, check: opts.checkInPlace, overlap: !opts.noOverlap}
+	params := make([][]float32, model.NumParams())
+	lens := make([]int, len(params))
+	for i := range params {
+		if params[i], err = model.HostParam(i); err != nil {
+			return err
+		}
+		lens[i] = len(params[i])
+	}
+	// Rank 0's parameters are everyone's starting point (libtorch memory, in place).
+	if err := pybridge.BroadcastParams(g, params, 0); err != nil {
+		return err
+	}
+	var reduceOpts []pybridge.ReducerOption
+	if opts.bucketCapMB > 0 {
+		reduceOpts = append(reduceOpts, pybridge.WithBucketCapMB(opts.bucketCapMB))
+	}
+	if t.reducer, err = pybridge.NewReducer(g, pybridge.Params[float32](lens...), reduceOpts...); err != nil {
+		return err
+	}
+	defer t.reducer.Close()
+	if t.overlap {
+		model.OnGradReady(t.reducer.MarkReady)
+		defer model.OnGradReady(nil)
+	}
+
+	trainFiles, err := shards(opts.data, "train-*.recordio")
+	if err != nil {
+		return err
+	}
+	testFiles, err := shards(opts.data, "test-*.recordio")
+	if err != nil {
+		return err
+	}
+	train, err := pybridge.OpenLoader(g, trainFiles, perRank, pybridge.WithShuffle(opts.seed), pybridge.WithDropLast())
+	if err != nil {
+		return err
+	}
+	defer train.Close()
+	test, err := pybridge.OpenLoader(g, testFiles, evalBatch)
+	if err != nil {
+		return err
+	}
+	defer test.Close()
+	stepsPerEpoch, err := train.NumBatches()
+	if err != nil {
+		return err
+	}
+	if stepsPerEpoch == 0 {
+		return fmt.Errorf("%d training records are too few for a global batch of %d", train.NumRecords(), opts.batchSize)
+	}
+	say("data: %s, train %d, test %d | %d ranks, global batch %d (%d per rank), %d steps/epoch, lr %g, momentum %g",
+		dataKind(opts.data), train.NumRecords(), test.NumRecords(), world, opts.batchSize, perRank,
+		stepsPerEpoch, opts.lr, opts.momentum)
+
+	epoch, step := 0, 0
+	acc := -1.0
+	for epoch < opts.epochs && (opts.steps < 0 || step < opts.steps) {
+		if err := train.SetEpoch(epoch); err != nil {
+			return err
+		}
+		var lossSum float64
+		done := 0
+		start := time.Now()
+		for train.Next() {
+			if opts.steps >= 0 && step >= opts.steps {
+				continue // finish the pass so the loader is ready for the next one
+			}
+			loss, err := t.step(train.Batch(), float32(opts.lr), float32(opts.momentum))
+			if err != nil {
+				return err
+			}
+			lossSum += float64(loss)
+			done++
+			step++
+		}
+		if err := train.Err(); err != nil {
+			return err
+		}
+		elapsed := time.Since(start).Seconds()
+		correct, counted, err := t.evaluate(test)
+		if err != nil {
+			return err
+		}
+		totals := []float64{lossSum, float64(done), float64(correct), float64(counted)}
+		if err := pybridge.AllReduce(g, totals, pybridge.Sum); err != nil {
+			return err
+		}
+		acc = totals[2] / max(totals[3], 1)
+		epoch++
+		loss, rate := totals[0]/max(totals[1], 1), float64(done*opts.batchSize)/max(elapsed, 1e-9)
+		say("epoch %d/%d  loss %.4f  test-acc %.4f  samples/s %.0f  (rank %d of %d)", epoch, opts.epochs,
+			loss, acc, rate, rank, world)
+	}
+	if opts.timing {
+		say("timing: forward+backward %.3f ms  wait %.3f ms  step %.3f ms  (medians of %d steps, rank 0)",
+			median(t.backward), median(t.wait), median(t.total), len(t.total))
+	}
+	if rank == 0 && opts.saveWeights != "" {
+		if err := t.saveWeights(opts.saveWeights, epoch, step); err != nil {
+			return err
+		}
+	}
+	say("final test accuracy: %.4f", acc)
+	return nil
+}
+
+// bindGrads makes every parameter's gradient a view of its place in the
+// reducer's buckets; again whenever the reducer rebuilt them (a new generation).
+func (t *trainer) bindGrads() error {
+	gen := t.reducer.Generation()
+	if gen == t.gen {
+		return nil
+	}
+	for i := 0; i < t.model.NumParams(); i++ {
+		g, err := t.reducer.Grad(i)
+		if err != nil {
+			return err
+		}
+		if err := t.model.SetGradView(i, unsafe.Pointer(unsafe.SliceData(g))); err != nil {
+			return err
+		}
+	}
+	t.gen = gen
+	return nil
+}
+
+// step runs forward and backward in libtorch (each gradient accumulated into its
+// bucket and marked ready by the autograd hook), waits for the averaged
+// gradients and steps SGD on them. It returns the local mean loss.
+func (t *trainer) step(b *pybridge.Batch, lr, momentum float32) (float32, error) {
+	start := time.Now()
+	if err := t.decode(b.Records()); err != nil {
+		return 0, err
+	}
+	if err := t.bindGrads(); err != nil {
+		return 0, err
+	}
+	if err := t.reducer.Zero(); err != nil { // backward accumulates into the buckets
+		return 0, err
+	}
+	loss, _, err := t.model.ForwardBackward(t.pixels, t.labels)
+	if err != nil {
+		return 0, err
+	}
+	backward := time.Now()
+	if !t.overlap { // all at once, last layer first, as backward would have produced them
+		for i := t.model.NumParams() - 1; i >= 0; i-- {
+			if err := t.reducer.MarkReady(i); err != nil {
+				return 0, err
+			}
+		}
+	}
+	if err := t.reducer.Wait(0); err != nil {
+		return 0, err
+	}
+	t.backward = append(t.backward, backward.Sub(start))
+	t.wait = append(t.wait, time.Since(backward))
+	defer func() { t.total = append(t.total, time.Since(start)) }()
+	if err := t.bindGrads(); err != nil { // Wait may have rebuilt the buckets (values carried over)
+		return 0, err
+	}
+	if t.check {
+		if err := t.checkInPlace(); err != nil {
+			return 0, err
+		}
+	}
+	return loss, t.model.Step(lr, momentum)
+}
+
+// checkInPlace fails unless every gradient libtorch holds is the reducer's bucket
+// memory: backward accumulated into the bucket and nothing was copied (libtorch
+// would have replaced the grad tensor had it not accumulated in place).
+func (t *trainer) checkInPlace() error {
+	for i := 0; i < t.model.NumParams(); i++ {
+		g, err := t.reducer.Grad(i)
+		if err != nil {
+			return err
+		}
+		have, err := t.model.GradPointer(i)
+		if err != nil {
+			return err
+		}
+		if want := unsafe.Pointer(unsafe.SliceData(g)); have != want {
+			return fmt.Errorf("parameter %d: libtorch's gradient is at %p, not in the reducer's bucket at %p", i, have, want)
+		}
+	}
+	return nil
+}
+
+// decode splits records into the pixel and label buffers libtorch reads.
+func (t *trainer) decode(records [][]byte) error {
+	t.pixels, t.labels = t.pixels[:0], t.labels[:0]
+	for _, r := range records {
+		if len(r) != recordSize {
+			return fmt.Errorf("record of %d bytes, want %d (1 label byte + 784 pixels)", len(r), recordSize)
+		}
+		t.labels = append(t.labels, r[0])
+		t.pixels = append(t.pixels, r[1:]...)
+	}
+	return nil
+}
+
+// evaluate counts correct predictions over this rank's share of the test set,
+// excluding the wrap-around padding the loader adds so that ranks get equal shares.
+func (t *trainer) evaluate(test *pybridge.Loader) (correct, counted int, err error) {
+	n, w, r := test.NumRecords(), t.g.Size(), t.g.Rank()
+	share := (n + w - 1) / w
+	valid := max(0, min(share, n-r*share))
+	for test.Next() {
+		if counted >= valid {
+			continue // keep reading: the pass must end cleanly
+		}
+		recs := test.Batch().Records()
+		if take := valid - counted; len(recs) > take {
+			recs = recs[:take]
+		}
+		if err := t.decode(recs); err != nil {
+			return 0, 0, err
+		}
+		c, err := t.model.Evaluate(t.pixels, t.labels)
+		if err != nil {
+			return 0, 0, err
+		}
+		correct += c
+		counted += len(recs)
+	}
+	return correct, counted, test.Err()
+}
+
+// median in milliseconds (0 for no samples).
+func median(ds []time.Duration) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return float64(s[len(s)/2].Microseconds()) / 1000
+}
+
+func shards(folder, pattern string) ([]string, error) {
+	files, err := filepath.Glob(filepath.Join(folder, pattern))
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("no %s in %s: run examples/mnist/prepare.py first", pattern, folder)
+	}
+	sort.Strings(files)
+	return files, nil
+}

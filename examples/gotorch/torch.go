@@ -1,0 +1,195 @@
+package main
+
+/*
+#cgo CXXFLAGS: -std=c++20 -D_GLIBCXX_USE_CXX11_ABI=1 -O2
+#cgo LDFLAGS: -ltorch -ltorch_cpu -lc10 -lstdc++
+#include <stdlib.h>
+#include "mlp.h"
+
+int gotorchGradReady(void *ctx, int32_t index);
+
+// The Go hook as the model's ready function; ctx carries a cgo.Handle.
+static int gotorch_on_ready(mlp *m, uintptr_t handle) {
+	return mlp_on_grad_ready(m, handle ? (mlp_ready_fn)gotorchGradReady : NULL, (void *)handle);
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime/cgo"
+	"unsafe"
+)
+
+// Model is the MNIST MLP held by libtorch (mlp.cpp): its parameters, gradients
+// and momentum live in libtorch memory, and forward, backward and the SGD step
+// run there. Go only drives it.
+type Model struct {
+	m     *C.mlp
+	ready cgo.Handle // the gradient-ready hook, or 0
+}
+
+func lastError(op string) error {
+	return fmt.Errorf("%s: %s", op, C.GoString(C.mlp_last_error()))
+}
+
+// NewModel creates the 784-hidden-10 MLP with torch.nn.Linear's initialisation
+// after torch.manual_seed(seed), on device (-1 CPU, k CUDA device k).
+func NewModel(hidden int, seed int64, device int) (*Model, error) {
+	var m *C.mlp
+	if C.mlp_new(C.int32_t(imageSize), C.int32_t(hidden), C.int32_t(numClasses), C.int64_t(seed),
+		C.int32_t(device), &m) != 0 {
+		return nil, lastError("NewModel")
+	}
+	return &Model{m: m}, nil
+}
+
+// Close frees the model.
+func (md *Model) Close() {
+	if md.m != nil {
+		C.mlp_free(md.m)
+		md.m = nil
+	}
+	if md.ready != 0 {
+		md.ready.Delete()
+		md.ready = 0
+	}
+}
+
+// NumParams is 4: w1, b1, w2, b2.
+func (md *Model) NumParams() int { return int(C.mlp_nparams(md.m)) }
+
+// Param returns parameter i's memory (libtorch's), element count and shape.
+func (md *Model) Param(i int) (unsafe.Pointer, int, []int, error) {
+	var data unsafe.Pointer
+	var count C.int64_t
+	var ndim C.int32_t
+	var dims [2]C.int64_t
+	if C.mlp_param(md.m, C.int32_t(i), &data, &count, &ndim, &dims[0]) != 0 {
+		return nil, 0, nil, lastError("Param")
+	}
+	shape := make([]int, int(ndim))
+	for d := range shape {
+		shape[d] = int(dims[d])
+	}
+	return data, int(count), shape, nil
+}
+
+// HostParam returns parameter i as a float32 slice over libtorch's host memory.
+func (md *Model) HostParam(i int) ([]float32, error) {
+	data, n, _, err := md.Param(i)
+	if err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*float32)(data), n), nil
+}
+
+// SetGradView makes parameter i's gradient a view of data (a reducer bucket's
+// memory): backward then accumulates straight into the bucket.
+func (md *Model) SetGradView(i int, data unsafe.Pointer) error {
+	if C.mlp_set_grad_view(md.m, C.int32_t(i), data) != 0 {
+		return lastError("SetGradView")
+	}
+	return nil
+}
+
+// GradPointer returns where parameter i's gradient lives (nil if it has none).
+func (md *Model) GradPointer(i int) (unsafe.Pointer, error) {
+	var data unsafe.Pointer
+	if C.mlp_grad(md.m, C.int32_t(i), &data) != 0 {
+		return nil, lastError("GradPointer")
+	}
+	return data, nil
+}
+
+// OnGradReady calls fn(i) from libtorch's autograd engine as soon as parameter
+// i's gradient is complete (nil: no hook).
+func (md *Model) OnGradReady(fn func(i int) error) {
+	if md.ready != 0 {
+		md.ready.Delete()
+		md.ready = 0
+	}
+	if fn != nil {
+		md.ready = cgo.NewHandle(fn)
+	}
+	C.gotorch_on_ready(md.m, C.uintptr_t(md.ready))
+}
+
+//export gotorchGradReady
+func gotorchGradReady(ctx unsafe.Pointer, index C.int32_t) C.int {
+	fn := cgo.Handle(uintptr(ctx)).Value().(func(int) error)
+	if err := fn(int(index)); err != nil {
+		return -1
+	}
+	return 0
+}
+
+// cFloats returns n zeroed float32s of C memory, which C may keep (Go memory it may
+// not, by cgo's rules), and the function that frees them.
+func cFloats(n int) ([]float32, func()) {
+	p := C.calloc(C.size_t(n), 4)
+	return unsafe.Slice((*float32)(p), n), func() { C.free(p) }
+}
+
+// ZeroGrad zeroes every gradient in place.
+func (md *Model) ZeroGrad() error {
+	if C.mlp_zero_grad(md.m) != 0 {
+		return lastError("ZeroGrad")
+	}
+	return nil
+}
+
+// ForwardBackward runs the batch (n records: pixels n*784 bytes, labels n bytes)
+// forward and backward; it returns the mean loss and the right predictions.
+func (md *Model) ForwardBackward(pixels, labels []byte) (float32, int, error) {
+	n := len(labels)
+	if n == 0 || len(pixels) != n*imageSize {
+		return 0, 0, errors.New("ForwardBackward: empty batch or pixels of the wrong size")
+	}
+	var loss C.float
+	var correct C.int32_t
+	if C.mlp_forward_backward(md.m, (*C.uint8_t)(&pixels[0]), (*C.uint8_t)(&labels[0]), C.int32_t(n),
+		&loss, &correct) != 0 {
+		return 0, 0, lastError("ForwardBackward")
+	}
+	return float32(loss), int(correct), nil
+}
+
+// Evaluate returns the number of right predictions on a batch.
+func (md *Model) Evaluate(pixels, labels []byte) (int, error) {
+	n := len(labels)
+	if n == 0 {
+		return 0, nil
+	}
+	var correct C.int32_t
+	if C.mlp_evaluate(md.m, (*C.uint8_t)(&pixels[0]), (*C.uint8_t)(&labels[0]), C.int32_t(n), &correct) != 0 {
+		return 0, lastError("Evaluate")
+	}
+	return int(correct), nil
+}
+
+// Step applies SGD with torch's momentum to every parameter that has a gradient.
+func (md *Model) Step(lr, momentum float32) error {
+	if C.mlp_sgd_step(md.m, C.float(lr), C.float(momentum)) != 0 {
+		return lastError("Step")
+	}
+	return nil
+}
+
+// Momentum returns parameter i's momentum buffer over libtorch's host memory
+// (nil before the first step).
+func (md *Model) Momentum(i int) ([]float32, error) {
+	var data unsafe.Pointer
+	if C.mlp_momentum(md.m, C.int32_t(i), &data) != 0 {
+		return nil, lastError("Momentum")
+	}
+	if data == nil {
+		return nil, nil
+	}
+	_, n, _, err := md.Param(i)
+	if err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*float32)(data), n), nil
+}

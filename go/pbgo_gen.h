@@ -1,0 +1,370 @@
+/* Generated from capi/pybridge.h by capi/gen_abi.py. Do not edit; change the header and
+ * run `make setup` (or python capi/gen_abi.py).
+ *
+ * pbgo_NAME(arguments of pb_NAME, char **msg) calls pb_NAME and, when it fails, stores a
+ * malloc'd copy of pb_last_error() in *msg (may be NULL) in the same cgo call: the message
+ * is thread-local and a goroutine may move to another OS thread between two cgo calls.
+ * Included by pbgo.h, which defines pbgo_status. */
+#ifndef PBGO_GEN_H
+#define PBGO_GEN_H
+
+static inline int pbgo_tensor_from_dlpack(const struct DLManagedTensor *src, pb_tensor *out,
+                                          char **msg) {
+	return pbgo_status(pb_tensor_from_dlpack(src, out), msg);
+}
+
+static inline int pbgo_tensor_from_dlpack_versioned(const struct DLManagedTensorVersioned *src,
+                                                    pb_tensor *out, char **msg) {
+	return pbgo_status(pb_tensor_from_dlpack_versioned(src, out), msg);
+}
+
+static inline int pbgo_init(const char *init_method, const char *backend, int32_t rank,
+                            int32_t world_size, int32_t local_rank, double timeout_seconds,
+                            pb_group **out, char **msg) {
+	return pbgo_status(pb_init(init_method, backend, rank, world_size, local_rank,
+	                           timeout_seconds, out), msg);
+}
+
+static inline int pbgo_init_v2(const char *init_method, const char *backend, int32_t rank,
+                               int32_t world_size, int32_t local_rank, double timeout_seconds,
+                               int32_t flags, double watchdog_seconds, pb_group **out, char **msg) {
+	return pbgo_status(pb_init_v2(init_method, backend, rank, world_size, local_rank,
+	                              timeout_seconds, flags, watchdog_seconds, out), msg);
+}
+
+static inline int pbgo_finalize(pb_group *group, char **msg) {
+	return pbgo_status(pb_finalize(group), msg);
+}
+
+static inline int pbgo_rank(pb_group *group, int32_t *out, char **msg) {
+	return pbgo_status(pb_rank(group, out), msg);
+}
+
+static inline int pbgo_size(pb_group *group, int32_t *out, char **msg) {
+	return pbgo_status(pb_size(group, out), msg);
+}
+
+static inline int pbgo_local_rank(pb_group *group, int32_t *out, char **msg) {
+	return pbgo_status(pb_local_rank(group, out), msg);
+}
+
+static inline int pbgo_group_split(pb_group *parent, int32_t color, int32_t key, pb_group **out,
+                                   char **msg) {
+	return pbgo_status(pb_group_split(parent, color, key, out), msg);
+}
+
+static inline int pbgo_group_new(pb_group *parent, const int32_t *ranks, int32_t n, pb_group **out,
+                                 char **msg) {
+	return pbgo_status(pb_group_new(parent, ranks, n, out), msg);
+}
+
+static inline int pbgo_group_nodes(pb_group *parent, int32_t ranks_per_node, pb_group **intra,
+                                   pb_group **cross, char **msg) {
+	return pbgo_status(pb_group_nodes(parent, ranks_per_node, intra, cross), msg);
+}
+
+static inline int pbgo_group_global_rank(pb_group *group, int32_t group_rank, int32_t *out,
+                                         char **msg) {
+	return pbgo_status(pb_group_global_rank(group, group_rank, out), msg);
+}
+
+static inline int pbgo_group_rank_of(pb_group *group, int32_t global_rank, int32_t *out,
+                                     char **msg) {
+	return pbgo_status(pb_group_rank_of(group, global_rank, out), msg);
+}
+
+static inline int pbgo_group_close(pb_group *group, char **msg) {
+	return pbgo_status(pb_group_close(group), msg);
+}
+
+static inline int pbgo_group_free(pb_group *group, char **msg) {
+	return pbgo_status(pb_group_free(group), msg);
+}
+
+static inline int pbgo_device(pb_group *group, int32_t *out, char **msg) {
+	return pbgo_status(pb_device(group, out), msg);
+}
+
+static inline int pbgo_barrier(pb_group *group, char **msg) {
+	return pbgo_status(pb_barrier(group), msg);
+}
+
+static inline int pbgo_broadcast(pb_group *group, const pb_tensor *t, int32_t root, char **msg) {
+	return pbgo_status(pb_broadcast(group, t, root), msg);
+}
+
+static inline int pbgo_all_reduce(pb_group *group, const pb_tensor *t, int32_t op, char **msg) {
+	return pbgo_status(pb_all_reduce(group, t, op), msg);
+}
+
+static inline int pbgo_all_gather(pb_group *group, const pb_tensor *input, const pb_tensor *output,
+                                  char **msg) {
+	return pbgo_status(pb_all_gather(group, input, output), msg);
+}
+
+static inline int pbgo_reduce_scatter(pb_group *group, const pb_tensor *input,
+                                      const pb_tensor *output, int32_t op, char **msg) {
+	return pbgo_status(pb_reduce_scatter(group, input, output, op), msg);
+}
+
+static inline int pbgo_send(pb_group *group, const pb_tensor *t, int32_t dst, int32_t tag,
+                            char **msg) {
+	return pbgo_status(pb_send(group, t, dst, tag), msg);
+}
+
+static inline int pbgo_recv(pb_group *group, const pb_tensor *t, int32_t src, int32_t tag,
+                            char **msg) {
+	return pbgo_status(pb_recv(group, t, src, tag), msg);
+}
+
+static inline int pbgo_buffer_new(int32_t dtype, int64_t count, int32_t device, pb_buffer **out,
+                                  char **msg) {
+	return pbgo_status(pb_buffer_new(dtype, count, device, out), msg);
+}
+
+static inline int pbgo_buffer_tensor(pb_buffer *buffer, pb_tensor *out, char **msg) {
+	return pbgo_status(pb_buffer_tensor(buffer, out), msg);
+}
+
+static inline int pbgo_buffer_close(pb_buffer *buffer, char **msg) {
+	return pbgo_status(pb_buffer_close(buffer), msg);
+}
+
+static inline int pbgo_buffer_free(pb_buffer *buffer, char **msg) {
+	return pbgo_status(pb_buffer_free(buffer), msg);
+}
+
+static inline int pbgo_broadcast_async(pb_group *group, pb_buffer *buffer, int32_t root,
+                                       pb_work **work, char **msg) {
+	return pbgo_status(pb_broadcast_async(group, buffer, root, work), msg);
+}
+
+static inline int pbgo_all_reduce_async(pb_group *group, pb_buffer *buffer, int32_t op,
+                                        pb_work **work, char **msg) {
+	return pbgo_status(pb_all_reduce_async(group, buffer, op, work), msg);
+}
+
+static inline int pbgo_all_gather_async(pb_group *group, pb_buffer *input, pb_buffer *output,
+                                        pb_work **work, char **msg) {
+	return pbgo_status(pb_all_gather_async(group, input, output, work), msg);
+}
+
+static inline int pbgo_reduce_scatter_async(pb_group *group, pb_buffer *input, pb_buffer *output,
+                                            int32_t op, pb_work **work, char **msg) {
+	return pbgo_status(pb_reduce_scatter_async(group, input, output, op, work), msg);
+}
+
+static inline int pbgo_isend(pb_group *group, pb_buffer *buffer, int32_t dst, int32_t tag,
+                             pb_work **work, char **msg) {
+	return pbgo_status(pb_isend(group, buffer, dst, tag, work), msg);
+}
+
+static inline int pbgo_irecv(pb_group *group, pb_buffer *buffer, int32_t src, int32_t tag,
+                             pb_work **work, char **msg) {
+	return pbgo_status(pb_irecv(group, buffer, src, tag, work), msg);
+}
+
+static inline int pbgo_work_wait(pb_work *work, double timeout_seconds, char **msg) {
+	return pbgo_status(pb_work_wait(work, timeout_seconds), msg);
+}
+
+static inline int pbgo_work_test(pb_work *work, int32_t *done, char **msg) {
+	return pbgo_status(pb_work_test(work, done), msg);
+}
+
+static inline int pbgo_work_close(pb_work *work, char **msg) {
+	return pbgo_status(pb_work_close(work), msg);
+}
+
+static inline int pbgo_work_free(pb_work *work, char **msg) {
+	return pbgo_status(pb_work_free(work), msg);
+}
+
+static inline int pbgo_loader_open(pb_group *group, const char *const *files, int32_t nfiles,
+                                   int64_t batch_size, int32_t partition, int32_t shuffle,
+                                   int64_t seed, int32_t drop_last, int32_t skip_corrupt,
+                                   pb_loader **out, char **msg) {
+	return pbgo_status(pb_loader_open(group, files, nfiles, batch_size, partition, shuffle,
+	                                  seed, drop_last, skip_corrupt, out), msg);
+}
+
+static inline int pbgo_loader_next(pb_loader *loader, const uint8_t **data, const int64_t **offsets,
+                                   int64_t *count, int32_t *has_batch, char **msg) {
+	return pbgo_status(pb_loader_next(loader, data, offsets, count, has_batch), msg);
+}
+
+static inline int pbgo_loader_set_epoch(pb_loader *loader, int64_t epoch, char **msg) {
+	return pbgo_status(pb_loader_set_epoch(loader, epoch), msg);
+}
+
+static inline int pbgo_loader_epoch(pb_loader *loader, int64_t *out, char **msg) {
+	return pbgo_status(pb_loader_epoch(loader, out), msg);
+}
+
+static inline int pbgo_loader_set_prefetch(pb_loader *loader, int32_t batches, char **msg) {
+	return pbgo_status(pb_loader_set_prefetch(loader, batches), msg);
+}
+
+static inline int pbgo_loader_num_batches(pb_loader *loader, int64_t *out, char **msg) {
+	return pbgo_status(pb_loader_num_batches(loader, out), msg);
+}
+
+static inline int pbgo_loader_num_records(pb_loader *loader, int64_t *out, char **msg) {
+	return pbgo_status(pb_loader_num_records(loader, out), msg);
+}
+
+static inline int pbgo_loader_corrupt_chunks(pb_loader *loader, int64_t *out, char **msg) {
+	return pbgo_status(pb_loader_corrupt_chunks(loader, out), msg);
+}
+
+static inline int pbgo_loader_close(pb_loader *loader, char **msg) {
+	return pbgo_status(pb_loader_close(loader), msg);
+}
+
+static inline int pbgo_reducer_create(pb_group *group, int32_t nparams, const int64_t *counts,
+                                      const int32_t *dtypes, const pb_reducer_options *options,
+                                      pb_reducer **out, char **msg) {
+	return pbgo_status(pb_reducer_create(group, nparams, counts, dtypes, options, out), msg);
+}
+
+static inline int pbgo_reducer_new(pb_group *group, int32_t nparams, const int64_t *counts,
+                                   const int32_t *dtypes, double bucket_cap_mb, int32_t op,
+                                   int32_t compression, int32_t flags, pb_reducer **out,
+                                   char **msg) {
+	return pbgo_status(pb_reducer_new(group, nparams, counts, dtypes, bucket_cap_mb, op,
+	                                  compression, flags, out), msg);
+}
+
+static inline int pbgo_reducer_grad(pb_reducer *reducer, int32_t index, pb_tensor *out,
+                                    char **msg) {
+	return pbgo_status(pb_reducer_grad(reducer, index, out), msg);
+}
+
+static inline int pbgo_reducer_grads(pb_reducer *reducer, int32_t n, pb_tensor *out, char **msg) {
+	return pbgo_status(pb_reducer_grads(reducer, n, out), msg);
+}
+
+static inline int pbgo_reducer_generation(pb_reducer *reducer, int64_t *out, char **msg) {
+	return pbgo_status(pb_reducer_generation(reducer, out), msg);
+}
+
+static inline int pbgo_reducer_mark_ready(pb_reducer *reducer, int32_t index, char **msg) {
+	return pbgo_status(pb_reducer_mark_ready(reducer, index), msg);
+}
+
+static inline int pbgo_reducer_wait(pb_reducer *reducer, double timeout_seconds, char **msg) {
+	return pbgo_status(pb_reducer_wait(reducer, timeout_seconds), msg);
+}
+
+static inline int pbgo_reducer_set_hook(pb_reducer *reducer, int32_t hook, int32_t rank,
+                                        int32_t flags, char **msg) {
+	return pbgo_status(pb_reducer_set_hook(reducer, hook, rank, flags), msg);
+}
+
+static inline int pbgo_reducer_set_gossip(pb_reducer *reducer, int32_t topology,
+                                          int32_t ranks_per_node, int64_t seed, int32_t sync_every,
+                                          char **msg) {
+	return pbgo_status(pb_reducer_set_gossip(reducer, topology, ranks_per_node, seed,
+	                                         sync_every), msg);
+}
+
+static inline int pbgo_reducer_set_shapes(pb_reducer *reducer, int32_t nparams,
+                                          const int32_t *ndims, const int64_t *dims, char **msg) {
+	return pbgo_status(pb_reducer_set_shapes(reducer, nparams, ndims, dims), msg);
+}
+
+static inline int pbgo_reducer_zero(pb_reducer *reducer, char **msg) {
+	return pbgo_status(pb_reducer_zero(reducer), msg);
+}
+
+static inline int pbgo_reducer_close(pb_reducer *reducer, char **msg) {
+	return pbgo_status(pb_reducer_close(reducer), msg);
+}
+
+static inline int pbgo_reducer_free(pb_reducer *reducer, char **msg) {
+	return pbgo_status(pb_reducer_free(reducer), msg);
+}
+
+static inline int pbgo_broadcast_params(pb_group *group, int32_t n, const pb_tensor *tensors,
+                                        int32_t root, char **msg) {
+	return pbgo_status(pb_broadcast_params(group, n, tensors, root), msg);
+}
+
+static inline int pbgo_checkpoint_save(const char *directory, int64_t step, int32_t n,
+                                       const char *const *names, const pb_tensor *tensors,
+                                       pb_loader *loader, pb_reducer *reducer, int32_t keep,
+                                       char **msg) {
+	return pbgo_status(pb_checkpoint_save(directory, step, n, names, tensors, loader, reducer,
+	                                      keep), msg);
+}
+
+static inline int pbgo_checkpoint_restore(pb_group *group, const char *directory, int32_t n,
+                                          const char *const *names, const pb_tensor *tensors,
+                                          pb_loader *loader, pb_reducer *reducer, int64_t *step,
+                                          char **msg) {
+	return pbgo_status(pb_checkpoint_restore(group, directory, n, names, tensors, loader,
+	                                         reducer, step), msg);
+}
+
+static inline int pbgo_fed_server_new(pb_group *group, int32_t mode, double timeout_seconds,
+                                      int32_t requeue, pb_fed_server **out, char **msg) {
+	return pbgo_status(pb_fed_server_new(group, mode, timeout_seconds, requeue, out), msg);
+}
+
+static inline int pbgo_fed_server_start_round(pb_fed_server *server, const int64_t *clients,
+                                              int64_t n, const pb_tensor *model, int32_t command,
+                                              char **msg) {
+	return pbgo_status(pb_fed_server_start_round(server, clients, n, model, command), msg);
+}
+
+static inline int pbgo_fed_server_next_result(pb_fed_server *server, pb_fed_result *out,
+                                              int32_t *has_result, char **msg) {
+	return pbgo_status(pb_fed_server_next_result(server, out, has_result), msg);
+}
+
+static inline int pbgo_fed_server_result_payload(pb_fed_server *server, const pb_tensor *out,
+                                                 char **msg) {
+	return pbgo_status(pb_fed_server_result_payload(server, out), msg);
+}
+
+static inline int pbgo_fed_server_aggregate(pb_fed_server *server, double lr,
+                                            const pb_tensor *model, int32_t *clients, char **msg) {
+	return pbgo_status(pb_fed_server_aggregate(server, lr, model, clients), msg);
+}
+
+static inline int pbgo_fed_server_close(pb_fed_server *server, char **msg) {
+	return pbgo_status(pb_fed_server_close(server), msg);
+}
+
+static inline int pbgo_fed_worker_new(pb_group *group, pb_fed_worker **out, char **msg) {
+	return pbgo_status(pb_fed_worker_new(group, out), msg);
+}
+
+static inline int pbgo_fed_worker_next_task(pb_fed_worker *worker, pb_fed_task *task,
+                                            int32_t *has_task, char **msg) {
+	return pbgo_status(pb_fed_worker_next_task(worker, task, has_task), msg);
+}
+
+static inline int pbgo_fed_worker_task_model(pb_fed_worker *worker, const pb_tensor *out,
+                                             char **msg) {
+	return pbgo_status(pb_fed_worker_task_model(worker, out), msg);
+}
+
+static inline int pbgo_fed_worker_submit(pb_fed_worker *worker, const pb_tensor *result,
+                                         int64_t samples, char **msg) {
+	return pbgo_status(pb_fed_worker_submit(worker, result, samples), msg);
+}
+
+static inline int pbgo_fed_worker_fail(pb_fed_worker *worker, const char *message, char **msg) {
+	return pbgo_status(pb_fed_worker_fail(worker, message), msg);
+}
+
+static inline int pbgo_fed_worker_close(pb_fed_worker *worker, char **msg) {
+	return pbgo_status(pb_fed_worker_close(worker), msg);
+}
+
+static inline int pbgo_fed_worker_free(pb_fed_worker *worker, char **msg) {
+	return pbgo_status(pb_fed_worker_free(worker), msg);
+}
+
+#endif /* PBGO_GEN_H */

@@ -1,0 +1,204 @@
+"""DLPack: other frameworks' tensors in the collectives, zero-copy.
+
+- pybridge.dlpack.describe reads DLManagedTensor / DLManagedTensorVersioned as torch
+  produces them, and refuses, naming the field, what the collectives cannot use;
+- pb_tensor_from_dlpack(_versioned) through the C ABI, and from a C program compiled
+  against torch's dlpack.h, then an allreduce in place on the producer's memory;
+- Python collectives take any object with __dlpack__.
+"""
+
+import ctypes
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from torch.utils import dlpack as torch_dlpack
+
+from capi_loader import LIB_PATH, ROOT, load
+from ranks import free_port, run_ranks
+
+import pybridge
+from pybridge import abi, dlpack
+from pybridge.errors import InvalidArgument
+
+_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_get_pointer.restype = ctypes.c_void_p
+_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def capsule_address(t, versioned=False):
+    """(address of the DLManagedTensor[Versioned] torch exports for t, the capsule keeping it)."""
+    if versioned:
+        cap = t.__dlpack__(max_version=(1, 0))
+        return _get_pointer(cap, b"dltensor_versioned"), cap
+    cap = torch_dlpack.to_dlpack(t)
+    return _get_pointer(cap, b"dltensor"), cap
+
+
+@pytest.mark.parametrize("versioned", [False, True])
+@pytest.mark.parametrize("dtype,code", [(torch.float32, abi.PB_FLOAT32), (torch.float64, abi.PB_FLOAT64),
+                                        (torch.float16, abi.PB_FLOAT16), (torch.bfloat16, abi.PB_BFLOAT16),
+                                        (torch.int8, abi.PB_INT8), (torch.uint8, abi.PB_UINT8),
+                                        (torch.int32, abi.PB_INT32), (torch.int64, abi.PB_INT64)])
+def test_describe_torch_tensors(dtype, code, versioned):
+    t = torch.zeros(3, 4, dtype=dtype)
+    address, cap = capsule_address(t, versioned)
+    assert dlpack.describe(address, versioned) == (t.data_ptr(), 12, code, abi.PB_CPU)
+    # A slice that starts inside the storage: data + byte_offset is where it begins.
+    row = t[1]
+    address, cap = capsule_address(row, versioned)
+    assert dlpack.describe(address, versioned)[:2] == (row.data_ptr(), 4)
+    del cap
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda: torch.zeros(3, 4).t(), "not contiguous"),
+    (lambda: torch.zeros(4, 3)[:, 1], "not contiguous"),
+    (lambda: torch.zeros(3, dtype=torch.bool), "kDLBool"),
+    (lambda: torch.zeros(3, dtype=torch.complex64), "kDLComplex"),
+    (lambda: torch.zeros(3, dtype=torch.int16), "kDLInt with 16 bits"),
+])
+def test_describe_refuses_by_name(make, words):
+    address, cap = capsule_address(make())
+    with pytest.raises(InvalidArgument, match=words):
+        dlpack.describe(address)
+
+
+def test_dimensions_of_size_one_may_have_any_stride():
+    t = torch.zeros(4, 1, 3)
+    address, cap = capsule_address(t.as_strided((4, 1, 3), (3, 99, 1)))
+    assert dlpack.describe(address)[1] == 12
+
+
+def _hand_made(device_type=1, device_id=0, code=2, bits=32, lanes=1, version=1, flags=0):
+    """A DLManagedTensorVersioned built field by field (what a C producer would hand over)."""
+    data = (ctypes.c_float * 6)()
+    shape = (ctypes.c_int64 * 2)(2, 3)
+    m = dlpack._ManagedVersioned()
+    m.version.major, m.version.minor, m.flags = version, 0, flags
+    t = m.dl_tensor
+    t.data = ctypes.addressof(data)
+    t.device.device_type, t.device.device_id = device_type, device_id
+    t.ndim, t.shape, t.strides, t.byte_offset = 2, shape, None, 0
+    t.dtype.code, t.dtype.bits, t.dtype.lanes = code, bits, lanes
+    return m, (data, shape)
+
+
+def test_hand_made_versioned_tensor_and_its_refusals():
+    m, keep = _hand_made()
+    assert dlpack.describe(ctypes.addressof(m), True) == (ctypes.addressof(keep[0]), 6, abi.PB_FLOAT32, abi.PB_CPU)
+    m, keep = _hand_made(device_type=3)  # pinned host memory
+    assert dlpack.describe(ctypes.addressof(m), True)[3] == abi.PB_CPU
+    m, keep = _hand_made(device_type=2, device_id=1)
+    assert dlpack.describe(ctypes.addressof(m), True)[3] == 1
+    for kwargs, words in [({"flags": 1}, "read-only"), ({"version": 2}, "version 2.0"),
+                          ({"device_type": 10}, "kDLROCM"), ({"device_type": 13}, "kDLCUDAManaged"),
+                          ({"lanes": 4}, "4 lanes"), ({"device_type": 2, "device_id": -1}, "negative device_id")]:
+        m, keep = _hand_made(**kwargs)
+        with pytest.raises(InvalidArgument, match=words):
+            dlpack.describe(ctypes.addressof(m), True)
+    with pytest.raises(InvalidArgument, match="NULL"):
+        dlpack.describe(0)
+
+
+# ---- through the C ABI ---------------------------------------------------------------------
+
+pytestmark_capi = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
+
+
+def abi_dlpack_all_reduce(rank, world):
+    ffi, lib = load()
+    gp = ffi.new("pb_group **")
+    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 20.0, gp) == 0, ffi.string(lib.pb_last_error())
+    g = gp[0]
+    results = {}
+    for versioned in (False, True):
+        t = torch.arange(6, dtype=torch.float64).reshape(2, 3) * (rank + 1)
+        address, cap = capsule_address(t, versioned)
+        desc = ffi.new("pb_tensor *")
+        convert = lib.pb_tensor_from_dlpack_versioned if versioned else lib.pb_tensor_from_dlpack
+        src = ffi.cast("struct DLManagedTensorVersioned *" if versioned else "struct DLManagedTensor *", address)
+        assert convert(src, desc) == 0, ffi.string(lib.pb_last_error())
+        assert int(ffi.cast("uintptr_t", desc.data)) == t.data_ptr() and desc.count == 6
+        assert desc.dtype == lib.PB_FLOAT64 and desc.device == lib.PB_CPU
+        assert lib.pb_all_reduce(g, desc, lib.PB_SUM) == 0, ffi.string(lib.pb_last_error())
+        results[versioned] = t.flatten().tolist()  # the producer's tensor holds the sum: no copy
+    bad = torch.zeros(3, 4).t()
+    address, cap = capsule_address(bad)
+    desc = ffi.new("pb_tensor *")
+    rc = lib.pb_tensor_from_dlpack(ffi.cast("struct DLManagedTensor *", address), desc)
+    message = ffi.string(lib.pb_last_error()).decode()
+    assert lib.pb_tensor_from_dlpack(ffi.NULL, desc) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_finalize(g) == 0
+    return results, rc, message
+
+
+@pytestmark_capi
+def test_c_abi_converts_and_reduces_in_place_on_two_ranks():
+    out = run_ranks(abi_dlpack_all_reduce, 2)
+    want = [float(v * 3) for v in range(6)]
+    for results, rc, message in out:
+        assert results == {False: want, True: want}
+        assert rc == abi.PB_ERR_INVALID_ARGUMENT and "not contiguous" in message
+
+
+@pytestmark_capi
+def test_from_a_c_program_with_torchs_dlpack_header(tmp_path):
+    from torch.utils import cpp_extension
+    exe = tmp_path / "dlpack"
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
+                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.dirname(LIB_PATH)})
+    aten = os.path.join(cpp_extension.include_paths()[0], "ATen")  # the wheel's dlpack.h
+    subprocess.run(["gcc", "-Wall", "-Werror", "-I", aten, "-o", str(exe), os.path.join(ROOT, "tests/c/dlpack.c"),
+                    *flags.stdout.split()], check=True)
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    run = subprocess.run([str(exe), str(free_port())], capture_output=True, text=True, timeout=60, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "dlpack: 0 failed checks" in run.stdout
+    assert run.stdout.count("\nok ") >= 8
+
+
+# ---- Python: any object with __dlpack__ ----------------------------------------------------
+
+class Foreign:
+    """Another framework's array: only the DLPack protocol, over memory it owns."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def __dlpack__(self, **kwargs):
+        return self._t.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+def python_dlpack(rank, world):
+    pybridge.init(backend="gloo")
+    try:
+        owned = torch.full((4,), float(rank + 1))
+        pybridge.all_reduce(Foreign(owned), pybridge.SUM)
+        strided = Foreign(torch.zeros(4, 4).t())
+        try:
+            pybridge.all_reduce(strided)
+            refused = None
+        except InvalidArgument as exc:
+            refused = str(exc)
+        return owned.tolist(), refused
+    finally:
+        pybridge.finalize()
+
+
+def test_python_collectives_take_dlpack_objects_in_place():
+    for values, refused in run_ranks(python_dlpack, 2):
+        assert values == [3.0] * 4
+        assert refused is not None and "contiguous" in refused
+
+
+def test_numpy_through_dlpack_shares_memory():
+    a = np.arange(4, dtype=np.float32)
+    t = pybridge.buffers.as_tensor(Foreign(torch.from_numpy(a)))
+    t += 1
+    assert a.tolist() == [1, 2, 3, 4]
