@@ -25,7 +25,7 @@ TORCH_CGO = CGO_CXXFLAGS="$(shell $(PYTHON) -c 'from torch.utils import cpp_exte
 	CGO_LDFLAGS="$(shell $(PYTHON) -c 'from torch.utils import cpp_extension as c; print(" ".join("-L%s -Wl,-rpath,%s" % (p, p) for p in c.library_paths()))')"
 LIB := $(BUILD)/libpybridge.so
 
-.PHONY: setup test test-python test-go demo demo-real demo-gotorch demo-collectives bench clean
+.PHONY: setup test test-python test-go lint ruff go-lint go-test demo demo-real demo-gotorch demo-collectives bench clean
 
 setup: $(LIB)
 
@@ -48,17 +48,48 @@ $(GENERATED): capi/pybridge.h capi/gen_abi.py pybridge/_capi_gen.py
 $(LIB): $(DEPS_STAMP) $(GENERATED) capi/pybridge.h capi/build.py $(wildcard pybridge/_capi_*)
 	$(PYTHON) capi/build.py --out $(BUILD)
 
-test: test-python test-go
+# `make test`: lint, then the Go tests in the background while pytest runs (both mostly
+# wait on multi-rank rendezvous and timeouts, so they overlap well on 2 cores); the Go
+# output is kept in $(GO_LOG) and printed after pytest's. `make test-python` and
+# `make test-go` run either part alone.
+GO_LOG := $(BUILD)/go-test.log
+test: setup lint
+	@echo "== go test runs beside pytest; its output follows pytest's"
+	@$(MAKE) --no-print-directory go-test >$(GO_LOG) 2>&1 & gopid=$$!; \
+	$(PYTHON) -m pytest -q $(PYTEST_ARGS); py=$$?; \
+	wait $$gopid; gt=$$?; \
+	echo "== go test (ran beside pytest)"; cat $(GO_LOG); \
+	[ $$py -eq 0 ] || echo "make test: pytest failed (exit status $$py)"; \
+	[ $$gt -eq 0 ] || echo "make test: go test failed (exit status $$gt)"; \
+	[ $$py -eq 0 ] && [ $$gt -eq 0 ]
 
-test-python: setup
-	$(PYTHON) -m ruff check pybridge tests bench examples capi
-	$(PYTHON) -m pytest -q
+# pytest's worker processes (pytest-xdist). Most multi-rank tests wait (rendezvous,
+# timeouts, the launcher), so more workers than cores: 3 on 2 cores (docs/testing.md).
+# A file's tests stay on one worker, so its module fixtures run once; files go out in
+# collection order, slowest first (tests/conftest.py), not xdist's order by test count.
+# -p no:benchmark: pytest-benchmark, where installed, warns in every worker; no test uses it.
+PYTEST_WORKERS ?= 3
+PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -p no:benchmark
+
+test-python: ruff
+	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
 
 GO_MODULES := go examples/mnist examples/gotorch bench/collectives_go $(wildcard bench/*_go)
-test-go: setup
+test-go: setup go-lint go-test
+
+lint: ruff go-lint
+
+ruff: setup
+	$(PYTHON) -m ruff check pybridge tests bench examples capi
+
+go-lint: setup
 	@for m in $(sort $(GO_MODULES)); do echo "== $$m"; (cd $$m && $(TORCH_CGO) $(GO) vet ./...) || exit 1; done
 	@out=$$($$($(GO) env GOROOT)/bin/gofmt -l $(sort $(GO_MODULES))); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
-	cd go && $(GO) test -count=1 -timeout 300s ./...
+
+# The package timeout is a hang guard for the whole test binary: generous, because under
+# `make test` the Go tests share the 2 cores with pytest. Each multi-rank test has its own deadline.
+go-test: setup
+	cd go && $(GO) test -count=1 -timeout 600s ./...
 	cd examples/mnist && $(GO) test -count=1 -timeout 120s ./...
 	cd examples/gotorch && $(TORCH_CGO) $(GO) test -count=1 -timeout 120s ./...
 

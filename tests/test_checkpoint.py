@@ -205,32 +205,39 @@ def _assert_each_record_once(lines, records, epochs):
 RECORDS, BATCH, EPOCHS = 400, 4, 2  # 2 ranks: 50 steps per epoch, no padding
 
 
+def _run(rank, world, argv):
+    return resume_train.train(resume_train.parse(argv))
+
+
 def test_crash_at_step_37_restarted_by_the_launcher_ends_with_the_uninterrupted_weights(tmp_path):
     data = resume_train.write_dataset(str(tmp_path), RECORDS)
     runs = {}
-    for name, extra in (("plain", []), ("crash", ["--crash-at", "37"])):
-        d = tmp_path / name
-        d.mkdir()
-        rc, out, _ = launch(["--nproc-per-node", "2", "--max-restarts", "1", SCRIPT, "--data", *data,
-                             "--ckpt", str(d / "ck-{rank}"), "--steplog", str(d / "log"), "--out", str(d / "w.pt"),
-                             "--epochs", str(EPOCHS), "--batch", str(BATCH), *extra], timeout=240)
-        assert rc == 0, out
-        runs[name] = (torch.load(d / "w.pt"), _steps(str(d / "log"), 2), out)
-    (plain, plain_lines, _), (crash, crash_lines, out) = runs["plain"], runs["crash"]
+
+    def argv(d):
+        return ["--data", *data, "--ckpt", str(d / "ck-{rank}"), "--steplog", str(d / "log"), "--out", str(d / "w.pt"),
+                "--epochs", str(EPOCHS), "--batch", str(BATCH)]
+
+    # The reference needs no launcher (the same training function on 2 ranks, uninterrupted);
+    # the crash and its restart are the launcher's.
+    for name in ("plain", "crash"):
+        (tmp_path / name).mkdir()
+    total = EPOCHS * RECORDS // (2 * BATCH)
+    assert run_ranks(_run, 2, argv(tmp_path / "plain"), timeout=180) == [total] * 2
+    rc, out, _ = launch(["--nproc-per-node", "2", "--max-restarts", "1", SCRIPT, *argv(tmp_path / "crash"),
+                         "--crash-at", "37"], timeout=240)
+    assert rc == 0, out
+    for name in ("plain", "crash"):
+        runs[name] = (torch.load(tmp_path / name / "w.pt"), _steps(str(tmp_path / name / "log"), 2))
+    (plain, plain_lines), (crash, crash_lines) = runs["plain"], runs["crash"]
     assert "rank 0: attempt 1 world 2 resumed at step 36 from rank 0" in out, out
     assert {ln["attempt"] for ln in crash_lines} == {0, 1}
     assert max(ln["step"] for ln in crash_lines if ln["attempt"] == 0) == 36  # died in step 37
-    total = EPOCHS * RECORDS // (2 * BATCH)
     assert plain["step"] == crash["step"] == total
     assert plain["iterations"] == crash["iterations"] == total  # the reducer's counter was restored
     for k, w in plain["weights"].items():
         torch.testing.assert_close(crash["weights"][k], w, rtol=0, atol=1e-6)
     _assert_each_record_once(_kept(crash_lines, [0, 36]), RECORDS, EPOCHS)
     _assert_each_record_once(plain_lines, RECORDS, EPOCHS)
-
-
-def _run(rank, world, argv):
-    return resume_train.train(resume_train.parse(argv))
 
 
 def test_four_ranks_stopped_at_step_50_resume_on_two(tmp_path):

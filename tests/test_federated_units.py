@@ -74,3 +74,58 @@ def test_fedavg_misuse_is_refused():
         FedAvg([])
     with pytest.raises(InvalidArgument, match="one floating-point dtype"):
         FedAvg([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
+
+
+class _FakeServer:
+    """Stands in for a Server: each run_round yields the Results queued for it."""
+
+    def __init__(self, rounds):
+        self.rounds, self.round, self.sent, self.closed = list(rounds), 0, [], False
+
+    def run_round(self, clients, model, *, evaluate=False):
+        if len(set(clients)) != len(clients):
+            raise InvalidArgument("listed more than once")
+        self.round += 1
+        self.sent.append((list(clients), model.clone(), evaluate))
+        return iter(self.rounds.pop(0))
+
+    def close(self):
+        self.closed = True
+
+
+def test_fedavg_rounds_keep_their_model_copy_and_step_at_the_round_lr():
+    from pybridge.federated import FedAvgRounds
+    server = _FakeServer([
+        [_result(0, torch.full((4,), 2.0), 1), _result(1, torch.full((4,), 4.0), 3)],
+        [_result(0, torch.ones(4), 1), _result(2, torch.zeros(2), 5, EVALUATE)],
+    ])
+    rounds = FedAvgRounds(server)
+    assert not rounds.started
+    with pytest.raises(InvalidArgument, match="no round"):
+        rounds.next_result()
+    model = torch.full((2, 2), 10.0)
+    rounds.start([0, 1], model)
+    model.fill_(-1.0)  # the caller's buffer may change: the round has its own copy
+    assert rounds.started and server.sent[0][1].tolist() == [10.0] * 4
+    assert [r.client for r in rounds] == [0, 1] and rounds.next_result() is None
+    with pytest.raises(InvalidArgument, match="must match the round's model"):
+        rounds.aggregate(1.0, out=torch.zeros(3))
+    with pytest.raises(InvalidArgument, match="lr"):
+        rounds.aggregate(0.0, out=model)
+    assert rounds.aggregate(0.5, out=model) == 2  # the mean update is (2*1 + 4*3) / 4 = 3.5
+    assert model.tolist() == [[10 - 0.5 * 3.5] * 2] * 2 and rounds.model.tolist() == [8.25] * 4
+    with pytest.raises(InvalidArgument, match="no samples"):  # the round was applied
+        rounds.aggregate(1.0, out=model)
+    # train_round: start, every result (evaluations are not summed), aggregate into model
+    assert rounds.train_round([0, 2], model, lr=1.0) == 1
+    assert model.tolist() == [[7.25] * 2] * 2 and server.sent[1][0] == [0, 2]
+    with pytest.raises(InvalidArgument, match="floating-point"):
+        rounds.start([0], torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(InvalidArgument, match="more than once"):
+        rounds.start([1, 1], model)
+    assert not rounds.started  # a start the server refused leaves no round to aggregate
+    with pytest.raises(InvalidArgument, match="no round"):
+        rounds.aggregate(1.0)
+    with rounds:
+        pass
+    assert server.closed

@@ -1,17 +1,14 @@
 """C ABI functions for federated training (capi/pybridge.h, section "Federated training").
 
-Conversion only: the protocol, the server's assignment and FedAvg live in
-pybridge/federated/. A server handle keeps the round's result iterator, the last result's
-payload (until the next pull) and its own copy of the round's model, which FedAvg updates;
-a worker handle keeps its open task. Caller memory is read or written during a call only.
+Conversion only: the protocol, the server's assignment, its model copy and FedAvg live in
+pybridge/federated/ (FedAvgRounds). A server handle keeps the last result's payload (until
+the next pull), a worker handle its open task. Caller memory is read or written during a
+call only.
 """
 
-import torch
-
 from .. import abi, capi, dtypes
-from ..checks import positive_finite
 from ..errors import InvalidArgument, WorkerFailed
-from ..federated import EVALUATE, TRAIN, FedAvg, Server, Worker
+from ..federated import EVALUATE, TRAIN, FedAvgRounds, Server, Worker
 from . import flag, handles, live_group, tensor
 
 MODES = {abi.PB_FED_ASYNC: "async", abi.PB_FED_SYNC: "sync"}
@@ -19,12 +16,9 @@ COMMANDS = (TRAIN, EVALUATE)  # the header's PB_FED_TRAIN and PB_FED_EVALUATE
 
 
 class FedServer:
-    def __init__(self, server):
-        self.server = server
-        self.results = None  # the current round's iterator
+    def __init__(self, rounds):
+        self.rounds = rounds  # the core's FedAvgRounds: the server, its model copy, the round's FedAvg
         self.payload = None  # the last result's payload, until the next pull
-        self.model = None    # the server's copy of the round's model: FedAvg's parameter
-        self.avg = None      # the round's FedAvg (a fresh one each round)
 
 
 class FedWorker:
@@ -66,10 +60,14 @@ def pb_fed_server_new(group, mode, timeout, requeue, out):
     requeue = flag(requeue, "requeue")
     s = Server(g, mode=MODES[mode], timeout=None if timeout <= 0 else timeout, requeue=requeue)
     try:
-        handles.add(FedServer(s), "pb_fed_server *", out)
+        handles.add(FedServer(FedAvgRounds(s)), "pb_fed_server *", out)
     except BaseException:
         s.close()
         raise
+
+
+def _no_round():
+    return InvalidArgument("no round was started: call pb_fed_server_start_round first")
 
 
 def pb_fed_server_start_round(server, clients, n, model, command):
@@ -82,16 +80,8 @@ def pb_fed_server_start_round(server, clients, n, model, command):
     if n and clients == capi.ffi.NULL:
         raise InvalidArgument(f"clients is NULL with n = {n}")
     m = tensor(model, "model")
-    if not m.dtype.is_floating_point:
-        raise InvalidArgument(f"the model must have a floating-point dtype, got {m.dtype}")
-    ids = [int(clients[i]) for i in range(n)]
-    if s.model is None or s.model.numel() != m.numel() or s.model.dtype != m.dtype \
-            or s.model.device != m.device:
-        s.model = torch.empty(m.numel(), dtype=m.dtype, device=m.device)
-    s.model.copy_(m)
-    s.results = s.payload = s.avg = None  # an earlier round's are of no use now
-    s.results = s.server.run_round(ids, s.model, evaluate=command == abi.PB_FED_EVALUATE)
-    s.avg = FedAvg([s.model], torch.optim.SGD([s.model], lr=1.0))
+    s.payload = None
+    s.rounds.start([int(clients[i]) for i in range(n)], m, evaluate=command == abi.PB_FED_EVALUATE)
 
 
 def pb_fed_server_next_result(server, out, has_result):
@@ -101,19 +91,17 @@ def pb_fed_server_next_result(server, out, has_result):
     out.command, out.worker, out.round, out.client = 0, -1, 0, -1
     out.samples, out.length, out.dtype, out.reserved, out.seconds = 0, 0, 0, 0, 0.0
     s.payload = None
-    if s.results is None:
-        raise InvalidArgument("no round was started: call pb_fed_server_start_round first")
+    if not s.rounds.started:
+        raise _no_round()
     try:
-        r = next(s.results, None)
+        r = s.rounds.next_result()
     except WorkerFailed as exc:
-        out.round = s.server.round
+        out.round = s.rounds.server.round
         out.worker = -1 if exc.worker is None else exc.worker
         out.client = -1 if exc.client is None else exc.client
         raise
     if r is None:
         return
-    if r.command == TRAIN:
-        s.avg.add(r)
     out.command, out.worker, out.round, out.client = r.command, r.worker, r.round, r.client
     out.samples, out.length, out.dtype, out.seconds = r.samples, r.payload.numel(), dtypes.code(r.payload.dtype), \
         r.seconds
@@ -130,24 +118,17 @@ def pb_fed_server_result_payload(server, out):
 
 def pb_fed_server_aggregate(server, lr, model, clients):
     s = _server(server)
-    if s.avg is None:
-        raise InvalidArgument("no round was started: call pb_fed_server_start_round first")
-    lr = positive_finite("lr", lr)
-    t = tensor(model, "model")
-    if t.numel() != s.model.numel() or t.dtype != s.model.dtype:
-        raise InvalidArgument(f"model must match the round's model ({s.model.numel()} x {s.model.dtype}); "
-                              f"got {t.numel()} x {t.dtype}")
-    s.avg.optimizer.param_groups[0]["lr"] = lr
-    count = s.avg.step()
-    t.copy_(s.model)
+    if not s.rounds.started:
+        raise _no_round()
+    count = s.rounds.aggregate(lr, out=tensor(model, "model"))
     if clients != capi.ffi.NULL:
         clients[0] = count
 
 
 def pb_fed_server_close(server):
     s = handles.remove(server, FedServer, "server")
-    s.results = s.payload = s.avg = None
-    s.server.close()
+    s.payload = None
+    s.rounds.close()
 
 
 # ---- worker ------------------------------------------------------------------------------
