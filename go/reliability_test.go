@@ -74,7 +74,7 @@ func roleMismatch() error {
 	if odd {
 		params = append(params, make([]float32, 2))
 	}
-	if err := want("broadcast params", pybridge.BroadcastParams(g, params, 0), "ranks [1] pass 2 tensors"); err != nil {
+	if err := want("broadcast params", pybridge.BroadcastParams(g, params, 0), "rank 1 pass 2 tensors (root 0)"); err != nil {
 		return err
 	}
 	sum := []float32{float32(g.Rank() + 1)}
