@@ -7,6 +7,7 @@ call only.
 """
 
 from .. import abi, capi, dtypes
+from ..checks import integer
 from ..errors import InvalidArgument, WorkerFailed
 from ..federated import EVALUATE, TRAIN, FedAvgRounds, Server, Worker
 from . import flag, handles, live_group, tensor
@@ -75,8 +76,7 @@ def pb_fed_server_start_round(server, clients, n, model, command):
     if command not in COMMANDS:
         raise InvalidArgument(f"command must be PB_FED_TRAIN ({abi.PB_FED_TRAIN}) or PB_FED_EVALUATE "
                               f"({abi.PB_FED_EVALUATE}), got {command}")
-    if n < 0:
-        raise InvalidArgument(f"n must be >= 0, got {n}")
+    integer("n", n, low=0)
     if n and clients == capi.ffi.NULL:
         raise InvalidArgument(f"clients is NULL with n = {n}")
     m = tensor(model, "model")

@@ -14,6 +14,7 @@ import torch
 
 from .. import dtypes
 from .. import group as _group
+from ..checks import integer
 from ..errors import Closed, CommError, CorruptData, InvalidArgument
 from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE, Header,
                        Links, encode_message, flat)
@@ -129,8 +130,7 @@ class Worker:
 
     def _payload(self, task, result, samples):
         self._check_task(task)
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
-            raise InvalidArgument(f"samples must be a non-negative integer, got {samples!r}")
+        integer("samples", samples, low=0)
         result = flat(result, "result")
         if task.command == TRAIN:
             if result.numel() != self._model.numel() or result.dtype != self._model.dtype:
