@@ -268,6 +268,23 @@ int pb_reduce_scatter_async(pb_group *group, pb_buffer *input, pb_buffer *output
 int pb_isend(pb_group *group, pb_buffer *buffer, int32_t dst, int32_t tag, pb_work **work);
 int pb_irecv(pb_group *group, pb_buffer *buffer, int32_t src, int32_t tag, pb_work **work);
 
+/* ---- Asynchronous operations on caller-owned memory ---------------------------------- */
+/* The same operations on memory the caller owns and keeps (a libtorch or CUDA tensor,
+ * malloc'd memory, a DLPack tensor), described by a pb_tensor: the descriptor is read
+ * during the call, the memory it describes is kept and used until the work completes.
+ * The caller must keep that memory valid, and neither read nor write it, until
+ * pb_work_wait returns or pb_work_test reports done (for a send: must not write it).
+ * Not for memory a garbage collector may move or free (Go slices: use pb_buffer).
+ * Errors as for the synchronous calls, checked before anything starts. */
+int pb_all_reduce_tensor_async(pb_group *group, const pb_tensor *t, int32_t op, pb_work **work);
+int pb_broadcast_tensor_async(pb_group *group, const pb_tensor *t, int32_t root, pb_work **work);
+int pb_all_gather_tensor_async(pb_group *group, const pb_tensor *input, const pb_tensor *output,
+                               pb_work **work);
+int pb_reduce_scatter_tensor_async(pb_group *group, const pb_tensor *input, const pb_tensor *output,
+                                   int32_t op, pb_work **work);
+int pb_isend_tensor(pb_group *group, const pb_tensor *t, int32_t dst, int32_t tag, pb_work **work);
+int pb_irecv_tensor(pb_group *group, const pb_tensor *t, int32_t src, int32_t tag, pb_work **work);
+
 /* Wait for the operation; timeout_seconds <= 0 waits up to the group's timeout.
  * Returns the operation's own status (e.g. PB_ERR_COMM if a peer died) once done.
  * PB_ERR_TIMEOUT when timeout_seconds pass first means "not finished yet": the

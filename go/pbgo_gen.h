@@ -164,6 +164,38 @@ static inline int pbgo_irecv(pb_group *group, pb_buffer *buffer, int32_t src, in
 	return pbgo_status(pb_irecv(group, buffer, src, tag, work), msg);
 }
 
+static inline int pbgo_all_reduce_tensor_async(pb_group *group, const pb_tensor *t, int32_t op,
+                                               pb_work **work, char **msg) {
+	return pbgo_status(pb_all_reduce_tensor_async(group, t, op, work), msg);
+}
+
+static inline int pbgo_broadcast_tensor_async(pb_group *group, const pb_tensor *t, int32_t root,
+                                              pb_work **work, char **msg) {
+	return pbgo_status(pb_broadcast_tensor_async(group, t, root, work), msg);
+}
+
+static inline int pbgo_all_gather_tensor_async(pb_group *group, const pb_tensor *input,
+                                               const pb_tensor *output, pb_work **work,
+                                               char **msg) {
+	return pbgo_status(pb_all_gather_tensor_async(group, input, output, work), msg);
+}
+
+static inline int pbgo_reduce_scatter_tensor_async(pb_group *group, const pb_tensor *input,
+                                                   const pb_tensor *output, int32_t op,
+                                                   pb_work **work, char **msg) {
+	return pbgo_status(pb_reduce_scatter_tensor_async(group, input, output, op, work), msg);
+}
+
+static inline int pbgo_isend_tensor(pb_group *group, const pb_tensor *t, int32_t dst, int32_t tag,
+                                    pb_work **work, char **msg) {
+	return pbgo_status(pb_isend_tensor(group, t, dst, tag, work), msg);
+}
+
+static inline int pbgo_irecv_tensor(pb_group *group, const pb_tensor *t, int32_t src, int32_t tag,
+                                    pb_work **work, char **msg) {
+	return pbgo_status(pb_irecv_tensor(group, t, src, tag, work), msg);
+}
+
 static inline int pbgo_work_wait(pb_work *work, double timeout_seconds, char **msg) {
 	return pbgo_status(pb_work_wait(work, timeout_seconds), msg);
 }

@@ -17,16 +17,20 @@ type Float interface {
 	~float32 | ~float64 | Float16 | BFloat16
 }
 
-// DType is the element type of a reducer parameter (the PB_FLOAT32 ...
-// PB_BFLOAT16 codes of pybridge.h).
+// DType is an element type (the PB_FLOAT32 ... PB_INT64 codes of pybridge.h):
+// of a Tensor, or of a reducer parameter (floating point only).
 type DType int32
 
-// Gradient element types.
+// Element types. Gradients are one of the first four.
 const (
 	DTypeFloat32  DType = dtFloat32
 	DTypeFloat64  DType = dtFloat64
 	DTypeFloat16  DType = dtFloat16
 	DTypeBFloat16 DType = dtBFloat16
+	DTypeInt8     DType = dtInt8
+	DTypeUint8    DType = dtUint8
+	DTypeInt32    DType = dtInt32
+	DTypeInt64    DType = dtInt64
 )
 
 func (d DType) String() string {
@@ -39,6 +43,14 @@ func (d DType) String() string {
 		return "float16"
 	case DTypeBFloat16:
 		return "bfloat16"
+	case DTypeInt8:
+		return "int8"
+	case DTypeUint8:
+		return "uint8"
+	case DTypeInt32:
+		return "int32"
+	case DTypeInt64:
+		return "int64"
 	}
 	return "DType(" + strconv.Itoa(int(d)) + ")"
 }
@@ -159,9 +171,10 @@ func WithoutRebuild() ReducerOption {
 type Reducer struct {
 	// Its mu also guards views and gen: calls hold it for reading, Wait and Close for writing.
 	cHandle[*C.pb_reducer]
-	specs []ParamSpec
-	views []unsafe.Pointer // library memory of each gradient, for the current generation
-	gen   int64
+	specs  []ParamSpec
+	views  []unsafe.Pointer // library memory of each gradient, for the current generation
+	device int              // where the buckets live: CPU, or a CUDA device under nccl
+	gen    int64
 }
 
 // NewReducer creates a reducer over gradients described by params, configured
@@ -312,10 +325,7 @@ func (r *Reducer) refresh(op string) error {
 	}
 	views := make([]unsafe.Pointer, n)
 	for i, d := range unsafe.Slice(descs, n) {
-		if int(d.device) != CPU {
-			return newError(statusInvalidArgument, op, "gradient buckets are on CUDA device %d; "+
-				"Go slices need host memory (use the gloo backend)", int(d.device))
-		}
+		r.device = int(d.device)
 		if int(d.count) != r.specs[i].Len || DType(d.dtype) != r.specs[i].DType {
 			return newError(statusInternal, op, "library describes gradient %d as %d x %v, want %d x %v",
 				i, int(d.count), DType(d.dtype), r.specs[i].Len, r.specs[i].DType)
@@ -379,10 +389,48 @@ func GradAs[T Float](r *Reducer, i int) ([]T, error) {
 	if want := DTypeOf[T](); s.DType != want {
 		return nil, newError(statusInvalidArgument, op, "gradient %d is %v, not %v", i, s.DType, want)
 	}
+	if r.device != CPU {
+		return nil, newError(statusInvalidArgument, op, "gradient buckets are on CUDA device %d: a Go slice "+
+			"needs host memory; use GradTensor", r.device)
+	}
 	if s.Len == 0 {
 		return []T{}, nil
 	}
 	return unsafe.Slice((*T)(r.views[i]), s.Len), nil
+}
+
+// GradTensor describes gradient i's place in its bucket (host memory, or CUDA
+// memory under nccl), so that a tensor library can make the parameter's
+// gradient a view of it (libtorch: from_blob) and backward writes straight into
+// the bucket: torch DDP's gradient_as_bucket_view. Valid, like Grad's slices,
+// until the generation changes or the reducer is closed.
+func (r *Reducer) GradTensor(i int) (Tensor, error) {
+	const op = "Reducer.GradTensor"
+	if _, err := r.rhandle(op); err != nil {
+		return Tensor{}, err
+	}
+	defer r.mu.RUnlock()
+	if i < 0 || i >= len(r.specs) {
+		return Tensor{}, newError(statusInvalidArgument, op, "gradient index %d is out of range for %d parameters", i, len(r.specs))
+	}
+	s := r.specs[i]
+	return Tensor{Data: r.views[i], Len: s.Len, DType: s.DType, Device: r.device}, nil
+}
+
+// CHandle returns the reducer's pb_reducer handle for C or C++ code in the same
+// process, e.g. a libtorch autograd hook that calls pb_reducer_mark_ready itself
+// (no Go callback during backward). It is valid until Close; the C code must not
+// use it after Close nor call pb_reducer_close on it. Nil for a closed reducer.
+func (r *Reducer) CHandle() unsafe.Pointer {
+	if r == nil {
+		return nil
+	}
+	h, err := r.rhandle("Reducer.CHandle")
+	if err != nil {
+		return nil
+	}
+	r.mu.RUnlock()
+	return unsafe.Pointer(h)
 }
 
 // MarkReady reports that gradient i of this iteration is written. When that

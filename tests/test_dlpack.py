@@ -202,3 +202,61 @@ def test_numpy_through_dlpack_shares_memory():
     t = pybridge.buffers.as_tensor(Foreign(torch.from_numpy(a)))
     t += 1
     assert a.tolist() == [1, 2, 3, 4]
+
+
+# ---- asynchronous calls on caller-owned memory (pb_*_tensor_async) -------------------------
+
+def abi_tensor_async(rank, world):
+    ffi, lib = load()
+    gp = ffi.new("pb_group **")
+    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 20.0, gp) == 0, ffi.string(lib.pb_last_error())
+    g = gp[0]
+
+    def desc(t):
+        d = ffi.new("pb_tensor *")
+        d.data, d.count = ffi.cast("void *", t.data_ptr()), t.numel()
+        d.dtype, d.device = {torch.float32: lib.PB_FLOAT32, torch.int64: lib.PB_INT64}[t.dtype], lib.PB_CPU
+        return d
+
+    def finish(rc, w):
+        assert rc == 0, ffi.string(lib.pb_last_error())
+        assert lib.pb_work_wait(w[0], 10.0) == 0, ffi.string(lib.pb_last_error())
+        assert lib.pb_work_close(w[0]) == 0
+
+    out = {}
+    x = torch.full((5,), float(rank + 1))
+    w = ffi.new("pb_work **")
+    finish(lib.pb_all_reduce_tensor_async(g, desc(x), lib.PB_SUM, w), w)
+    out["all_reduce"] = x.tolist()
+    y = torch.arange(3) + 10 * rank
+    finish(lib.pb_broadcast_tensor_async(g, desc(y), world - 1, w), w)
+    out["broadcast"] = y.tolist()
+    mine, gathered = torch.full((2,), float(rank)), torch.zeros(2 * world)  # kept alive until done
+    finish(lib.pb_all_gather_tensor_async(g, desc(mine), desc(gathered), w), w)
+    out["all_gather"] = gathered.tolist()
+    ones, part = torch.ones(2 * world), torch.zeros(2)
+    finish(lib.pb_reduce_scatter_tensor_async(g, desc(ones), desc(part), lib.PB_SUM, w), w)
+    out["reduce_scatter"] = part.tolist()
+    peer = (rank + 1) % world
+    src = (rank - 1) % world
+    sent, got = torch.full((3,), float(rank)), torch.zeros(3)
+    ws, wr = ffi.new("pb_work **"), ffi.new("pb_work **")
+    rcs = lib.pb_isend_tensor(g, desc(sent), peer, 4, ws)
+    rcr = lib.pb_irecv_tensor(g, desc(got), src, 4, wr)
+    finish(rcs, ws)
+    finish(rcr, wr)
+    out["p2p"] = got.tolist()
+    out["bad"] = lib.pb_all_reduce_tensor_async(g, ffi.NULL, lib.PB_SUM, w), ffi.string(lib.pb_last_error()).decode()
+    assert lib.pb_finalize(g) == 0
+    return out
+
+
+@pytestmark_capi
+def test_c_async_calls_on_caller_memory():
+    for rank, out in enumerate(run_ranks(abi_tensor_async, 2)):
+        assert out["all_reduce"] == [3.0] * 5
+        assert out["broadcast"] == [10, 11, 12]
+        assert out["all_gather"] == [0.0, 0.0, 1.0, 1.0]
+        assert out["reduce_scatter"] == [2.0, 2.0]
+        assert out["p2p"] == [float(1 - rank)] * 3
+        assert out["bad"][0] == abi.PB_ERR_INVALID_ARGUMENT and "NULL" in out["bad"][1]

@@ -21,7 +21,6 @@ import (
 	"os"
 	"sort"
 	"time"
-	"unsafe"
 
 	"github.com/pybridge/pybridge/examples/mnist/mnistdata"
 	pybridge "github.com/pybridge/pybridge/go"
@@ -122,16 +121,17 @@ func run(opts options) error {
 	}
 	defer model.Close()
 	t := &trainer{g: g, model: model, gen: -1, check: opts.checkInPlace, overlap: !opts.noOverlap}
-	params := make([][]float32, model.NumParams())
+	params := make([]pybridge.TensorSource, model.NumParams())
 	lens := make([]int, len(params))
 	for i := range params {
-		if params[i], err = model.HostParam(i); err != nil {
+		p, err := model.ParamTensor(i)
+		if err != nil {
 			return err
 		}
-		lens[i] = len(params[i])
+		params[i], lens[i] = p, p.Len
 	}
 	// Rank 0's parameters are everyone's starting point (libtorch memory, in place).
-	if err := pybridge.BroadcastParams(g, params, 0); err != nil {
+	if err := pybridge.BroadcastParamsTensors(g, params, 0); err != nil {
 		return err
 	}
 	var reduceOpts []pybridge.ReducerOption
@@ -142,9 +142,9 @@ func run(opts options) error {
 		return err
 	}
 	defer t.reducer.Close()
-	if t.overlap {
-		model.OnGradReady(t.reducer.MarkReady)
-		defer model.OnGradReady(nil)
+	if t.overlap { // autograd calls pb_reducer_mark_ready as each gradient completes
+		model.MarkReadyInC(t.reducer.CHandle())
+		defer model.MarkReadyInC(nil)
 	}
 
 	data, err := mnistdata.Open(g, opts.data, perRank, opts.batchSize, opts.seed)
@@ -214,11 +214,11 @@ func (t *trainer) bindGrads() error {
 		return nil
 	}
 	for i := 0; i < t.model.NumParams(); i++ {
-		g, err := t.reducer.Grad(i)
+		g, err := t.reducer.GradTensor(i)
 		if err != nil {
 			return err
 		}
-		if err := t.model.SetGradView(i, unsafe.Pointer(unsafe.SliceData(g))); err != nil {
+		if err := t.model.SetGradView(i, g.Data); err != nil {
 			return err
 		}
 	}
@@ -274,7 +274,7 @@ func (t *trainer) step(b *pybridge.Batch, lr, momentum float32) (float32, error)
 // would have replaced the grad tensor had it not accumulated in place).
 func (t *trainer) checkInPlace() error {
 	for i := 0; i < t.model.NumParams(); i++ {
-		g, err := t.reducer.Grad(i)
+		g, err := t.reducer.GradTensor(i)
 		if err != nil {
 			return err
 		}
@@ -282,7 +282,7 @@ func (t *trainer) checkInPlace() error {
 		if err != nil {
 			return err
 		}
-		if want := unsafe.Pointer(unsafe.SliceData(g)); have != want {
+		if want := g.Data; have != want {
 			return fmt.Errorf("parameter %d: libtorch's gradient is at %p, not in the reducer's bucket at %p", i, have, want)
 		}
 	}

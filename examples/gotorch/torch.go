@@ -3,8 +3,20 @@ package main
 /*
 #cgo CXXFLAGS: -std=c++20 -D_GLIBCXX_USE_CXX11_ABI=1 -O2
 #cgo LDFLAGS: -ltorch -ltorch_cpu -lc10 -lstdc++
+#cgo pkg-config: pybridge
 #include <stdlib.h>
+#include <pybridge.h>
 #include "mlp.h"
+
+// The reducer's mark-ready as the model's ready function: autograd calls the C ABI
+// directly, with no Go callback during backward.
+static int gotorch_mark_ready(void *reducer, int32_t index) {
+	return pb_reducer_mark_ready((pb_reducer *)reducer, index);
+}
+
+static int gotorch_on_ready_reducer(mlp *m, void *reducer) {
+	return mlp_on_grad_ready(m, reducer ? gotorch_mark_ready : NULL, reducer);
+}
 
 int gotorchGradReady(void *ctx, int32_t index);
 
@@ -20,14 +32,17 @@ import (
 	"fmt"
 	"runtime/cgo"
 	"unsafe"
+
+	pybridge "github.com/pybridge/pybridge/go"
 )
 
 // Model is the MNIST MLP held by libtorch (mlp.cpp): its parameters, gradients
 // and momentum live in libtorch memory, and forward, backward and the SGD step
 // run there. Go only drives it.
 type Model struct {
-	m     *C.mlp
-	ready cgo.Handle // the gradient-ready hook, or 0
+	m      *C.mlp
+	ready  cgo.Handle // the gradient-ready hook, or 0
+	device int        // pybridge.CPU or a CUDA index
 }
 
 func lastError(op string) error {
@@ -42,7 +57,7 @@ func NewModel(hidden int, seed int64, device int) (*Model, error) {
 		C.int32_t(device), &m) != 0 {
 		return nil, lastError("NewModel")
 	}
-	return &Model{m: m}, nil
+	return &Model{m: m, device: device}, nil
 }
 
 // Close frees the model.
@@ -114,6 +129,19 @@ func (md *Model) OnGradReady(fn func(i int) error) {
 		md.ready = cgo.NewHandle(fn)
 	}
 	C.gotorch_on_ready(md.m, C.uintptr_t(md.ready))
+}
+
+// MarkReadyInC makes libtorch's autograd call pb_reducer_mark_ready on the reducer
+// with this C handle (pybridge.Reducer.CHandle) for each complete gradient.
+func (md *Model) MarkReadyInC(reducer unsafe.Pointer) {
+	md.OnGradReady(nil)
+	C.gotorch_on_ready_reducer(md.m, reducer)
+}
+
+// ParamTensor describes parameter i's memory (libtorch's) for pybridge.
+func (md *Model) ParamTensor(i int) (pybridge.Tensor, error) {
+	data, n, _, err := md.Param(i)
+	return pybridge.Tensor{Data: data, Len: n, DType: pybridge.DTypeFloat32, Device: md.device}, err
 }
 
 //export gotorchGradReady

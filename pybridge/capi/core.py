@@ -174,6 +174,34 @@ def pb_irecv(group, buffer, src, tag, work):
     _start(work, collectives.irecv(_buffer(buffer), src, tag, group=live_group(group)))
 
 
+# ---- asynchronous operations on caller-owned memory ------------------------------------------
+
+def pb_all_reduce_tensor_async(group, t, op, work):
+    _start(work, collectives.all_reduce(tensor(t), op, group=live_group(group), async_op=True))
+
+
+def pb_broadcast_tensor_async(group, t, root, work):
+    _start(work, collectives.broadcast(tensor(t), root, group=live_group(group), async_op=True))
+
+
+def pb_all_gather_tensor_async(group, inp, out, work):
+    _start(work, collectives.all_gather(tensor(inp, "input"), tensor(out, "output"),
+                                        group=live_group(group), async_op=True))
+
+
+def pb_reduce_scatter_tensor_async(group, inp, out, op, work):
+    _start(work, collectives.reduce_scatter(tensor(inp, "input"), tensor(out, "output"), op,
+                                            group=live_group(group), async_op=True))
+
+
+def pb_isend_tensor(group, t, dst, tag, work):
+    _start(work, collectives.isend(tensor(t), dst, tag, group=live_group(group)))
+
+
+def pb_irecv_tensor(group, t, src, tag, work):
+    _start(work, collectives.irecv(tensor(t), src, tag, group=live_group(group)))
+
+
 def _start(out, w):
     # Checked after starting: a NULL here is a caller bug, but the operation is already
     # matched with the peers, so it is waited for rather than left dangling.

@@ -1,0 +1,260 @@
+package pybridge
+
+/*
+#include "pbgo.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"strconv"
+	"unsafe"
+)
+
+// Tensor describes memory the program owns: a libtorch tensor's storage (host or
+// CUDA), memory from C.malloc or cudaMalloc, a Buffer's memory, or a Go slice
+// (TensorOf). Every collective, point-to-point call and BroadcastParams has a
+// variant that takes Tensors, and reduces or fills the memory in place, with no
+// copy. Host memory works under gloo; CUDA memory under nccl (one GPU per
+// process), and under gloo where torch moves CUDA tensors.
+//
+// The asynchronous variants keep the pointer after they return, until their
+// Work completes: the memory must stay valid and untouched until then, so they
+// refuse Go memory (cgo forbids C to keep a Go pointer). A tensor library's type
+// becomes a TensorSource with a few lines (docs/go.md shows gotch and GoTorch).
+type Tensor struct {
+	Data   unsafe.Pointer // the first element; nil only when Len is 0
+	Len    int            // the number of elements
+	DType  DType
+	Device int // CPU, or a CUDA device index
+
+	goMemory bool // made by TensorOf: valid for synchronous calls only
+}
+
+// TensorSource is anything that describes its memory as a Tensor: Tensor itself,
+// and a tensor library's type through a small adapter.
+type TensorSource interface {
+	PybridgeTensor() Tensor
+}
+
+// PybridgeTensor returns t, so that a Tensor is a TensorSource.
+func (t Tensor) PybridgeTensor() Tensor { return t }
+
+// TensorOf describes a Go slice (host memory) for the synchronous calls.
+func TensorOf[T Numeric](s []T) Tensor {
+	data, n := dataOf(s)
+	return Tensor{Data: data, Len: int(n), DType: DType(dtypeOf[T]()), Device: CPU, goMemory: true}
+}
+
+// Tensor describes the buffer's memory (library-owned, so the asynchronous
+// Tensor calls accept it). It is not valid after Close.
+func (b *Buffer[T]) Tensor() Tensor {
+	return Tensor{Data: b.data, Len: b.Len(), DType: DType(dtypeOf[T]()), Device: CPU}
+}
+
+// tensorDesc checks a tensor for a call (field names it in errors) and pins Go
+// memory for the call's duration, so that its descriptor may be passed to C.
+func tensorDesc(op, field string, src TensorSource, async bool, pin *runtime.Pinner) (C.pb_tensor, error) {
+	var d C.pb_tensor
+	if src == nil {
+		return d, newError(statusInvalidArgument, op, "%s: nil TensorSource", field)
+	}
+	t := src.PybridgeTensor()
+	switch {
+	case t.Len < 0:
+		return d, newError(statusInvalidArgument, op, "%s: negative Len %d", field, t.Len)
+	case t.Data == nil && t.Len > 0:
+		return d, newError(statusInvalidArgument, op, "%s: nil Data with Len %d", field, t.Len)
+	case t.DType < DTypeFloat32 || t.DType > DTypeInt64:
+		return d, newError(statusInvalidArgument, op, "%s: unknown DType %d (use DTypeFloat32 ... DTypeInt64)", field, int32(t.DType))
+	case t.Device < CPU:
+		return d, newError(statusInvalidArgument, op, "%s: Device %d is neither CPU (-1) nor a CUDA index", field, t.Device)
+	case async && t.goMemory:
+		return d, newError(statusInvalidArgument, op, "%s: Go memory (from TensorOf) cannot be kept by C after "+
+			"the call returns, as an asynchronous call does; use a Buffer or memory the program owns outside Go", field)
+	}
+	if t.Data != nil {
+		pin.Pin(t.Data) // a no-op for memory outside Go
+	}
+	return C.pb_tensor{data: t.Data, count: C.int64_t(t.Len), dtype: C.int32_t(t.DType), device: C.int32_t(t.Device)}, nil
+}
+
+// tensorCall checks g and the tensors (named by fields) and makes the call with
+// their descriptors; async calls also get a Work.
+func tensorCall(name string, g *Group, async bool, fields []string, srcs []TensorSource,
+	call func(g *C.pb_group, d []C.pb_tensor, w **C.pb_work, msg **C.char) C.int) (*Work, error) {
+	gh, err := g.handle(name)
+	if err != nil {
+		return nil, err
+	}
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	descs := make([]C.pb_tensor, len(srcs))
+	for i, s := range srcs {
+		if descs[i], err = tensorDesc(name, fields[i], s, async, &pin); err != nil {
+			return nil, err
+		}
+	}
+	var h *C.pb_work
+	var msg *C.char
+	if err := check(name, call(gh, descs, &h, &msg), msg); err != nil || !async {
+		return nil, err
+	}
+	w := &Work{op: name}
+	w.h = h
+	return w, nil
+}
+
+// AllReduceTensor is AllReduce on t's memory, in place.
+func AllReduceTensor(g *Group, t TensorSource, op Op) error {
+	_, err := tensorCall("AllReduceTensor", g, false, []string{"tensor"}, []TensorSource{t},
+		func(g *C.pb_group, d []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_all_reduce(g, &d[0], C.int32_t(op), msg)
+		})
+	return err
+}
+
+// BroadcastTensor is Broadcast of t's memory from rank root, in place.
+func BroadcastTensor(g *Group, t TensorSource, root int) error {
+	r, err := toInt32("BroadcastTensor", "root", root)
+	if err != nil {
+		return err
+	}
+	_, err = tensorCall("BroadcastTensor", g, false, []string{"tensor"}, []TensorSource{t},
+		func(g *C.pb_group, d []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_broadcast(g, &d[0], r, msg)
+		})
+	return err
+}
+
+// AllGatherTensor is AllGather from send into recv (Size() times send's length).
+func AllGatherTensor(g *Group, send, recv TensorSource) error {
+	_, err := tensorCall("AllGatherTensor", g, false, []string{"send", "recv"}, []TensorSource{send, recv},
+		func(g *C.pb_group, d []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_all_gather(g, &d[0], &d[1], msg)
+		})
+	return err
+}
+
+// ReduceScatterTensor is ReduceScatter from send into recv.
+func ReduceScatterTensor(g *Group, send, recv TensorSource, op Op) error {
+	_, err := tensorCall("ReduceScatterTensor", g, false, []string{"send", "recv"}, []TensorSource{send, recv},
+		func(g *C.pb_group, d []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_reduce_scatter(g, &d[0], &d[1], C.int32_t(op), msg)
+		})
+	return err
+}
+
+// SendTensor is Send of t's memory to rank dst.
+func SendTensor(g *Group, t TensorSource, dst, tag int) error {
+	d, tg, err := peerAndTag("SendTensor", "destination", dst, tag)
+	if err != nil {
+		return err
+	}
+	_, err = tensorCall("SendTensor", g, false, []string{"tensor"}, []TensorSource{t},
+		func(g *C.pb_group, ds []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_send(g, &ds[0], d, tg, msg)
+		})
+	return err
+}
+
+// RecvTensor is Recv into t's memory from rank src.
+func RecvTensor(g *Group, t TensorSource, src, tag int) error {
+	s, tg, err := peerAndTag("RecvTensor", "source", src, tag)
+	if err != nil {
+		return err
+	}
+	_, err = tensorCall("RecvTensor", g, false, []string{"tensor"}, []TensorSource{t},
+		func(g *C.pb_group, ds []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_recv(g, &ds[0], s, tg, msg)
+		})
+	return err
+}
+
+// AllReduceTensorAsync starts AllReduceTensor. t's memory must not be Go memory,
+// and must stay valid and untouched until the Work completes.
+func AllReduceTensorAsync(g *Group, t TensorSource, op Op) (*Work, error) {
+	return tensorCall("AllReduceTensorAsync", g, true, []string{"tensor"}, []TensorSource{t},
+		func(g *C.pb_group, d []C.pb_tensor, w **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_all_reduce_tensor_async(g, &d[0], C.int32_t(op), w, msg)
+		})
+}
+
+// BroadcastTensorAsync starts BroadcastTensor; see AllReduceTensorAsync for the memory.
+func BroadcastTensorAsync(g *Group, t TensorSource, root int) (*Work, error) {
+	r, err := toInt32("BroadcastTensorAsync", "root", root)
+	if err != nil {
+		return nil, err
+	}
+	return tensorCall("BroadcastTensorAsync", g, true, []string{"tensor"}, []TensorSource{t},
+		func(g *C.pb_group, d []C.pb_tensor, w **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_broadcast_tensor_async(g, &d[0], r, w, msg)
+		})
+}
+
+// AllGatherTensorAsync starts AllGatherTensor; see AllReduceTensorAsync for the memory.
+func AllGatherTensorAsync(g *Group, send, recv TensorSource) (*Work, error) {
+	return tensorCall("AllGatherTensorAsync", g, true, []string{"send", "recv"}, []TensorSource{send, recv},
+		func(g *C.pb_group, d []C.pb_tensor, w **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_all_gather_tensor_async(g, &d[0], &d[1], w, msg)
+		})
+}
+
+// ReduceScatterTensorAsync starts ReduceScatterTensor; see AllReduceTensorAsync for the memory.
+func ReduceScatterTensorAsync(g *Group, send, recv TensorSource, op Op) (*Work, error) {
+	return tensorCall("ReduceScatterTensorAsync", g, true, []string{"send", "recv"}, []TensorSource{send, recv},
+		func(g *C.pb_group, d []C.pb_tensor, w **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_reduce_scatter_tensor_async(g, &d[0], &d[1], C.int32_t(op), w, msg)
+		})
+}
+
+// ISendTensor starts SendTensor; see AllReduceTensorAsync for the memory.
+func ISendTensor(g *Group, t TensorSource, dst, tag int) (*Work, error) {
+	d, tg, err := peerAndTag("ISendTensor", "destination", dst, tag)
+	if err != nil {
+		return nil, err
+	}
+	return tensorCall("ISendTensor", g, true, []string{"tensor"}, []TensorSource{t},
+		func(g *C.pb_group, ds []C.pb_tensor, w **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_isend_tensor(g, &ds[0], d, tg, w, msg)
+		})
+}
+
+// IRecvTensor starts RecvTensor; see AllReduceTensorAsync for the memory.
+func IRecvTensor(g *Group, t TensorSource, src, tag int) (*Work, error) {
+	s, tg, err := peerAndTag("IRecvTensor", "source", src, tag)
+	if err != nil {
+		return nil, err
+	}
+	return tensorCall("IRecvTensor", g, true, []string{"tensor"}, []TensorSource{t},
+		func(g *C.pb_group, ds []C.pb_tensor, w **C.pb_work, msg **C.char) C.int {
+			return C.pbgo_irecv_tensor(g, &ds[0], s, tg, w, msg)
+		})
+}
+
+// BroadcastParamsTensors is BroadcastParams on tensors: rank root's contents are
+// copied into every rank's, in place, coalesced into a few broadcasts per dtype.
+func BroadcastParamsTensors(g *Group, params []TensorSource, root int) error {
+	const name = "BroadcastParamsTensors"
+	r, err := toInt32(name, "root", root)
+	if err != nil {
+		return err
+	}
+	n, err := toInt32(name, "parameter count", len(params))
+	if err != nil {
+		return err
+	}
+	fields := make([]string, len(params))
+	for i := range fields {
+		fields[i] = "params[" + strconv.Itoa(i) + "]"
+	}
+	_, err = tensorCall(name, g, false, fields, params,
+		func(g *C.pb_group, d []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
+			var pd *C.pb_tensor
+			if len(d) > 0 {
+				pd = &d[0]
+			}
+			return C.pbgo_broadcast_params(g, n, pd, r, msg)
+		})
+	return err
+}
