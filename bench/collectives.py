@@ -193,7 +193,7 @@ def merge(samples, path):
 
 
 def report(cases, samples, quick, only=None):
-    impls = ("torch", "pybridge-py", "pybridge-go")
+    impls = ("torch", "pybridge-py", "pybridge-go", "pybridge-go-tensor")
     rows, records = [], []
     for kind, op, nbytes, *_ in cases:
         runs = {i: samples[f"{i}|{op}|{nbytes}"] for i in impls}
@@ -207,18 +207,21 @@ def report(cases, samples, quick, only=None):
             for what, t in stats.items():
                 ratio = {i: t[i] / t["torch"] for i in impls}  # time ratio: lower is better
                 rows.append([f"{op} 1 element, {what}", *(f"{t[i] * 1e6:.1f} us" for i in impls),
-                             f"{ratio['pybridge-py']:.3f}", f"{ratio['pybridge-go']:.3f}"])
+                             *(f"{ratio[i]:.3f}" for i in impls[1:])])
             records.append({"kind": kind, "op": op, "bytes": nbytes, "calls": len(calls["torch"]),
                             **{f"seconds_{what}": t for what, t in stats.items()},
                             "ratio_py": median["pybridge-py"] / median["torch"],
-                            "ratio_go": median["pybridge-go"] / median["torch"]})
+                            "ratio_go": median["pybridge-go"] / median["torch"],
+                            "ratio_go_tensor": median["pybridge-go-tensor"] / median["torch"]})
         else:
             ratio = {i: median["torch"] / median[i] for i in impls}  # bandwidth ratio: higher is better
             rows.append([f"{op} {human_bytes(nbytes)}", *(f"{nbytes / median[i] / 1e9:.3f} GB/s" for i in impls),
-                         f"{ratio['pybridge-py']:.3f}", f"{ratio['pybridge-go']:.3f}"])
+                         *(f"{ratio[i]:.3f}" for i in impls[1:])])
             records.append({"kind": kind, "op": op, "bytes": nbytes, "seconds_median": median,
-                            "ratio_py": ratio["pybridge-py"], "ratio_go": ratio["pybridge-go"]})
-    headers = ["case", "torch.distributed", "pybridge (Python)", "pybridge (Go)", "ratio Py", "ratio Go"]
+                            "ratio_py": ratio["pybridge-py"], "ratio_go": ratio["pybridge-go"],
+                            "ratio_go_tensor": ratio["pybridge-go-tensor"]})
+    headers = ["case", "torch.distributed", "pybridge (Python)", "pybridge (Go)", "pybridge (Go, Tensor)",
+               "ratio Py", "ratio Go", "ratio Go Tensor"]
     print()
     print("2 ranks, gloo, loopback. Latency rows: time per call, the median and 99th percentile (p99) of")
     print("every timed call and the median over samples of the mean call; ratio = pybridge / torch")

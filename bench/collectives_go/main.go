@@ -1,6 +1,6 @@
 // Command collectives_go is the Go side of bench/collectives.py: it times
-// AllReduce and Broadcast through the C ABI with the same cases as the Python
-// ranks and writes rank 0's time for every timed call as JSON (per case, a list
+// AllReduce and Broadcast through the C ABI, on a Go slice and as a Tensor, with
+// the same cases as the Python ranks and writes rank 0's time for every timed call as JSON (per case, a list
 // of samples, each a list of call times in seconds).
 //
 // Usage (as each of 2 ranks, with the launcher environment set):
@@ -57,22 +57,34 @@ func main() {
 			for j := range data {
 				data[j] = 1
 			}
-			call := func() error { return pybridge.AllReduce(g, data, pybridge.Sum) }
+			// The same call on a Go slice and as a Tensor (what a program holding
+			// libtorch memory passes), timed in turns.
+			tensor := pybridge.TensorOf(data)
+			variants := []struct {
+				impl string
+				call func() error
+			}{
+				{"pybridge-go", func() error { return pybridge.AllReduce(g, data, pybridge.Sum) }},
+				{"pybridge-go-tensor", func() error { return pybridge.AllReduceTensor(g, tensor, pybridge.Sum) }},
+			}
 			if op == "broadcast" {
-				call = func() error { return pybridge.Broadcast(g, data, 0) }
+				variants[0].call = func() error { return pybridge.Broadcast(g, data, 0) }
+				variants[1].call = func() error { return pybridge.BroadcastTensor(g, tensor, 0) }
 			}
-			for i := 0; i < max(1, iters/10); i++ { // warm-up
-				must(call())
+			for _, v := range variants {
+				for i := 0; i < max(1, iters/10); i++ { // warm-up
+					must(v.call())
+				}
+				must(g.Barrier())
+				calls := make([]float64, iters)
+				for j := range calls {
+					start := time.Now()
+					must(v.call())
+					calls[j] = time.Since(start).Seconds()
+				}
+				key := fmt.Sprintf("%s|%s|%d", v.impl, op, nbytes)
+				results[key] = append(results[key], calls)
 			}
-			must(g.Barrier())
-			calls := make([]float64, iters)
-			for j := range calls {
-				start := time.Now()
-				must(call())
-				calls[j] = time.Since(start).Seconds()
-			}
-			key := fmt.Sprintf("pybridge-go|%s|%d", op, nbytes)
-			results[key] = append(results[key], calls)
 		}
 	}
 	if g.Rank() == 0 {
