@@ -21,9 +21,8 @@ DEPS_STAMP := $(BUILD)/.deps-$(notdir $(PYTHON))
 
 # cgo flags for Go code that links the torch wheel's libtorch (examples/gotorch): expanded
 # when a recipe runs, after setup installed torch.
-TORCH_CGO = CGO_CXXFLAGS="$(shell $(PYTHON) -c 'from torch.utils import cpp_extension as c; print(" ".join("-I" + p for p in c.include_paths()))')" \
-	CGO_LDFLAGS="$(shell $(PYTHON) -c 'from torch.utils import cpp_extension as c; print(" ".join("-L%s -Wl,-rpath,%s" % (p, p) for p in c.library_paths()))')"
-LIB := $(BUILD)/libpybridge.so
+TORCH_CGO = CGO_CXXFLAGS="$(shell $(PYTHON) -m pybridge.capi --torch-cflags)" \
+	CGO_LDFLAGS="$(shell $(PYTHON) -m pybridge.capi --torch-libs)"
 
 .PHONY: setup test test-python test-go lint ruff go-lint go-test demo demo-real demo-gotorch demo-collectives bench clean
 

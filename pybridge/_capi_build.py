@@ -3,6 +3,7 @@
     python -m pybridge.capi build [--prefix DIR]      (or: pybridge-capi build ...)
     python -m pybridge.capi --cflags | --libs | --pkg-config-path | --go-dir [--prefix DIR]
     python -m pybridge.capi check        (is PKG_CONFIG_PATH right for cgo?)
+    python -m pybridge.capi --torch-cflags | --torch-libs   (C++ against the torch wheel's libtorch)
 
 `build` writes DIR/lib/libpybridge.so, DIR/include/pybridge.h and
 DIR/lib/pkgconfig/pybridge.pc. The library embeds the interpreter running this command
@@ -70,6 +71,19 @@ def _query(opts):
     return 0
 
 
+def torch_flags():
+    """(compiler flags, linker flags) for C++ that computes with the torch wheel's libtorch,
+    the one the embedded core loads: one libtorch in the process."""
+    import torch
+    from torch.utils import cpp_extension
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    cflags = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    libs = [f"-L{p} -Wl,-rpath,{p}" for p in cpp_extension.library_paths()] + ["-ltorch", "-ltorch_cpu", "-lc10"]
+    if torch.version.cuda is not None:  # a CUDA build: its device code registers from these
+        libs += ["-Wl,--no-as-needed", "-ltorch_cuda", "-lc10_cuda", "-Wl,--as-needed"]
+    return " ".join(cflags), " ".join(libs)
+
+
 def pc_variables(path):
     """A .pc file's variables, ${name} references expanded."""
     values = {}
@@ -132,8 +146,19 @@ def main(argv=None):
     parser.add_argument("--go-dir", action="store_true",
                         help="print the folder of the Go module shipped in this package (for a "
                         "`replace github.com/pybridge/pybridge/go => DIR` directive)")
+    parser.add_argument("--torch-cflags", action="store_true",
+                        help="print the compiler flags for C++ code that uses the torch wheel's libtorch "
+                        "(its headers and ABI; compile as C++17 or later)")
+    parser.add_argument("--torch-libs", action="store_true",
+                        help="print the linker flags for that libtorch (the one the library loads)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     opts = parser.parse_args(argv)
+    if opts.torch_cflags or opts.torch_libs:
+        if opts.command or opts.cflags or opts.libs or opts.pkg_config_path or opts.go_dir:
+            parser.error("--torch-cflags and --torch-libs go on their own")
+        cflags, libs = torch_flags()
+        print(" ".join(f for f, wanted in ((cflags, opts.torch_cflags), (libs, opts.torch_libs)) if wanted))
+        return 0
     queries = opts.cflags or opts.libs or opts.pkg_config_path or opts.go_dir
     if opts.command is None and not queries:
         parser.error("say what to do: build, check, --cflags, --libs, --pkg-config-path or --go-dir")

@@ -260,3 +260,33 @@ def test_c_async_calls_on_caller_memory():
         assert out["reduce_scatter"] == [2.0, 2.0]
         assert out["p2p"] == [float(1 - rank)] * 3
         assert out["bad"][0] == abi.PB_ERR_INVALID_ARGUMENT and "NULL" in out["bad"][1]
+
+
+# ---- one libtorch in the process -------------------------------------------------------------
+
+def test_a_second_libtorch_is_named():
+    from pybridge import libtorch
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    maps = "\n".join([
+        f"7f00-7f01 r-xp 00000000 08:01 11 {torch_lib}/libtorch_cpu.so",
+        f"7f01-7f02 r-xp 00000000 08:01 12 {torch_lib}/libc10.so",
+        "7f02-7f03 r-xp 00000000 08:01 13 /opt/other-torch/lib/libc10.so",
+        "7f03-7f04 r-xp 00000000 08:01 14 /usr/lib/x86_64-linux-gnu/libc.so.6",
+        "7f04-7f05 rw-p 00000000 00:00 0",
+    ])
+    assert libtorch.foreign(maps, torch_lib) == [("libc10.so", "/opt/other-torch/lib/libc10.so")]
+    assert libtorch.foreign(maps.replace("/opt/other-torch/lib", torch_lib), torch_lib) == []
+    libtorch.check()  # this process: one libtorch, the imported torch's
+
+
+def test_pybridge_capi_prints_the_torch_flags():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "pybridge.capi", "--torch-cflags", "--torch-libs"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout.split()
+    incs = [f[2:] for f in out if f.startswith("-I")]
+    assert any(os.path.exists(os.path.join(p, "ATen", "ATen.h")) for p in incs)
+    assert any(f.startswith("-D_GLIBCXX_USE_CXX11_ABI=") for f in out)
+    libdirs = [f[2:] for f in out if f.startswith("-L")]
+    assert any(os.path.exists(os.path.join(p, "libtorch_cpu.so")) for p in libdirs)
+    assert "-ltorch_cpu" in out and "-lc10" in out

@@ -13,6 +13,7 @@ import itertools
 import pkgutil
 
 from .. import group as _group
+from .. import libtorch
 from ..buffers import PointerViews
 from ..errors import INTERNAL, InvalidArgument, NotInitialized, PyBridgeError, classify
 
@@ -125,6 +126,7 @@ def _export(lib, name, fn):
 def install(embedding_ffi, lib):
     """Register every pb_* implementation with the embedding module."""
     global ffi
+    libtorch.check()  # a host program linked against another libtorch: refuse to start, naming it
     ffi = embedding_ffi
     exported = set()
     for info in pkgutil.iter_modules(__path__):  # core, reducer, recordio, ...
