@@ -24,6 +24,8 @@ DEPS_STAMP := $(BUILD)/.deps-$(notdir $(PYTHON))
 TORCH_CGO = CGO_CXXFLAGS="$(shell $(PYTHON) -m pybridge.capi --torch-cflags)" \
 	CGO_LDFLAGS="$(shell $(PYTHON) -m pybridge.capi --torch-libs)"
 
+LIB := $(BUILD)/libpybridge.so
+
 .PHONY: setup test test-python test-go lint ruff go-lint go-test demo demo-real demo-gotorch demo-collectives bench clean
 
 setup: $(LIB)

@@ -591,6 +591,18 @@ int pb_reducer_set_shapes(pb_reducer *reducer, int32_t nparams, const int32_t *n
 /* Set every gradient view to zero (for callers that accumulate into the views). */
 int pb_reducer_zero(pb_reducer *reducer);
 
+/* Reduce the caller's own gradient memory (torch DDP's default mode, for programs whose
+ * gradients live in their tensor library): from now on pb_reducer_mark_ready(r, i) first
+ * copies grads[i] into gradient i's place in its bucket, and pb_reducer_wait copies the
+ * reduced gradients back into grads. n == nparams descriptors (read during the call), one
+ * per gradient, of its element count and dtype, on the buckets' device; the memory they
+ * describe is kept and used until the next pb_reducer_bind_grads or pb_reducer_close:
+ * keep it valid. n == 0 (grads may be NULL) unbinds. Between iterations.
+ * (The other mode, no copy: make the program's gradients views of pb_reducer_grad.)
+ * Errors: PB_ERR_INVALID_ARGUMENT naming the gradient whose count, dtype or device
+ * differs, a count n other than 0 or nparams, or a call during an iteration. */
+int pb_reducer_bind_grads(pb_reducer *reducer, int32_t n, const pb_tensor *grads);
+
 /* Release the reducer, its buckets and its hook's state (gossip: its thread and node
  * groups). Pointers from pb_reducer_grad must not be used afterwards. Waits for nothing:
  * call pb_reducer_wait first if buckets are in flight. Later calls on the handle, a

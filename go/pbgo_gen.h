@@ -309,6 +309,11 @@ static inline int pbgo_reducer_zero(pb_reducer *reducer, char **msg) {
 	return pbgo_status(pb_reducer_zero(reducer), msg);
 }
 
+static inline int pbgo_reducer_bind_grads(pb_reducer *reducer, int32_t n, const pb_tensor *grads,
+                                          char **msg) {
+	return pbgo_status(pb_reducer_bind_grads(reducer, n, grads), msg);
+}
+
 static inline int pbgo_reducer_close(pb_reducer *reducer, char **msg) {
 	return pbgo_status(pb_reducer_close(reducer), msg);
 }

@@ -417,6 +417,40 @@ func (r *Reducer) GradTensor(i int) (Tensor, error) {
 	return Tensor{Data: r.views[i], Len: s.Len, DType: s.DType, Device: r.device}, nil
 }
 
+// BindGrads makes the reducer reduce the program's own gradient memory (torch
+// DDP's default mode): from then on MarkReady(i) first copies grads[i] into its
+// bucket, and Wait copies the reduced gradients back into grads. One tensor per
+// parameter, of its length and DType, on the buckets' device. The reducer keeps
+// the pointers until the next BindGrads or Close, so Go memory (TensorOf) is
+// refused: pass libtorch or C memory. BindGrads(nil) unbinds. Between iterations.
+// (The other mode copies nothing: make the gradients views of GradTensor.)
+func (r *Reducer) BindGrads(grads []TensorSource) error {
+	const op = "Reducer.BindGrads"
+	h, err := r.rhandle(op)
+	if err != nil {
+		return err
+	}
+	defer r.mu.RUnlock()
+	n, err := toInt32(op, "gradient count", len(grads))
+	if err != nil {
+		return err
+	}
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	descs := make([]C.pb_tensor, len(grads))
+	for i, g := range grads {
+		if descs[i], err = tensorDesc(op, "grads["+strconv.Itoa(i)+"]", g, true, &pin); err != nil {
+			return err
+		}
+	}
+	var pd *C.pb_tensor
+	if n > 0 {
+		pd = &descs[0]
+	}
+	var msg *C.char
+	return check(op, C.pbgo_reducer_bind_grads(h, n, pd, &msg), msg)
+}
+
 // CHandle returns the reducer's pb_reducer handle for C or C++ code in the same
 // process, e.g. a libtorch autograd hook that calls pb_reducer_mark_ready itself
 // (no Go callback during backward). It is valid until Close; the C code must not

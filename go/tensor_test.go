@@ -165,6 +165,52 @@ func roleTensors() error {
 			return fmt.Errorf("GradTensor(%d) = %+v, not the bucket view at %p", i, gt, &s[0])
 		}
 	}
+	// The program's own gradients, bound: copied in at MarkReady, averaged back at Wait.
+	gb, gt0, err := foreign(3)
+	if err != nil {
+		return err
+	}
+	defer gb.Close()
+	hb, gt1, err := foreign(5)
+	if err != nil {
+		return err
+	}
+	defer hb.Close()
+	if err := red.BindGrads([]pybridge.TensorSource{pybridge.TensorOf(make([]float32, 3)), gt1}); !errors.Is(err, pybridge.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "grads[0]") {
+		return fmt.Errorf("BindGrads of Go memory: got %v, want ErrInvalidArgument naming grads[0]", err)
+	}
+	if err := red.BindGrads([]pybridge.TensorSource{gt1, gt0}); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		return fmt.Errorf("BindGrads with lengths swapped: got %v, want ErrInvalidArgument", err)
+	}
+	if err := red.BindGrads([]pybridge.TensorSource{gt0, gt1}); err != nil {
+		return err
+	}
+	for step := 0; step < 2; step++ { // the second step runs on the rebuilt buckets, if any
+		for _, d := range [][]float32{gb.Data(), hb.Data()} {
+			for k := range d {
+				d[k] = float32((me + 1) * (k + 1 + step))
+			}
+		}
+		for i := 1; i >= 0; i-- { // as backward produces them: last first
+			if err := red.MarkReady(i); err != nil {
+				return err
+			}
+		}
+		if err := red.Wait(0); err != nil {
+			return err
+		}
+		for _, d := range [][]float32{gb.Data(), hb.Data()} {
+			for k, v := range d {
+				if want := 1.5 * float32(k+1+step); v != want {
+					return fmt.Errorf("step %d: bound gradient holds %v, want the average %g at %d", step, d, want, k)
+				}
+			}
+		}
+	}
+	if err := red.BindGrads(nil); err != nil {
+		return err
+	}
 	if red.CHandle() == nil {
 		return errors.New("CHandle of an open reducer is nil")
 	}

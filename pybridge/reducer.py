@@ -276,6 +276,7 @@ class Reducer:
         self._hook_state = self._hook = None
         self._lock = threading.Lock()
         self._closed = False
+        self._bound = None  # the program's own gradient tensors (bind_grads), or None
         self.generation = 0
         self.iterations = 0  # completed wait() calls
         # Agreed on before a built-in hook is built: the gossip state's groups are a collective.
@@ -453,11 +454,15 @@ class Reducer:
 
     def mark_ready(self, i):
         """Gradient `i` is written: once every gradient of its bucket is, and every earlier
-        bucket has been launched, the bucket's allreduce starts (asynchronously)."""
+        bucket has been launched, the bucket's allreduce starts (asynchronously). With
+        gradients bound (bind_grads), gradient i is first copied from the program's tensor."""
         with self._lock:
             if self._stale:
                 self._check_open()
                 self._agree()
+            if self._bound is not None:
+                self._check_mark(i)
+                self._copy_in(i, self._bound[i])
             self._mark(i)
 
     def set_grad(self, i, grad):
@@ -473,14 +478,44 @@ class Reducer:
             if not isinstance(grad, torch.Tensor) or grad.numel() != view.numel():
                 raise InvalidArgument(f"gradient {self.name(i)}: expected a tensor of {view.numel()} "
                                       f"elements, got {getattr(grad, 'shape', type(grad).__name__)}")
-            src = grad if grad.shape == view.shape else grad.reshape(view.shape)
-            if self._scale is None:
-                view.copy_(src)
-            else:
-                torch.mul(src, self._scale, out=view)
-                self._scaled[i] = 1
-                self._nscaled[self._bucket_of[i]] += 1
+            self._copy_in(i, grad)
             self._mark(i)
+
+    def _copy_in(self, i, grad):
+        """Gradient i's view := grad, with the averaging division folded into the copy."""
+        view = self._views[i]
+        src = grad if grad.shape == view.shape else grad.reshape(view.shape)
+        if self._scale is None:
+            view.copy_(src)
+        else:
+            torch.mul(src, self._scale, out=view)
+            self._scaled[i] = 1
+            self._nscaled[self._bucket_of[i]] += 1
+
+    def bind_grads(self, grads):
+        """Reduce the program's own gradient tensors (torch DDP's default mode, for programs
+        whose gradients live in their tensor library): from now on mark_ready(i) first copies
+        grads[i] into its bucket, and wait() copies the reduced gradients back into grads.
+        One contiguous tensor per parameter, of its element count, dtype and device; the
+        reducer keeps them until bind_grads(None). Between iterations."""
+        with self._lock:
+            self._check_open()
+            if any(self._ready):
+                raise InvalidArgument("bind_grads() must be called between iterations")
+            if grads is None:
+                self._bound = None
+                return
+            grads = list(grads)
+            if len(grads) != len(self.specs):
+                raise InvalidArgument(f"got {len(grads)} gradients for {len(self.specs)} parameters")
+            for i, (g, s) in enumerate(zip(grads, self.specs)):
+                if not isinstance(g, torch.Tensor) or g.numel() != s.numel or g.dtype != s.dtype \
+                        or g.device != self._views[i].device or not g.is_contiguous():
+                    got = (f"{tuple(g.shape)} {g.dtype} on {g.device}{'' if g.is_contiguous() else ', not contiguous'}"
+                           if isinstance(g, torch.Tensor) else type(g).__name__)
+                    raise InvalidArgument(f"gradient {self.name(i)}: expected a contiguous tensor of {s.numel} "
+                                          f"{s.dtype} on {self._views[i].device}, got {got}")
+            self._bound = [g.view(s.shape) for g, s in zip(grads, self.specs)]
 
     def _check_mark(self, i):
         self._check_open()
@@ -540,6 +575,9 @@ class Reducer:
                 self._start_iteration()
                 raise _bucket_error(exc, bucket, self._group) from exc
             self.iterations += 1
+            if self._bound is not None:  # the reduced gradients back into the program's tensors
+                for dst, view in zip(self._bound, self._views):
+                    dst.copy_(view)
             if self._rebuild_pending:
                 order = self._order + [i for b in self.buckets for i in b.members
                                        if not self._ready[i]]
@@ -576,7 +614,7 @@ class Reducer:
         thread and groups). Views already handed out keep their memory alive."""
         with self._lock:
             self._closed = True
-            self.buckets, self._views, self._works = [], [None] * len(self.specs), []
+            self.buckets, self._views, self._works, self._bound = [], [None] * len(self.specs), [], None
             state, self._hook_state = self._hook_state, None
         _close_state(state)
 

@@ -231,6 +231,18 @@ def pb_reducer_set_shapes(reducer, nparams, ndims, dims):
     r.set_shapes(shapes)
 
 
+def pb_reducer_bind_grads(reducer, n, grads):
+    r = _get(reducer).reducer
+    if n == 0:
+        r.bind_grads(None)
+        return
+    if n != r.num_params:
+        raise InvalidArgument(f"n is {n} but the reducer has {r.num_params} gradients (0 unbinds)")
+    if grads == capi.ffi.NULL:
+        raise InvalidArgument(f"grads is NULL with n = {n}")
+    r.bind_grads([tensor(grads + i, f"grads[{i}]") for i in range(n)])
+
+
 def pb_reducer_zero(reducer):
     _get(reducer).reducer.zero_grad()
 
