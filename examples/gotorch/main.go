@@ -36,6 +36,7 @@ const (
 
 type options struct {
 	data, saveWeights, device string
+	hook                      string
 	epochs, batchSize, steps  int
 	lr, momentum              float64
 	seed                      int64
@@ -55,6 +56,7 @@ func parseFlags(args []string) (options, error) {
 	fs.Int64Var(&o.seed, "seed", 1, "initial parameters (torch.manual_seed) and data order")
 	fs.IntVar(&o.steps, "steps", -1, "stop after this many global steps in all (-1: no limit)")
 	fs.StringVar(&o.saveWeights, "save-weights", "", "rank 0 writes the final parameters and momentum here (mnist_format.py)")
+	fs.StringVar(&o.hook, "hook", "allreduce", "how buckets travel: allreduce, fp16, bf16, powersgd (rank 1) or gossip (cube)")
 	fs.Float64Var(&o.bucketCapMB, "bucket-cap-mb", 0, "reducer bucket size in MiB (0: 25, the first bucket 1, as torch DDP)")
 	fs.BoolVar(&o.noOverlap, "no-overlap", false, "mark gradients ready after backward instead of from autograd hooks (to measure the overlap)")
 	fs.BoolVar(&o.timing, "timing", false, "rank 0 prints the median forward+backward, wait and step times at the end")
@@ -66,6 +68,9 @@ func parseFlags(args []string) (options, error) {
 	if o.epochs < 1 || o.batchSize < 1 {
 		return o, errors.New("--epochs and --batch-size must be positive")
 	}
+	if _, ok := hooks[o.hook]; !ok {
+		return o, fmt.Errorf("--hook %q: choose allreduce, fp16, bf16, powersgd or gossip", o.hook)
+	}
 	if o.bucketCapMB < 0 {
 		return o, errors.New("--bucket-cap-mb must be >= 0")
 	}
@@ -73,6 +78,15 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("--device %q: only cpu runs today (device tensors need pybridge's tensor API)", o.device)
 	}
 	return o, nil
+}
+
+// hooks maps --hook to the reducer option that chooses it (nil: plain allreduce).
+var hooks = map[string]pybridge.ReducerOption{
+	"allreduce": nil,
+	"fp16":      pybridge.WithHook(pybridge.HookFP16),
+	"bf16":      pybridge.WithHook(pybridge.HookBF16),
+	"powersgd":  pybridge.WithPowerSGD(1, true),
+	"gossip":    pybridge.WithGossip(pybridge.GossipCube, 1, 1, 0),
 }
 
 func main() {
@@ -122,23 +136,30 @@ func run(opts options) error {
 	defer model.Close()
 	t := &trainer{g: g, model: model, gen: -1, check: opts.checkInPlace, overlap: !opts.noOverlap}
 	params := make([]pybridge.TensorSource, model.NumParams())
-	lens := make([]int, len(params))
+	specs := make([]pybridge.ParamSpec, len(params))
 	for i := range params {
 		p, err := model.ParamTensor(i)
 		if err != nil {
 			return err
 		}
-		params[i], lens[i] = p, p.Len
+		_, _, shape, err := model.Param(i)
+		if err != nil {
+			return err
+		}
+		params[i], specs[i] = p, pybridge.ParamSpec{Len: p.Len, DType: p.DType, Shape: shape} // shapes for PowerSGD
 	}
 	// Rank 0's parameters are everyone's starting point (libtorch memory, in place).
 	if err := pybridge.BroadcastParamsTensors(g, params, 0); err != nil {
 		return err
 	}
 	var reduceOpts []pybridge.ReducerOption
+	if h := hooks[opts.hook]; h != nil {
+		reduceOpts = append(reduceOpts, h)
+	}
 	if opts.bucketCapMB > 0 {
 		reduceOpts = append(reduceOpts, pybridge.WithBucketCapMB(opts.bucketCapMB))
 	}
-	if t.reducer, err = pybridge.NewReducer(g, pybridge.Params[float32](lens...), reduceOpts...); err != nil {
+	if t.reducer, err = pybridge.NewReducer(g, specs, reduceOpts...); err != nil {
 		return err
 	}
 	defer t.reducer.Close()
