@@ -16,10 +16,22 @@
  *             handles and calls out of order all return an error status.
  *
  *  Memory.    Synchronous calls read and write the caller's memory, described by
- *             a pb_tensor, only while the call runs; they do not copy it (CPU data
- *             is wrapped in place). Asynchronous calls work only on pb_buffer
- *             objects, whose memory the library owns, so no caller pointer is
- *             kept after a call returns (as cgo's pointer rules require).
+ *             a pb_tensor, only while the call runs; they do not copy it (host and
+ *             CUDA memory are wrapped in place). Asynchronous calls work on
+ *             pb_buffer objects, whose memory the library owns, or (the
+ *             pb_*_tensor_async calls) on memory the caller keeps valid until the
+ *             work completes; never on memory a garbage collector may move.
+ *
+ *  Streams.   CUDA memory is used in the order of the calling thread's current
+ *             CUDA stream of the process's libtorch (the device's default stream
+ *             unless the program made another current): it must be ready in that
+ *             stream's order when the call is made; a blocking call's result is
+ *             ready in that stream's order when it returns (the stream waits for
+ *             the communication), an asynchronous call's once its work completes.
+ *             This is torch.distributed's rule, which pybridge inherits; link the
+ *             torch wheel's libtorch (pybridge-capi --torch-libs) so that the
+ *             program and the library share one current stream. NOT YET RUN ON A
+ *             GPU; choosing another stream per group or per call is not offered yet.
  *
  *  Handles.   pb_group, pb_buffer, pb_work and the others are opaque handles. A
  *             handle that was closed, or never issued by this library, is rejected
