@@ -25,32 +25,21 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import ROOT, progress, save, table  # noqa: E402
-from mnist import PY_TRAINER, prepare, run_trainer  # noqa: E402
+from mnist import PY_TRAINER, build_go, prepare, run_trainer  # noqa: E402
 
 GOTORCH = os.path.join(ROOT, "build", "gotorch")
 TIMING = re.compile(r"^timing: forward\+backward (\S+) ms  wait (\S+) ms  step (\S+) ms", re.M)
 
 
-def torch_cgo_env():
-    """cgo flags for compiling and linking against this environment's torch wheel."""
-    from torch.utils import cpp_extension
-    inc = " ".join(f"-I{p}" for p in cpp_extension.include_paths())
-    libs = " ".join(f"-L{p} -Wl,-rpath,{p}" for p in cpp_extension.library_paths())
-    return {"CGO_CXXFLAGS": inc, "CGO_LDFLAGS": libs}
-
-
 def build_gotorch():
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
-           "PKG_CONFIG_PATH": os.path.join(ROOT, "build"), **torch_cgo_env()}
-    go = os.path.join(os.path.dirname(sys.executable), "go")
-    subprocess.run([go if os.path.exists(go) else "go", "build", "-o", GOTORCH, "."],
-                   cwd=os.path.join(ROOT, "examples", "gotorch"), env=env, check=True, timeout=600)
+    from pybridge._capi_build import torch_flags
+    cflags, libs = torch_flags()
+    build_go(os.path.join("examples", "gotorch"), GOTORCH, {"CGO_CXXFLAGS": cflags, "CGO_LDFLAGS": libs})
 
 
 def main():

@@ -85,12 +85,17 @@ def run_trainer(target, ranks, data, opts, extra=()):
             "output": text}
 
 
-def build_go_trainer():
+def build_go(module, out, env=None):
+    """`go build -o out` in the Go module folder `module` (under ROOT), offline."""
     env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
-           "PKG_CONFIG_PATH": os.path.join(ROOT, "build")}
+           "PKG_CONFIG_PATH": os.path.join(ROOT, "build"), **(env or {})}
     go = os.path.join(os.path.dirname(sys.executable), "go")
-    subprocess.run([go if os.path.exists(go) else "go", "build", "-o", GO_TRAINER, "."],
-                   cwd=os.path.join(ROOT, "examples", "mnist"), env=env, check=True, timeout=300)
+    subprocess.run([go if os.path.exists(go) else "go", "build", "-o", out, "."],
+                   cwd=os.path.join(ROOT, module), env=env, check=True, timeout=600)
+
+
+def build_go_trainer():
+    build_go(os.path.join("examples", "mnist"), GO_TRAINER)
 
 
 def main():

@@ -17,29 +17,25 @@ import numpy as np
 import pytest
 import torch
 
-from test_mnist import GO, MNIST, TRAIN_PY, final_accuracy, launch, reference_weights  # noqa: F401
+from test_mnist import GO, MNIST, TRAIN_PY, final_accuracy, launch, reference_weights, small_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOTORCH = os.path.join(ROOT, "examples", "gotorch")
 sys.path.insert(0, MNIST)
 import mnist_format as fmt  # noqa: E402
-import prepare  # noqa: E402
+
+from pybridge._capi_build import torch_flags  # noqa: E402
 
 
 def torch_cgo_env():
     """cgo flags for compiling and linking against this environment's torch wheel."""
-    from torch.utils import cpp_extension
-    inc = " ".join(f"-I{p}" for p in cpp_extension.include_paths())
-    libs = " ".join(f"-L{p} -Wl,-rpath,{p}" for p in cpp_extension.library_paths())
-    return {"CGO_CXXFLAGS": inc, "CGO_LDFLAGS": libs}
+    cflags, libs = torch_flags()
+    return {"CGO_CXXFLAGS": cflags, "CGO_LDFLAGS": libs}
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("mnist")
-    assert prepare.main(["--out", str(out), "--train-count", "2000", "--test-count", "500",
-                         "--shards", "3", "--seed", "0"]) == 0
-    return str(out)
+    return small_data(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

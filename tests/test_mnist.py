@@ -37,12 +37,17 @@ TIMEOUT = 90
 MIN_ACCURACY = 0.80
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def small_data(tmp_path_factory):
+    """A small synthetic set (2000 train, 500 test records in 3 + 1 shards, seed 0); its folder."""
     out = tmp_path_factory.mktemp("mnist")
     assert prepare.main(["--out", str(out), "--train-count", "2000", "--test-count", "500",
                          "--shards", "3", "--seed", "0"]) == 0
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return small_data(tmp_path_factory)
 
 
 GO = os.path.join(sysconfig.get_path("scripts"), "go")
