@@ -1,4 +1,4 @@
-"""bench/charts.py draws every committed benchmark result (the charts the README shows)."""
+"""bench/charts.py draws every committed benchmark result (the charts docs/benchmarks.md shows)."""
 
 import json
 import os
