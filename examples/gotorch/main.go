@@ -35,38 +35,28 @@ const (
 )
 
 type options struct {
-	data, saveWeights, device string
-	hook                      string
-	epochs, batchSize, steps  int
-	lr, momentum              float64
-	seed                      int64
-	bucketCapMB               float64
-	checkInPlace, noOverlap   bool
-	timing                    bool
+	mnistdata.Training
+	device, hook            string
+	bucketCapMB             float64
+	checkInPlace, noOverlap bool
+	timing                  bool
 }
 
 func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("gotorch", flag.ContinueOnError)
-	fs.StringVar(&o.data, "data", "data/mnist", "folder written by examples/mnist/prepare.py")
-	fs.IntVar(&o.epochs, "epochs", 5, "epochs")
-	fs.IntVar(&o.batchSize, "batch-size", 64, "GLOBAL batch: records per step over all ranks, divisible by the world size")
-	fs.Float64Var(&o.lr, "lr", 0.05, "learning rate")
-	fs.Float64Var(&o.momentum, "momentum", 0.9, "SGD momentum")
-	fs.Int64Var(&o.seed, "seed", 1, "initial parameters (torch.manual_seed) and data order")
-	fs.IntVar(&o.steps, "steps", -1, "stop after this many global steps in all (-1: no limit)")
-	fs.StringVar(&o.saveWeights, "save-weights", "", "rank 0 writes the final parameters and momentum here (mnist_format.py)")
+	o.Register(fs)
 	fs.StringVar(&o.hook, "hook", "allreduce", "how buckets travel: allreduce, fp16, bf16, powersgd (rank 1) or gossip (cube)")
 	fs.Float64Var(&o.bucketCapMB, "bucket-cap-mb", 0, "reducer bucket size in MiB (0: 25, the first bucket 1, as torch DDP)")
 	fs.BoolVar(&o.noOverlap, "no-overlap", false, "mark gradients ready after backward instead of from autograd hooks (to measure the overlap)")
 	fs.BoolVar(&o.timing, "timing", false, "rank 0 prints the median forward+backward, wait and step times at the end")
 	fs.BoolVar(&o.checkInPlace, "check-in-place", false, "after every step, fail unless each gradient libtorch holds is still its bucket's memory")
-	fs.StringVar(&o.device, "device", "cpu", "cpu (gloo); cuda needs tensors the Go package cannot take yet")
+	fs.StringVar(&o.device, "device", "cpu", "cpu (gloo); cuda is not supported yet (nothing has run on a GPU here)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
-	if o.epochs < 1 || o.batchSize < 1 {
-		return o, errors.New("--epochs and --batch-size must be positive")
+	if err := o.Check(); err != nil {
+		return o, err
 	}
 	if _, ok := hooks[o.hook]; !ok {
 		return o, fmt.Errorf("--hook %q: choose allreduce, fp16, bf16, powersgd or gossip", o.hook)
@@ -75,7 +65,7 @@ func parseFlags(args []string) (options, error) {
 		return o, errors.New("--bucket-cap-mb must be >= 0")
 	}
 	if o.device != "cpu" {
-		return o, fmt.Errorf("--device %q: only cpu runs today (device tensors need pybridge's tensor API)", o.device)
+		return o, fmt.Errorf("--device %q: only cpu runs today (cuda has not been written and run on a GPU yet)", o.device)
 	}
 	return o, nil
 }
@@ -124,12 +114,12 @@ func run(opts options) error {
 	defer g.Close()
 	rank, world := g.Rank(), g.Size()
 	say := mnistdata.Say(rank)
-	perRank, err := mnistdata.PerRank(opts.batchSize, world)
+	perRank, err := mnistdata.PerRank(opts.BatchSize, world)
 	if err != nil {
 		return err
 	}
 
-	model, err := NewModel(hidden, opts.seed, -1)
+	model, err := NewModel(hidden, opts.Seed, -1)
 	if err != nil {
 		return err
 	}
@@ -168,17 +158,17 @@ func run(opts options) error {
 		defer model.MarkReadyInC(nil)
 	}
 
-	data, err := mnistdata.Open(g, opts.data, perRank, opts.batchSize, opts.seed)
+	data, err := mnistdata.Open(g, opts.Data, perRank, opts.BatchSize, opts.Seed)
 	if err != nil {
 		return err
 	}
 	defer data.Close()
 	train, test := data.Train, data.Test
-	say("%s", data.Header(world, opts.batchSize, opts.lr, opts.momentum))
+	say("%s", data.Header(world, opts.BatchSize, opts.LR, opts.Momentum))
 
 	epoch, step := 0, 0
 	acc := -1.0
-	for epoch < opts.epochs && (opts.steps < 0 || step < opts.steps) {
+	for epoch < opts.Epochs && (opts.Steps < 0 || step < opts.Steps) {
 		if err := train.SetEpoch(epoch); err != nil {
 			return err
 		}
@@ -186,10 +176,10 @@ func run(opts options) error {
 		done := 0
 		start := time.Now()
 		for train.Next() {
-			if opts.steps >= 0 && step >= opts.steps {
+			if opts.Steps >= 0 && step >= opts.Steps {
 				continue // finish the pass so the loader is ready for the next one
 			}
-			loss, err := t.step(train.Batch(), float32(opts.lr), float32(opts.momentum))
+			loss, err := t.step(train.Batch(), float32(opts.LR), float32(opts.Momentum))
 			if err != nil {
 				return err
 			}
@@ -211,15 +201,15 @@ func run(opts options) error {
 		}
 		acc = totals[2] / max(totals[3], 1)
 		epoch++
-		loss, rate := totals[0]/max(totals[1], 1), float64(done*opts.batchSize)/max(elapsed, 1e-9)
-		say("%s", mnistdata.EpochLine(epoch, opts.epochs, loss, acc, rate, rank, world))
+		loss, rate := totals[0]/max(totals[1], 1), float64(done*opts.BatchSize)/max(elapsed, 1e-9)
+		say("%s", mnistdata.EpochLine(epoch, opts.Epochs, loss, acc, rate, rank, world))
 	}
 	if opts.timing {
 		say("timing: forward+backward %.3f ms  wait %.3f ms  step %.3f ms  (medians of %d steps, rank 0)",
 			median(t.backward), median(t.wait), median(t.total), len(t.total))
 	}
-	if rank == 0 && opts.saveWeights != "" {
-		if err := t.saveWeights(opts.saveWeights, epoch, step); err != nil {
+	if rank == 0 && opts.SaveWeights != "" {
+		if err := t.saveWeights(opts.SaveWeights, epoch, step); err != nil {
 			return err
 		}
 	}

@@ -24,7 +24,7 @@ func runFederatedWorker(opts options) error {
 	if g.Rank() == 0 {
 		return fmt.Errorf("-federated runs a worker; rank 0 is the server: launch examples/mnist/federated_go.py")
 	}
-	records, err := readAll(filepath.Join(opts.data, "train-*.recordio"))
+	records, err := readAll(filepath.Join(opts.Data, "train-*.recordio"))
 	if err != nil {
 		return err
 	}
@@ -149,19 +149,19 @@ func gather(x []float32, labels []uint8, idx []int) ([]float32, []uint8) {
 
 // trainClient runs local SGD on the client's records, in place on m.
 func trainClient(m *MLP, x []float32, labels []uint8, idx []int, opts options, client int) {
-	rng := rand.New(rand.NewSource(opts.seed*100003 + int64(client)))
+	rng := rand.New(rand.NewSource(opts.Seed*100003 + int64(client)))
 	params := m.Params()
 	grads := make(Grads, len(params))
 	for i, p := range params {
 		grads[i] = make([]float32, len(p))
 	}
-	opt := &SGD{LR: float32(opts.lr)}
+	opt := &SGD{LR: float32(opts.LR)}
 	none := func(int) error { return nil }
 	for e := 0; e < opts.localEpochs; e++ {
 		perm := rng.Perm(len(idx))
-		for at := 0; at < len(perm); at += opts.batchSize {
-			batch := make([]int, 0, opts.batchSize)
-			for _, k := range perm[at:min(at+opts.batchSize, len(perm))] {
+		for at := 0; at < len(perm); at += opts.BatchSize {
+			batch := make([]int, 0, opts.BatchSize)
+			for _, k := range perm[at:min(at+opts.BatchSize, len(perm))] {
 				batch = append(batch, idx[k])
 			}
 			bx, bl := gather(x, labels, batch)

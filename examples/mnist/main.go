@@ -30,29 +30,19 @@ const (
 )
 
 type options struct {
-	data, checkpoint, initWeights, saveWeights string
-	metrics, reduce                            string
-	syncEvery, localEpochs                     int
-	epochs, batchSize, steps                   int
-	lr, momentum                               float64
-	seed                                       int64
-	resume, federated                          bool
+	mnistdata.Training
+	checkpoint, initWeights, metrics, reduce string
+	syncEvery, localEpochs                   int
+	resume, federated                        bool
 }
 
 func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("mnist", flag.ContinueOnError)
-	fs.StringVar(&o.data, "data", "data/mnist", "folder written by prepare.py")
-	fs.IntVar(&o.epochs, "epochs", 5, "epochs")
-	fs.IntVar(&o.batchSize, "batch-size", 64, "GLOBAL batch: records per step over all ranks, divisible by the world size")
-	fs.Float64Var(&o.lr, "lr", 0.05, "learning rate")
-	fs.Float64Var(&o.momentum, "momentum", 0.9, "SGD momentum")
-	fs.Int64Var(&o.seed, "seed", 1, "initial parameters and data order")
+	o.Register(fs)
 	fs.StringVar(&o.checkpoint, "checkpoint", "", "rank 0 writes this file after every epoch")
 	fs.BoolVar(&o.resume, "resume", false, "continue from --checkpoint if it exists")
-	fs.IntVar(&o.steps, "steps", -1, "stop after this many global steps in all (-1: no limit)")
 	fs.StringVar(&o.initWeights, "init-weights", "", "start from these parameters (checkpoint format)")
-	fs.StringVar(&o.saveWeights, "save-weights", "", "rank 0 writes the final parameters and momentum here")
 	fs.StringVar(&o.metrics, "metrics", "", "rank 0 writes one JSON line per epoch here (plot with plot.py)")
 	fs.StringVar(&o.reduce, "reduce", "allreduce", "gradient reduction: allreduce, gossip-cube or gossip-dissemination")
 	fs.IntVar(&o.syncEvery, "sync-every", 0, "gossip: average the parameters over all ranks every N steps (0: only before evaluating)")
@@ -61,8 +51,8 @@ func parseFlags(args []string) (options, error) {
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
-	if o.epochs < 1 || o.batchSize < 1 {
-		return o, errors.New("--epochs and --batch-size must be positive")
+	if err := o.Check(); err != nil {
+		return o, err
 	}
 	if _, ok := reductions[o.reduce]; !ok {
 		return o, fmt.Errorf("--reduce %q: choose allreduce, gossip-cube or gossip-dissemination", o.reduce)
@@ -127,13 +117,13 @@ func run(opts options) error {
 	defer g.Close()
 	rank, world := g.Rank(), g.Size()
 	say := mnistdata.Say(rank)
-	perRank, err := mnistdata.PerRank(opts.batchSize, world)
+	perRank, err := mnistdata.PerRank(opts.BatchSize, world)
 	if err != nil {
 		return err
 	}
 
-	t := &trainer{g: g, model: NewMLP(hidden, opts.seed), say: say,
-		opt: &SGD{LR: float32(opts.lr), Momentum: float32(opts.momentum)}}
+	t := &trainer{g: g, model: NewMLP(hidden, opts.Seed), say: say,
+		opt: &SGD{LR: float32(opts.LR), Momentum: float32(opts.Momentum)}}
 	if opts.initWeights != "" && rank == 0 {
 		ck, err := readCheckpoint(opts.initWeights)
 		if err != nil {
@@ -159,20 +149,20 @@ func run(opts options) error {
 	specs := pybridge.Params[float32](len(t.model.W1), len(t.model.B1), len(t.model.W2), len(t.model.B2))
 	var reduceOpts []pybridge.ReducerOption
 	if topo := reductions[opts.reduce]; topo >= 0 {
-		reduceOpts = append(reduceOpts, pybridge.WithGossip(topo, 1, opts.seed, opts.syncEvery))
+		reduceOpts = append(reduceOpts, pybridge.WithGossip(topo, 1, opts.Seed, opts.syncEvery))
 	}
 	if t.reducer, err = pybridge.NewReducer(g, specs, reduceOpts...); err != nil {
 		return err
 	}
 	defer t.reducer.Close()
 
-	data, err := mnistdata.Open(g, opts.data, perRank, opts.batchSize, opts.seed)
+	data, err := mnistdata.Open(g, opts.Data, perRank, opts.BatchSize, opts.Seed)
 	if err != nil {
 		return err
 	}
 	defer data.Close()
 	train, test := data.Train, data.Test
-	say("%s", data.Header(world, opts.batchSize, opts.lr, opts.momentum))
+	say("%s", data.Header(world, opts.BatchSize, opts.LR, opts.Momentum))
 
 	metrics, err := newMetricsLog(opts.metrics, rank)
 	if err != nil {
@@ -181,7 +171,7 @@ func run(opts options) error {
 	defer metrics.Close()
 	runStart := time.Now()
 	acc := -1.0
-	for epoch < opts.epochs && (opts.steps < 0 || step < opts.steps) {
+	for epoch < opts.Epochs && (opts.Steps < 0 || step < opts.Steps) {
 		if err := train.SetEpoch(epoch); err != nil {
 			return err
 		}
@@ -189,7 +179,7 @@ func run(opts options) error {
 		done := 0
 		start := time.Now()
 		for train.Next() {
-			if opts.steps >= 0 && step >= opts.steps {
+			if opts.Steps >= 0 && step >= opts.Steps {
 				continue // finish the pass so the loader is ready for the next one
 			}
 			maybeFail(step, rank)
@@ -230,8 +220,8 @@ func run(opts options) error {
 				return err
 			}
 		}
-		loss, rate := totals[0]/max(totals[1], 1), float64(done*opts.batchSize)/max(elapsed, 1e-9)
-		say("%s", mnistdata.EpochLine(epoch, opts.epochs, loss, acc, rate, rank, world))
+		loss, rate := totals[0]/max(totals[1], 1), float64(done*opts.BatchSize)/max(elapsed, 1e-9)
+		say("%s", mnistdata.EpochLine(epoch, opts.Epochs, loss, acc, rate, rank, world))
 		if err := metrics.Write(epochMetrics{Epoch: epoch, Step: step, Loss: loss, TestAccuracy: acc,
 			SamplesPerSecond: rate, Seconds: time.Since(runStart).Seconds(), Ranks: world}); err != nil {
 			return err
@@ -248,8 +238,8 @@ func run(opts options) error {
 		}
 		acc = totals[0] / max(totals[1], 1)
 	}
-	if rank == 0 && opts.saveWeights != "" {
-		if err := writeCheckpoint(opts.saveWeights, epoch, step, t.model, t.opt); err != nil {
+	if rank == 0 && opts.SaveWeights != "" {
+		if err := writeCheckpoint(opts.SaveWeights, epoch, step, t.model, t.opt); err != nil {
 			return err
 		}
 	}

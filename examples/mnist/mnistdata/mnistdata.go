@@ -9,6 +9,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -24,6 +26,35 @@ const (
 	NumClasses = 10
 	EvalBatch  = 256 // test records per rank and batch
 )
+
+// Training holds the flags every MNIST trainer takes, with the same defaults and
+// meaning (train.py takes them too).
+type Training struct {
+	Data, SaveWeights        string
+	Epochs, BatchSize, Steps int
+	LR, Momentum             float64
+	Seed                     int64
+}
+
+// Register adds the flags to fs.
+func (t *Training) Register(fs *flag.FlagSet) {
+	fs.StringVar(&t.Data, "data", "data/mnist", "folder written by examples/mnist/prepare.py")
+	fs.IntVar(&t.Epochs, "epochs", 5, "epochs")
+	fs.IntVar(&t.BatchSize, "batch-size", 64, "GLOBAL batch: records per step over all ranks, divisible by the world size")
+	fs.Float64Var(&t.LR, "lr", 0.05, "learning rate")
+	fs.Float64Var(&t.Momentum, "momentum", 0.9, "SGD momentum")
+	fs.Int64Var(&t.Seed, "seed", 1, "initial parameters and data order")
+	fs.IntVar(&t.Steps, "steps", -1, "stop after this many global steps in all (-1: no limit)")
+	fs.StringVar(&t.SaveWeights, "save-weights", "", "rank 0 writes the final parameters and momentum here (mnist_format.py)")
+}
+
+// Check refuses values no run can use.
+func (t *Training) Check() error {
+	if t.Epochs < 1 || t.BatchSize < 1 {
+		return errors.New("--epochs and --batch-size must be positive")
+	}
+	return nil
+}
 
 // Kind says which data a prepared folder holds, from its manifest.json.
 func Kind(folder string) string {
