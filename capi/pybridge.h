@@ -30,8 +30,9 @@
  *             the communication), an asynchronous call's once its work completes.
  *             This is torch.distributed's rule, which pybridge inherits; link the
  *             torch wheel's libtorch (pybridge-capi --torch-libs) so that the
- *             program and the library share one current stream. NOT YET RUN ON A
- *             GPU; choosing another stream per group or per call is not offered yet.
+ *             program and the library share one current stream. Another stream:
+ *             per group with pb_group_set_stream, per call by making it current in
+ *             libtorch around the call. NOT YET RUN ON A GPU.
  *
  *  Handles.   pb_group, pb_buffer, pb_work and the others are opaque handles. A
  *             handle that was closed, or never issued by this library, is rejected
@@ -202,6 +203,13 @@ int pb_group_split(pb_group *parent, int32_t color, int32_t key, pb_group **out)
  * members must create their groups in the same order. */
 int pb_group_new(pb_group *parent, const int32_t *ranks, int32_t n, pb_group **out);
 
+/* pb_group_split with the subgroup's backend chosen: "gloo", "nccl", or NULL / "" / "auto"
+ * for the parent's. The usual use: a gloo group beside an nccl world for host-memory
+ * traffic (metrics, Go slices, the loader), as torch's new_group(backend="gloo"):
+ * pb_group_split_backend(world, 0, rank, "gloo", &host). */
+int pb_group_split_backend(pb_group *parent, int32_t color, int32_t key, const char *backend,
+                           pb_group **out);
+
 /* This rank's intra-node group and cross-node group (members with the same local rank on
  * every node). Nodes are consecutive blocks of ranks_per_node ranks of `parent`; <= 0
  * reads LOCAL_WORLD_SIZE (set by pybridge-launch and torchrun). COLLECTIVE over parent. */
@@ -219,6 +227,18 @@ int pb_group_close(pb_group *group);
 /* Deprecated: use pb_group_close (the same function, under the name every handle's
  * destructor has: pb_X_close). */
 int pb_group_free(pb_group *group);
+
+/* Order this group's calls on CUDA memory on `cuda_stream` (a cudaStream_t, passed as a
+ * pointer) instead of the calling thread's current libtorch stream; NULL goes back to the
+ * current stream. The stream contract (CONVENTIONS, Streams) then holds with this stream
+ * in place of the current one: tensors ready in its order when a call is made, a blocking
+ * call's result ready in its order on return, an asynchronous call's once its work
+ * completes; a reducer on this group copies and reduces on it too. For a stream per call,
+ * set it before the call, or make the stream current in libtorch around the call
+ * (c10::cuda::CUDAStreamGuard). The stream must outlive its use. Subgroups start without
+ * one. Errors: PB_ERR_INVALID_ARGUMENT when a non-NULL stream is given and this process's
+ * torch has no CUDA device. NOT YET RUN ON A GPU. */
+int pb_group_set_stream(pb_group *group, void *cuda_stream);
 
 /* The device this rank should compute on: its CUDA index under nccl, PB_CPU under gloo. */
 int pb_device(pb_group *group, int32_t *out);

@@ -58,6 +58,11 @@ static inline int pbgo_group_new(pb_group *parent, const int32_t *ranks, int32_t
 	return pbgo_status(pb_group_new(parent, ranks, n, out), msg);
 }
 
+static inline int pbgo_group_split_backend(pb_group *parent, int32_t color, int32_t key,
+                                           const char *backend, pb_group **out, char **msg) {
+	return pbgo_status(pb_group_split_backend(parent, color, key, backend, out), msg);
+}
+
 static inline int pbgo_group_nodes(pb_group *parent, int32_t ranks_per_node, pb_group **intra,
                                    pb_group **cross, char **msg) {
 	return pbgo_status(pb_group_nodes(parent, ranks_per_node, intra, cross), msg);
@@ -79,6 +84,10 @@ static inline int pbgo_group_close(pb_group *group, char **msg) {
 
 static inline int pbgo_group_free(pb_group *group, char **msg) {
 	return pbgo_status(pb_group_free(group), msg);
+}
+
+static inline int pbgo_group_set_stream(pb_group *group, void *cuda_stream, char **msg) {
+	return pbgo_status(pb_group_set_stream(group, cuda_stream), msg);
 }
 
 static inline int pbgo_device(pb_group *group, int32_t *out, char **msg) {

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from . import checked as _checked
 from . import rendezvous
+from . import streams as _streams
 from . import roster as _roster
 from . import watchdog as _watchdog
 from .checks import index, positive_seconds
@@ -59,6 +60,7 @@ class Group:
             else torch.device("cpu")
         self.parent = parent
         self.closed = False
+        self.stream = None  # the CUDA stream calls are ordered on; None: the current one (streams.py)
         self._owned = owned  # pybridge created the torch group, so pybridge destroys it
         self._children = []
         self._created = 0  # subgroups made from this one so far: names the next one's store keys
@@ -132,6 +134,17 @@ class Group:
 
     def describe(self):
         return "the world group" if self.parent is None else f"group {self.uid}"
+
+    def set_stream(self, stream):
+        """Order this group's calls on CUDA memory on `stream` (a torch.cuda.Stream or a
+        cudaStream_t address) instead of the calling thread's current stream; None (or 0)
+        goes back to the current stream. Tensors must be ready in that stream's order when
+        a call is made; a blocking call's result is ready in its order on return, an
+        asynchronous one's when its work completes (docs/c-api.md, CUDA streams). Subgroups start
+        without one."""
+        self.check_open()
+        device = self.device.index if self.device.type == "cuda" else None
+        self.stream = _streams.external(stream, device)
 
     # ---- subgroups -------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from . import abi, agree, collectives, comm_hooks, dtypes
+from . import abi, agree, collectives, comm_hooks, dtypes, streams
 from . import group as _group
 from . import watchdog as _watchdog
 from .buffers import check_extent
@@ -258,6 +258,7 @@ class Reducer:
         params = list(params)
         default_device = self._group.device
         self.specs = [_spec(i, p, default_device) for i, p in enumerate(params)]
+        self._on_cuda = any(s.device.type == "cuda" for s in self.specs)  # the group's stream applies
         if names is not None:
             names = [str(n) for n in names]
             if len(names) != len(self.specs):
@@ -418,8 +419,14 @@ class Reducer:
     def zero_grad(self):
         """Zero every bucket (for callers that accumulate into the views)."""
         self._check_open()
-        for b in self.buckets:
-            b.flat.zero_()
+        with self._stream():
+            for b in self.buckets:
+                b.flat.zero_()
+
+    def _stream(self):
+        """Copies, zeroing and launches run on the group's stream when it has one
+        (streams.py), so they stay in order with the collectives."""
+        return streams.scope(self._group, cuda=self._on_cuda)
 
     def register_comm_hook(self, state, hook):
         """Communicate each full bucket with `hook(state, bucket) -> Future` (torch's DDP
@@ -456,7 +463,7 @@ class Reducer:
         """Gradient `i` is written: once every gradient of its bucket is, and every earlier
         bucket has been launched, the bucket's allreduce starts (asynchronously). With
         gradients bound (bind_grads), gradient i is first copied from the program's tensor."""
-        with self._lock:
+        with self._lock, self._stream():
             if self._stale:
                 self._check_open()
                 self._agree()
@@ -469,7 +476,7 @@ class Reducer:
         """Copy `grad` (any tensor of parameter i's element count) into gradient i's view and
         mark it ready. For a gradient that lives elsewhere this is one pass instead of
         copy-then-mark: the averaging division is folded into the copy."""
-        with self._lock:
+        with self._lock, self._stream():
             if self._stale:
                 self._check_open()
                 self._agree()
@@ -542,7 +549,7 @@ class Reducer:
         Raises InvalidArgument naming the gradients never marked (unless allow_unused), and
         Timeout/CommError if the reduction fails. The next mark_ready starts a new iteration.
         """
-        with self._lock:
+        with self._lock, self._stream():
             self._check_open()
             if timeout is not None:
                 timeout = positive_seconds("timeout", timeout)
