@@ -456,7 +456,12 @@ typedef struct pb_reducer pb_reducer; /* buckets, views and in-flight allreduces
 #define PB_HOOK_FP16 1        /* float32 buckets travel as half, decompressed in place */
 #define PB_HOOK_BF16 2        /* float32 buckets travel as bfloat16 */
 #define PB_HOOK_POWERSGD 3    /* torch's PowerSGD low-rank compression (averages) */
+#define PB_HOOK_HIERARCHICAL 4 /* sum within the node, allreduce among node leaders (local
+                                  rank 0), broadcast within the node: one bucket per node
+                                  crosses node links (hook_ranks_per_node sets the node) */
 #define PB_HOOK_NO_WARM_START 1 /* hook_flags: PowerSGD redraws Q every step */
+#define PB_HOOK_WIRE_FP16 2     /* hook_flags: PB_HOOK_HIERARCHICAL sends float32 buckets as half */
+#define PB_HOOK_WIRE_BF16 4     /* hook_flags: PB_HOOK_HIERARCHICAL sends float32 buckets as bfloat16 */
 
 /* Gradient compression: another name for a hook (PB_COMPRESS_X == PB_HOOK_X, the same
  * reducer and the same cross-rank signature). float32 buckets travel as half or bfloat16
@@ -492,7 +497,8 @@ typedef struct pb_reducer_options {
     int32_t hook;                /* PB_HOOK_* (default PB_HOOK_ALLREDUCE); PB_COMPRESS_* alike */
     int32_t hook_rank;           /* PB_HOOK_POWERSGD: the matrix approximation rank, >= 1
                                     (default 1; 1 to 4 are typical); other hooks ignore it */
-    int32_t hook_flags;          /* 0 or PB_HOOK_NO_WARM_START */
+    int32_t hook_flags;          /* 0, PB_HOOK_NO_WARM_START (PowerSGD), or one of
+                                    PB_HOOK_WIRE_FP16 / PB_HOOK_WIRE_BF16 (PB_HOOK_HIERARCHICAL) */
     int32_t gossip_topology;     /* PB_GOSSIP_NONE (default), PB_GOSSIP_CUBE or
                                     PB_GOSSIP_DISSEMINATION: see "Gossip" below. Gossip takes the
                                     hook's place: hook must then stay PB_HOOK_ALLREDUCE */
@@ -507,6 +513,9 @@ typedef struct pb_reducer_options {
                                     element count as counts[i]); hooks that compress matrices
                                     (PB_HOOK_POWERSGD) need them. Read during the call only */
     const int64_t *dims;
+    int32_t hook_ranks_per_node; /* PB_HOOK_HIERARCHICAL: ranks per node (consecutive ranks),
+                                    dividing the group size; 0 (default): the launcher's
+                                    LOCAL_WORLD_SIZE (the whole group when it is unset) */
 } pb_reducer_options;
 
 /* Fill *options with the defaults above (size included). Sets every field. */
@@ -526,6 +535,7 @@ static inline void pb_reducer_options_init(pb_reducer_options *options) {
     options->hook_start_iter = 2;
     options->ndims = 0;
     options->dims = 0;
+    options->hook_ranks_per_node = 0;
 }
 
 /* Create a reducer over `nparams` gradients, configured by `options` (NULL: the
@@ -538,8 +548,8 @@ static inline void pb_reducer_options_init(pb_reducer_options *options) {
  * dtypes, shapes and options. One small allgather compares them all (parameters, op,
  * caps, flags, hook and its settings, gossip settings): when they differ, every rank gets
  * PB_ERR_INVALID_ARGUMENT naming the settings that differ and each rank's value (e.g. a
- * PowerSGD rank beside a PB_HOOK_FP16 one), without checked mode. With gossip the call
- * then creates the node groups (a collective over the group).
+ * PowerSGD rank beside a PB_HOOK_FP16 one), without checked mode. With gossip or
+ * PB_HOOK_HIERARCHICAL the call then creates the node groups (a collective over the group).
  *
  * Errors: PB_ERR_INVALID_ARGUMENT (NULL arrays with nparams > 0, negative counts,
  * non-float or unknown dtypes, shapes whose element count differs, a bad options size,
