@@ -661,6 +661,59 @@ int pb_reducer_free(pb_reducer *reducer);
  * differ, every rank gets PB_ERR_INVALID_ARGUMENT (one small allgather checks it). */
 int pb_broadcast_params(pb_group *group, int32_t n, const pb_tensor *tensors, int32_t root);
 
+/* ---- Model averaging (local SGD) ------------------------------------------------ */
+/* For links too slow to reduce gradients every step: each rank steps its own parameters
+ * and, every `period` steps, the parameters are averaged over the group (torch's
+ * PeriodicModelAverager; docs/local-sgd.md). Post-local SGD: reduce gradients with a
+ * pb_reducer for the first `warmup_steps` steps, then stop calling it and let the averager
+ * bring the replicas together. Parameters are floating point, in host memory under gloo. */
+
+typedef struct pb_averager pb_averager; /* a step counter and its schedule */
+
+/* Average the `n` tensors over `group`, in place, now: one allreduce of the tensors
+ * flattened into one buffer (of their common promoted type), divided by the group size
+ * first, as torch's model averaging does. Synchronous; the descriptors and memory are used
+ * during the call only. COLLECTIVE: every rank passes the same counts and dtypes in order.
+ * Errors: PB_ERR_INVALID_ARGUMENT (NULL tensors with n > 0, a non-float dtype),
+ * PB_ERR_NOT_INITIALIZED / PB_ERR_CLOSED for the group, PB_ERR_TIMEOUT, PB_ERR_COMM. */
+int pb_average_params(pb_group *group, int32_t n, const pb_tensor *tensors);
+
+/* An averager over `group`: pb_averager_step averages when step >= warmup_steps and
+ * (step - warmup_steps) is a multiple of `period` (>= 1), then counts the step. Not a
+ * collective (the schedule is local; the averaging steps are). Release with
+ * pb_averager_close. Errors: PB_ERR_INVALID_ARGUMENT (period < 1, warmup_steps < 0, NULL
+ * out), PB_ERR_NOT_INITIALIZED / PB_ERR_CLOSED for the group. */
+int pb_averager_create(pb_group *group, int32_t period, int32_t warmup_steps, pb_averager **out);
+
+/* A hierarchical averager (torch's HierarchicalModelAverager): level i averages over
+ * consecutive blocks of group_sizes[i] ranks every periods[i] steps; periods increase and
+ * the last group size is the whole group's. After the warm-up, a step averages at the
+ * level of the largest period that divides the step (counted from 0, warm-up included).
+ * E.g. periods {4, 16}, group sizes {ranks per node, world}: within the node every 4
+ * steps, across nodes every 16. COLLECTIVE over `group` (it creates the subgroups).
+ * Errors: PB_ERR_INVALID_ARGUMENT (nlevels < 1, NULL arrays, periods not increasing, a
+ * size not dividing the group size, the last size not the group's). */
+int pb_averager_create_hierarchical(pb_group *group, int32_t nlevels, const int32_t *periods,
+                                    const int32_t *group_sizes, int32_t warmup_steps,
+                                    pb_averager **out);
+
+/* One training step, after the optimizer's update: average the `n` tensors if this step
+ * is due (a collective then: every rank calls pb_averager_step the same number of times
+ * with the same counts and dtypes), then count the step. *averaged (may be NULL) receives
+ * 1 if it averaged, else 0. Errors: those of pb_average_params. */
+int pb_averager_step(pb_averager *averager, int32_t n, const pb_tensor *tensors,
+                     int32_t *averaged);
+
+/* The steps counted so far (to save in a checkpoint) in *out. */
+int pb_averager_get_step(pb_averager *averager, int64_t *out);
+
+/* Continue the schedule at `step` (>= 0), as after a restart from a checkpoint. */
+int pb_averager_set_step(pb_averager *averager, int64_t step);
+
+/* Release the averager (and a hierarchical one's subgroups). Later calls on the handle, a
+ * second pb_averager_close included, return PB_ERR_INVALID_ARGUMENT. */
+int pb_averager_close(pb_averager *averager);
+
 /* ---- Training state (checkpoints) ---------------------------------------------- */
 /* A checkpoint is one file, directory/step-NNNNNNNNNNNN.pt (the step in 12 digits; format:
  * docs/checkpoint.md, readable by pybridge.checkpoint in Python), written atomically: a
