@@ -122,8 +122,8 @@ def gossip(plt, data):
     methods = list(cases[0][2]["rows"])
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     width = 0.8 / len(methods)
-    for ax, field, ylabel in ((axes[0], "step_ms", "ms per training step (lower is better)"),
-                              (axes[1], "sent_mib_per_rank_step", "MiB sent per rank per step")):
+    field, ylabel = data.get("chart_bytes", ("sent_mib_per_rank_step", "MiB sent per rank per step"))
+    for ax, field, ylabel in ((axes[0], "step_ms", "ms per training step (lower is better)"), (axes[1], field, ylabel)):
         for j, method in enumerate(methods):
             ys = [m["rows"][method][field] for _, _, m in cases]
             label = cases[0][2]["rows"][method].get("label", method.replace("_", " "))
@@ -134,7 +134,8 @@ def gossip(plt, data):
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_title(data.get("title", f"GossipGraD vs allreduce, {data.get('backend', 'gloo')}") + ", step time",
                       fontsize=8)
-    axes[1].set_title("bytes written per rank per step (measured)")
+    axes[1].set_title(ylabel.split(" (")[0] + " (measured)" if "chart_bytes" in data
+                      else "bytes written per rank per step (measured)", fontsize=8)
     axes[0].legend(fontsize=8)
     return fig
 

@@ -237,6 +237,7 @@ def main():
               "statistic": "median training step (zero_grad + forward + backward + sync + SGD step), slower "
                            "rank; local SGD amortized over its period; bytes written per rank per step "
                            "(/proc/self/io wchar), median over rounds, mean over ranks",
+              "chart_bytes": ["link_mib_per_node_step", "MiB over node links per node per step"],
               "worlds": {str(WORLD): {}}}
     for key in models:
         cfg = MODELS[key]

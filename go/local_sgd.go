@@ -13,19 +13,9 @@ import "runtime"
 // same lengths in the same order; every rank must call collectives in the same
 // order.
 func AverageParams[T Float](g *Group, params [][]T) error {
-	const name = "AverageParams"
-	h, err := g.handle(name)
-	if err != nil {
-		return err
-	}
-	n, err := toInt32(name, "parameter count", len(params))
-	if err != nil {
-		return err
-	}
-	var pin runtime.Pinner
-	defer pin.Unpin()
-	var msg *C.char
-	return check(name, C.pbgo_average_params(h, n, describeSlices(&pin, params), &msg), msg)
+	return paramsCall("AverageParams", g, params, func(h *C.pb_group, n C.int32_t, d *C.pb_tensor, msg **C.char) C.int {
+		return C.pbgo_average_params(h, n, d, msg)
+	})
 }
 
 // Averager runs periodic model averaging (local SGD; torch's

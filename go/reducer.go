@@ -570,11 +570,20 @@ func (r *Reducer) Close() error {
 // call them, the program must impose that order.
 func BroadcastParams[T Numeric](g *Group, params [][]T, root int) error {
 	const name = "BroadcastParams"
-	h, err := g.handle(name)
+	rt, err := toInt32(name, "root", root)
 	if err != nil {
 		return err
 	}
-	rt, err := toInt32(name, "root", root)
+	return paramsCall(name, g, params, func(h *C.pb_group, n C.int32_t, d *C.pb_tensor, msg **C.char) C.int {
+		return C.pbgo_broadcast_params(h, n, d, rt, msg)
+	})
+}
+
+// paramsCall makes one library call over g with descriptors of params (pinned
+// for the call).
+func paramsCall[T Numeric](name string, g *Group, params [][]T,
+	call func(h *C.pb_group, n C.int32_t, d *C.pb_tensor, msg **C.char) C.int) error {
+	h, err := g.handle(name)
 	if err != nil {
 		return err
 	}
@@ -585,7 +594,7 @@ func BroadcastParams[T Numeric](g *Group, params [][]T, root int) error {
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	var msg *C.char
-	return check(name, C.pbgo_broadcast_params(h, n, describeSlices(&pin, params), rt, &msg), msg)
+	return check(name, call(h, n, describeSlices(&pin, params), &msg), msg)
 }
 
 // describeSlices returns descriptors of the slices (nil for none), pinning their
