@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ranks import run_ranks
 
-STEPS = 9
+STEPS = 6
 
 
 def _model():
@@ -53,7 +53,7 @@ def averagers_vs_torch(rank, world):
     ours = _run(_model(), local_sgd.PeriodicModelAverager(period=3, warmup_steps=2), rank)
     theirs = _run(_model(), averagers.PeriodicModelAverager(period=3, warmup_steps=2), rank)
     out["periodic"] = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
-    # Averaged at steps 2, 5, 8 (counting from 0): replicas equal there, apart in between.
+    # Averaged at steps 2 and 5 (counting from 0): replicas equal there, apart in between.
     out["spread"] = [_spread(p) for p in ours]
 
     levels = {2: 2, 4: 4}  # every 2nd step within pairs of ranks, every 4th over all four
@@ -85,8 +85,8 @@ def test_local_sgd_matches_torch():
         # The same arithmetic (divide, then sum) on the same values: measured 0.0.
         assert r["periodic"] < 1e-6 and r["hierarchical"] < 1e-6, r
         spread = r["spread"]
-        assert all(spread[s] < 1e-6 for s in (2, 5, 8)), spread
-        assert all(spread[s] > 1e-4 for s in (0, 1, 3, 4, 6, 7)), spread
+        assert all(spread[s] < 1e-6 for s in (2, 5)), spread
+        assert all(spread[s] > 1e-4 for s in (0, 1, 3, 4)), spread
         within, across = r["pairs"]
         assert within < 1e-6 < across, r["pairs"]
         # Post-local SGD on pybridge's wrapper against torch DDP, same hook, same averaging.
