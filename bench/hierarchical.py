@@ -37,7 +37,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import launch, save, table  # noqa: E402
+from common import launch, reports, save, table  # noqa: E402
 from gossip import written_bytes  # noqa: E402
 from reducer import MODELS, build  # noqa: E402
 
@@ -141,13 +141,7 @@ def worker(key, rounds, iters, per_node):
 def run_job(key, rounds, iters, per_node, timeout):
     outs = launch([sys.executable, os.path.abspath(__file__), "--worker", key, str(rounds), str(iters), str(per_node)],
                   WORLD, timeout, extra_env={"OMP_NUM_THREADS": "1"})
-    ranks = []
-    for rank, out in enumerate(outs):
-        line = next((ln for ln in out.splitlines() if ln.startswith(RESULT)), None)
-        if line is None:
-            raise SystemExit(f"rank {rank} on model ({key}) reported nothing:\n{out}")
-        ranks.append(json.loads(line[len(RESULT):]))
-    return ranks
+    return reports(outs, RESULT, f"the job on model ({key})")
 
 
 def step_seconds(ranks, m):
