@@ -59,6 +59,12 @@ def _averagers(ffi, lib, g, rank, world):
     mean = sum(range(1, world + 1)) / world
     out["average"] = max(float(np.abs(mine[0] - mean).max()), float(np.abs(mine[1] - np.arange(4) * mean).max()))
 
+    out["null tensors"] = (lib.pb_average_params(g, 2, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT, _err(ffi, lib))
+    ints = ffi.new("pb_tensor *", {"data": ffi.new("int32_t[2]"), "count": 2, "dtype": lib.PB_INT32,
+                                   "device": lib.PB_CPU})
+    out["int tensor"] = (lib.pb_average_params(g, 1, ints) == lib.PB_ERR_INVALID_ARGUMENT, _err(ffi, lib))
+    out["null averager"] = (lib.pb_averager_step(ffi.NULL, 0, ffi.NULL, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT,
+                            _err(ffi, lib))
     ap = ffi.new("pb_averager **")
     assert lib.pb_averager_create(g, 2, 1, ap) == 0, _err(ffi, lib)
     flags = []
@@ -120,6 +126,8 @@ def test_hierarchical_and_averaging_through_c():
         assert "PB_HOOK_HIERARCHICAL" in r["bad"]["wire without hierarchical"][1]
         assert "does not divide" in r["bad"]["node of 3"][1]
         assert r["average"] < 1e-6, r
+        for name, words in (("null tensors", "tensors is NULL"), ("int tensor", "floating"), ("null averager", "averager")):
+            assert r[name][0] and words in r[name][1], (name, r[name])
         assert r["flags"] == [0, 1, 0, 1, 0], r
         assert np.allclose(r["x"], xs[rank], atol=1e-5), (r["x"], xs[rank])
         assert r["set_step -1"] and r["closed twice"], r
