@@ -112,7 +112,7 @@ def test_hierarchical_hook_on_two_pretend_nodes():
     assert node_cross == [plain_cross // 2] * 2  # the drop is the ranks per node (2)
 
 
-def test_settings_and_identity():
+def test_settings_and_identity(monkeypatch):
     import pytest
 
     from pybridge import comm_hooks, hierarchical
@@ -128,3 +128,9 @@ def test_settings_and_identity():
             comm_hooks.HierarchicalHook(**bad)
     with pytest.raises(InvalidArgument, match="does not divide"):
         hierarchical.node_size(3, 4)
+    # 0: the launcher's LOCAL_WORLD_SIZE, else the whole group as one node.
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert hierarchical.node_size(0, 4) == 4 and hierarchical.node_size(0) is None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert hierarchical.node_size(0, 4) == 2 and hierarchical.node_size(0) == 2
+    assert comm_hooks.HierarchicalHook().identity() == comm_hooks.HierarchicalHook(2).identity()
