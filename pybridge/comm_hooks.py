@@ -150,7 +150,7 @@ def prescales(hook):
             or hook is hierarchical_hook)
 
 
-# hierarchical_hook: its collectives run on the state's thread, in the order it is called.
+# hierarchical_hook: its collectives run on the state's threads, in the order it is called.
 _EAGER = {allreduce_hook, fp16_compress_hook, bf16_compress_hook, hierarchical_hook, _torch_hooks.allreduce_hook, _torch_hooks.fp16_compress_hook,
           _torch_hooks.bf16_compress_hook}
 

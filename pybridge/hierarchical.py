@@ -9,8 +9,11 @@ The result is the sum over the whole group, as a plain allreduce gives it, up to
 in which floats are added. Only the leaders take part in a collective that spans nodes,
 so the payload a node puts on its link is one bucket instead of one per rank.
 
-The three steps run on the state's own thread (HookThread) in bucket order, over the
-state's own groups, so backward goes on while buckets travel and the hook is eager.
+The three steps are a pipeline: each runs on a thread of its own (HookThread) over a group
+of its own, in bucket order, so a bucket crosses nodes while the next one is summed in the
+node and the previous one broadcast, and backward goes on meanwhile (the hook is eager).
+One group per step, not one per node: collectives on one group issued from two threads
+could go out in another order on each rank.
 The hook sums (comm_hooks.prescales): the reducer folds 1/size for 'avg' into the
 gradient copy, or leaves the factor in bucket.scale, applied here.
 """
@@ -68,15 +71,17 @@ class HierarchicalState:
         self.ranks_per_node = node_size(ranks_per_node, g.size)
         self.wire = wire_dtype(compression)
         per = self.ranks_per_node
-        # Two splits rather than node_groups(): only local rank 0's cross-node group is used,
-        # so the other local ranks get none (each group is a backend with its connections).
+        # Splits rather than node_groups(): only local rank 0's cross-node group is used, so
+        # the other local ranks get none (each group is a backend with its connections).
+        # The node has two groups, one for the sum and one for the broadcast (one per thread).
         self.intra = subgroups.split(g.rank // per, group=g)
         self.leader = g.rank % per == 0
         self.leaders = subgroups.split(0 if self.leader else None, group=g)
+        self.intra_out = subgroups.split(g.rank // per, group=g)
         self.num_nodes = g.size // per
         self.sent = {"intra": 0, "cross": 0}
         self._scratch = {}
-        self._worker = HookThread("pybridge-hierarchical")
+        self._stages = [HookThread(f"pybridge-hierarchical-{n}") for n in ("node-sum", "leaders", "broadcast")]
 
     @classmethod
     def described(cls, *, ranks_per_node=0, compression=None):
@@ -98,29 +103,37 @@ class HierarchicalState:
         """Stop the hook's thread and free the groups."""
         if self.group is None:
             return
-        self._worker.close()
-        for g in (self.intra, self.leaders):
+        for t in self._stages:
+            t.close()
+        for g in (self.intra, self.leaders, self.intra_out):
             if g is not None and not g.closed:
                 g.close()
 
-    def _reduce(self, index, buf):
-        """The three steps, on the hook's thread; returns the bucket holding the sum."""
+    def _node_sum(self, index, buf):
+        """Step 1 (its thread): the wire buffer (buf itself, or a half copy), summed in the node."""
         wire = buf
         if self.wire is not None and buf.dtype == torch.float32:
             wire = self._scratch.get(index)
             if wire is None or wire.numel() != buf.numel() or wire.device != buf.device:
                 wire = self._scratch[index] = torch.empty(buf.numel(), dtype=self.wire, device=buf.device)
             wire.copy_(buf)
-        nbytes = wire.numel() * wire.element_size()
         if self.intra.size > 1:
             collectives.all_reduce(wire, collectives.SUM, group=self.intra)
-            self.sent["intra"] += nbytes
+            self.sent["intra"] += wire.numel() * wire.element_size()
+        return wire
+
+    def _cross(self, wire):
+        """Step 2 (its thread): the leaders' allreduce of the node sums."""
         if self.leader and self.leaders.size > 1:
             collectives.all_reduce(wire, collectives.SUM, group=self.leaders)
-            self.sent["cross"] += nbytes
-        if self.intra.size > 1:
-            collectives.broadcast(wire, 0, group=self.intra)
-            self.sent["intra"] += nbytes if self.leader else 0
+            self.sent["cross"] += wire.numel() * wire.element_size()
+        return wire
+
+    def _broadcast(self, wire, buf):
+        """Step 3 (its thread): the leader's result to its node, back into the bucket."""
+        if self.intra_out.size > 1:
+            collectives.broadcast(wire, 0, group=self.intra_out)
+            self.sent["intra"] += wire.numel() * wire.element_size() if self.leader else 0
         if wire is not buf:
             buf.copy_(wire)
         return buf
@@ -137,7 +150,11 @@ class HierarchicalState:
         elif scale is not None:  # pybridge's reducer: the 1/size of 'avg' it left to the hook
             buf.mul_(scale)
         index = bucket.index()
-        return self._worker.submit(lambda: self._reduce(index, buf))
+        summed, crossed, done = self._stages
+        # Each stage waits for this bucket's previous one; its thread takes buckets in order.
+        node = summed.submit(lambda: self._node_sum(index, buf))
+        cross = crossed.submit(lambda: self._cross(node.wait()))
+        return done.submit(lambda: self._broadcast(cross.wait(), buf))
 
 
 def hierarchical_hook(state, bucket):
