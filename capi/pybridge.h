@@ -496,7 +496,8 @@ typedef struct pb_reducer_options {
     int32_t gossip_topology;     /* PB_GOSSIP_NONE (default), PB_GOSSIP_CUBE or
                                     PB_GOSSIP_DISSEMINATION: see "Gossip" below. Gossip takes the
                                     hook's place: hook must then stay PB_HOOK_ALLREDUCE */
-    int32_t gossip_ranks_per_node; /* ranks per node, dividing the world size (default 1) */
+    int32_t gossip_ranks_per_node; /* ranks per node, dividing the world size; 0 (default): the
+                                      launcher's (LOCAL_WORLD_SIZE), or 1 without a launcher */
     int64_t gossip_seed;         /* >= 0: draws the rotating partners (default 0) */
     int32_t gossip_sync_every;   /* >= 0: every K-th step is an exact average (default 0: never) */
     int32_t hook_start_iter;     /* PB_HOOK_POWERSGD: iterations of plain allreduce before
@@ -520,7 +521,7 @@ static inline void pb_reducer_options_init(pb_reducer_options *options) {
     options->hook_rank = 1;
     options->hook_flags = 0;
     options->gossip_topology = PB_GOSSIP_NONE;
-    options->gossip_ranks_per_node = 1;
+    options->gossip_ranks_per_node = 0;
     options->gossip_seed = 0;
     options->gossip_sync_every = 0;
     options->hook_start_iter = 2;
@@ -598,7 +599,8 @@ int pb_reducer_wait(pb_reducer *reducer, double timeout_seconds);
 int pb_reducer_set_hook(pb_reducer *reducer, int32_t hook, int32_t rank, int32_t flags);
 
 /* Gossip: communicate buckets with GossipGraD instead of an allreduce. Each node
- * (ranks_per_node consecutive ranks; 1 for one rank per node) averages within itself,
+ * (ranks_per_node consecutive ranks; 1 for one rank per node; 0 the launcher's
+ * LOCAL_WORLD_SIZE, or 1 without a launcher) averages within itself,
  * then exchanges with one partner node per step (topology PB_GOSSIP_*, partners rotating
  * every ceil(log2 nodes) steps, drawn from `seed`), then shares the result in the node.
  * One bucket-sized message per node per step, whatever the world size; replicas are no

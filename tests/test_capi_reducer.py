@@ -203,7 +203,7 @@ def misuse(rank, world):
     assert lib.pb_reducer_wait(r, 10.0) == 0, _err(ffi, lib)
     cube = lib.PB_GOSSIP_CUBE
     check("gossip unknown topology", lib.pb_reducer_set_gossip(r, 7, 1, 0, 0), INVALID, "topology 7")
-    check("gossip ranks_per_node 0", lib.pb_reducer_set_gossip(r, cube, 0, 0, 0), INVALID, "ranks_per_node")
+    check("gossip ranks_per_node -1", lib.pb_reducer_set_gossip(r, cube, -1, 0, 0), INVALID, "ranks_per_node")
     check("gossip ranks_per_node 3", lib.pb_reducer_set_gossip(r, cube, 3, 0, 0), INVALID, "does not divide")
     check("gossip negative seed", lib.pb_reducer_set_gossip(r, cube, 1, -1, 0), INVALID, "seed")
     check("gossip negative sync_every", lib.pb_reducer_set_gossip(r, cube, 1, 0, -1), INVALID, "sync_every")
