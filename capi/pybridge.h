@@ -732,6 +732,13 @@ int pb_fed_server_new(pb_group *group, int32_t mode, double timeout_seconds, int
  * max_norm is negative or not finite. */
 int pb_fed_server_set_max_norm(pb_fed_server *server, double max_norm);
 
+/* Client-to-worker affinity: hand `client` only to the `n` workers (ranks in the
+ * federated group) in `workers`, those that hold its data, from the next assignment on;
+ * n = 0 lifts it (any worker). A round whose remaining clients can go only to lost workers
+ * fails with PB_ERR_COMM. Errors: PB_ERR_INVALID_ARGUMENT for a negative client, a rank
+ * that is not a worker's, or NULL workers with n > 0. */
+int pb_fed_server_set_affinity(pb_fed_server *server, int64_t client, const int32_t *workers, int32_t n);
+
 /* Start a round: send `model` (any count, a floating-point dtype, read during the call
  * only) to the workers, then hand out the `n` client ids (each >= 0, each once, n >= 1)
  * with `command` (PB_FED_TRAIN or PB_FED_EVALUATE). The server keeps its own copy of the

@@ -166,6 +166,28 @@ func (s *FedServer[T]) lock(op string) (*C.pb_fed_server, error) {
 	return s.acquire(op, "federated server is closed")
 }
 
+// SetAffinity hands client only to workers (their ranks), those that hold its
+// data, from the next assignment on; no workers lifts it. A round whose
+// remaining clients can go only to lost workers fails with ErrComm.
+func (s *FedServer[T]) SetAffinity(client int, workers []int) error {
+	const op = "FedServer.SetAffinity"
+	h, err := s.lock(op)
+	if err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	ranks := make([]C.int32_t, len(workers))
+	for i, w := range workers {
+		ranks[i] = C.int32_t(w)
+	}
+	var rp *C.int32_t
+	if len(ranks) > 0 {
+		rp = &ranks[0]
+	}
+	var msg *C.char
+	return check(op, C.pbgo_fed_server_set_affinity(h, C.int64_t(client), rp, C.int32_t(len(ranks)), &msg), msg)
+}
+
 // StartRound sends model to the workers and hands out clients (ids >= 0, each
 // once, at least one) to train. Pull the results with Next, then Aggregate. A
 // round may be left before all its results are pulled (over-selection): its

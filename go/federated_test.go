@@ -294,6 +294,14 @@ func fedIntegrity(s *pybridge.FedServer[float32], model []float32) error {
 	before := slices.Clone(model)
 	start := time.Now()
 	clients := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
+	if err := s.SetAffinity(3, []int{9}); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		return fmt.Errorf("affinity to rank 9: want ErrInvalidArgument, got %v", err)
+	}
+	for _, c := range []int{0, 1} { // their data lives on worker 3 only
+		if err := s.SetAffinity(c, []int{3}); err != nil {
+			return err
+		}
+	}
 	if err := s.StartRound(clients, model); err != nil {
 		return err
 	}
@@ -307,6 +315,9 @@ func fedIntegrity(s *pybridge.FedServer[float32], model []float32) error {
 		}
 		if r.Round != 7 {
 			return fmt.Errorf("a result of round %d in round 7", r.Round)
+		}
+		if r.Client <= 1 && r.Worker != 3 {
+			return fmt.Errorf("client %d (affinity: worker 3) trained by worker %d", r.Client, r.Worker)
 		}
 	}
 	if n, err := s.Aggregate(1.0, model); err != nil || n != len(clients) {

@@ -193,12 +193,21 @@ def _c_server(ffi, lib, g):
     assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, model), count) == lib.PB_ERR_INVALID_ARGUMENT
     res["train"], res["grads"], res["model"] = seen, grads, model.tolist()
 
-    # A second training round at lr 0.5 from the new model.
+    # A second training round at lr 0.5 from the new model; clients 0-3 live on worker 2 only.
+    two = ffi.new("int32_t[1]", [2])
+    for c in range(4):
+        assert lib.pb_fed_server_set_affinity(s, c, two, 1) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_set_affinity(s, 0, ffi.new("int32_t[1]", [0]), 1) == lib.PB_ERR_INVALID_ARGUMENT
+    assert "not worker ranks" in _err(ffi, lib)
+    assert lib.pb_fed_server_set_affinity(s, 0, ffi.NULL, 1) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
-    n = 0
+    n, res["affinity"] = 0, {}
     while lib.pb_fed_server_next_result(s, info, has) == 0 and has[0]:
         n += 1
+        res["affinity"][info.client] = info.worker
     assert n == len(CLIENTS), _err(ffi, lib)
+    for c in range(4):
+        assert lib.pb_fed_server_set_affinity(s, c, ffi.NULL, 0) == 0, _err(ffi, lib)
     assert lib.pb_fed_server_aggregate(s, 0.5, _tensor(ffi, lib, model), count) == 0, _err(ffi, lib)
     res["model2"] = model.tolist()
 
@@ -382,6 +391,11 @@ def test_a_round_left_early_does_not_wait_for_its_straggler_and_drops_its_result
     seconds, rounds, count, moved = result[0]["B"]["early"]
     assert seconds < 20 and rounds == [8] and count == len(CLIENTS)  # the straggler waits 60 s for "go"
     assert moved == STEP.tolist()  # exactly this round's FedAvg: nothing of the straggler's
+
+
+def test_affinity_keeps_clients_on_the_workers_holding_their_data(result):
+    workers = result[0]["B"]["affinity"]
+    assert sorted(workers) == CLIENTS and all(workers[c] == 2 for c in range(4))
 
 
 def test_the_sampler_is_the_cores(result):

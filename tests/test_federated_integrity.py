@@ -78,6 +78,16 @@ def _integrity(g, rank, out):
             out["empty"] = (str(exc), server.round)
         for bad in (NAN, INF, HUGE):
             out[bad] = _refused(server, [0, 1, bad], out, param)
+        # affinity: clients 50 and 51 live on worker 1 only, 52 on worker 3
+        for client, workers in ((50, [1]), (51, (1,)), (52, [3]), (53, [2, 3]), (53, None)):
+            server.set_affinity(client, workers)
+        out["affinity"] = sorted((r.client, r.worker) for r in server.run_round(range(50, 56), param.detach()))
+        out["affinity_errors"] = []
+        for client, workers in ((54, [0]), (54, [4]), (-1, [1]), (54, 1)):
+            try:
+                server.set_affinity(client, workers)
+            except InvalidArgument as exc:
+                out["affinity_errors"].append(str(exc))
     out["param"] = param.tolist()
 
 
@@ -127,6 +137,7 @@ def _requeue_and_early_exit(g, rank, out):
 def _stall_and_close(g, rank, out):
     """timeout 2 s, requeue: worker 2 stalls 3 s and is taken back; then worker 3 hangs and
     close() cuts it off without waiting."""
+    from pybridge.errors import WorkerFailed
     from pybridge.federated import Server, Worker
     if rank != 0:
         def waits(rank, client, round):
@@ -153,6 +164,11 @@ def _stall_and_close(g, rank, out):
         out["back"] = (second, sorted(server.lost))
         third = [r.client for r in server.run_round(range(20, 26), torch.zeros(2))]
         out["hung"] = (sorted(third), sorted(server.lost))
+        server.set_affinity(60, [3])  # only the hung worker holds client 60's data
+        try:
+            list(server.run_round([60, 61], torch.zeros(2)))
+        except WorkerFailed as exc:
+            out["stuck"] = str(exc)
         t0 = time.monotonic()
         server.close()
         out["close"] = (time.monotonic() - t0, _listeners())
@@ -226,6 +242,17 @@ def test_a_stalled_worker_is_taken_back_once_it_answers(integrity_result):
     assert (stalled_client, 2) not in first  # requeued to another worker
     second, lost = out["back"]
     assert lost == [] and 2 in {w for _, w in second} and sorted(c for c, _ in second) == list(range(10, 19))
+
+
+def test_affinity_hands_a_client_only_to_the_workers_holding_its_data(integrity_result):
+    out = integrity_result[0]["integrity"]
+    got = dict(out["affinity"])
+    assert sorted(got) == list(range(50, 56)) and got[50] == 1 and got[51] == 1 and got[52] == 3
+    errors = out["affinity_errors"]
+    assert len(errors) == 4 and "[0] are not worker ranks" in errors[0] and "[4] are not" in errors[1]
+    assert "client must be" in errors[2] and "list of worker ranks" in errors[3]
+    stuck = integrity_result[0]["stall"]["stuck"]
+    assert "clients [60] of round 4 can go only to workers that are lost (client 60: workers [3]" in stuck, stuck
 
 
 def test_close_cuts_off_a_hung_worker_at_once_and_leaves_no_thread(integrity_result):

@@ -77,6 +77,14 @@ def pb_fed_server_set_max_norm(server, max_norm):
     s.rounds.server.max_norm = max_norm or None
 
 
+def pb_fed_server_set_affinity(server, client, workers, n):
+    s = _server(server)
+    integer("n", n, low=0)
+    if n and workers == capi.ffi.NULL:
+        raise InvalidArgument(f"workers is NULL with n = {n}")
+    s.rounds.server.set_affinity(client, [int(workers[i]) for i in range(n)])
+
+
 def _no_round():
     return InvalidArgument("no round was started: call pb_fed_server_start_round first")
 

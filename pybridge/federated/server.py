@@ -20,7 +20,7 @@ import torch
 
 from .. import dtypes
 from .. import group as _group
-from ..checks import positive_finite, positive_seconds
+from ..checks import integer, positive_finite, positive_seconds
 from ..errors import (Closed, InvalidArgument, PyBridgeError, UpdateRefused, WorkerFailed, WorkerTimeout,
                       classify)
 from .integrity import refusal
@@ -104,13 +104,15 @@ class Server:
     client is handed out once more too.
     max_norm: a training update (pseudo-gradient) whose L2 norm is larger is refused
     (default None: no bound). Updates with NaN or Inf elements are always refused.
+    affinity: {client: worker ranks that hold its data} for clients that not every worker
+    holds (see set_affinity); other clients go to any worker.
     link_timeout: seconds a link may stay silent (the listeners wait that long at most).
 
     Use it from one thread. docs/federated.md has the failure model.
     """
 
     def __init__(self, group=None, *, mode="async", timeout=None, requeue=False, max_norm=None,
-                 link_timeout=DEFAULT_LINK_TIMEOUT):
+                 affinity=None, link_timeout=DEFAULT_LINK_TIMEOUT):
         g = group or _group.current()
         if mode not in MODES:
             raise InvalidArgument(f"unknown federated mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -122,8 +124,11 @@ class Server:
         self.requeue = bool(requeue)
         self.timeout = g.timeout if timeout is None else positive_seconds("timeout", timeout)
         self.max_norm = None if max_norm is None else positive_finite("max_norm", max_norm)
-        self._links = Links(g, link_timeout)
         self.workers = tuple(range(1, g.size))
+        self.affinity = {}  # client -> frozenset of the worker ranks holding its data
+        for client, holders in (affinity or {}).items():
+            self.set_affinity(client, holders)
+        self._links = Links(g, link_timeout)
         self._live = set(self.workers)  # connected and taking clients (idle or busy)
         self.lost = {}  # worker rank -> the error that retired it (a stalled one's until it answers)
         self._gone = set()  # retired for good: connection lost or out of protocol
@@ -141,6 +146,25 @@ class Server:
                                                name=f"pybridge-federated-{w}") for w in self.workers}
         for t in self._listeners.values():
             t.start()
+
+    def set_affinity(self, client, workers):
+        """Hand `client` only to `workers` (ranks of workers that hold its data), from the
+        next assignment on; None or empty: to any worker again."""
+        c = integer("client", client, low=0)
+        if workers is None:
+            self.affinity.pop(c, None)
+            return
+        try:
+            ranks = frozenset(integer("worker rank", w) for w in workers)
+        except TypeError:
+            raise InvalidArgument(f"workers must be a list of worker ranks, got {workers!r}") from None
+        bad = sorted(ranks - set(self.workers))
+        if bad:
+            raise InvalidArgument(f"client {c}'s workers {bad} are not worker ranks (1 .. {len(self.workers)})")
+        if ranks:
+            self.affinity[c] = ranks
+        else:
+            self.affinity.pop(c, None)
 
     # ---- rounds -----------------------------------------------------------------------------
 
@@ -199,15 +223,14 @@ class Server:
                                       "results were all taken (the server runs one round at a time)")
             if self.mode == "async" or not self._out():  # sync: a wave once the last one is back
                 for w in self._idle():
-                    if not pending:
-                        break
-                    self._assign(w, pending.popleft(), command)
+                    client = self._take(pending, w)
+                    if client is not None:
+                        self._assign(w, client, command)
             if not self._out():
                 if not pending:
                     return
                 if not self._busy:  # nobody left to free up (a straggler of an earlier round would)
-                    raise WorkerFailed(f"no federated workers are left (lost: {self._lost_text()}); "
-                                       f"clients {list(pending)} of round {mine} were not done")
+                    raise self._stuck(pending, mine)
             kind, a, value = self._next_outcome()
             if a is None or a.round != mine:
                 continue  # a worker lost while idle, taken back, or late from an abandoned round
@@ -224,6 +247,22 @@ class Server:
                 pending.appendleft(a.client)
                 continue
             raise value
+
+    def _take(self, pending, w):
+        """The first pending client that worker `w` may train (its affinity), taken out."""
+        for i, c in enumerate(pending):
+            if w in self.affinity.get(c, (w,)):
+                del pending[i]
+                return c
+        return None
+
+    def _stuck(self, pending, mine):
+        if self._live:  # live workers, but none holds these clients' data
+            held = "; ".join(f"client {c}: workers {sorted(self.affinity[c])}" for c in pending)
+            return WorkerFailed(f"clients {list(pending)} of round {mine} can go only to workers that are "
+                                f"lost ({held}; lost: {self._lost_text()})")
+        return WorkerFailed(f"no federated workers are left (lost: {self._lost_text()}); "
+                            f"clients {list(pending)} of round {mine} were not done")
 
     def _out(self):
         """Whether a client of the current round is out."""
