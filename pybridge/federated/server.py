@@ -442,7 +442,7 @@ class Server:
                 except PyBridgeError as exc:
                     self._handle(("lost", w, exc))
             for w, t in self._listeners.items():  # a listener ends with its worker's acknowledgement
-                t.join(max(deadline.get(w, now + self.timeout) - time.monotonic(), 0.0))
+                t.join(max(deadline.get(w, now) - time.monotonic(), 0.0))  # retired ones: not waited for
         finally:
             for w in [w for w, t in self._listeners.items() if t.is_alive()]:
                 if self._listeners[w].is_alive():
