@@ -687,6 +687,37 @@ int pb_checkpoint_restore(pb_group *group, const char *directory, int32_t n,
                           const char *const *names, const pb_tensor *tensors, pb_loader *loader,
                           pb_reducer *reducer, int64_t *step);
 
+/* ---- Elastic state: commit and roll back in memory ------------------------------- */
+/* The training state of a checkpoint (named flat tensors, a loader's position, a reducer's
+ * counters) kept in this process's memory instead of a file: pb_state_commit copies it in,
+ * pb_state_restore copies the last commit back (rolling back the steps since), and
+ * pb_state_sync sends one rank's last commit to every rank over the network (what a rank
+ * joining a running job needs). Every call reads or writes the tensors it is given during
+ * the call only (names, counts and dtypes as committed, checked before anything is
+ * written). docs/elastic.md: this is the first part of elastic training. */
+typedef struct pb_state pb_state;
+
+/* A state with nothing committed yet. Close it with pb_state_close. */
+int pb_state_create(pb_state **out);
+
+/* Commit step `step` (>= 0): copies of the n tensors, the loader's position (NULL: none)
+ * and the reducer's counters (NULL: none), replacing the previous commit. */
+int pb_state_commit(pb_state *state, int64_t step, int32_t n, const char *const *names,
+                    const pb_tensor *tensors, pb_loader *loader, pb_reducer *reducer);
+
+/* Roll back: the last commit's values into the tensors, the loader and the reducer; *step
+ * receives the committed step. PB_ERR_INVALID_ARGUMENT when nothing was committed or the
+ * names, counts or dtypes differ from the commit's. */
+int pb_state_restore(pb_state *state, int32_t n, const char *const *names, const pb_tensor *tensors,
+                     pb_loader *loader, pb_reducer *reducer, int64_t *step);
+
+/* COLLECTIVE over `group`: every rank takes rank `root`'s last commit as its own and
+ * restores it as pb_state_restore does (the root included). */
+int pb_state_sync(pb_state *state, pb_group *group, int32_t root, int32_t n, const char *const *names,
+                  const pb_tensor *tensors, pb_loader *loader, pb_reducer *reducer, int64_t *step);
+
+int pb_state_close(pb_state *state);
+
 /* ---- Federated training ---------------------------------------------------------- */
 /* FLUTE-style federated learning with asynchronous client assignment (docs/federated.md):
  * rank 0 of a group is the server, every other rank a worker that holds the clients' data.

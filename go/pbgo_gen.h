@@ -352,6 +352,34 @@ static inline int pbgo_checkpoint_restore(pb_group *group, const char *directory
 	                                         reducer, step), msg);
 }
 
+static inline int pbgo_state_create(pb_state **out, char **msg) {
+	return pbgo_status(pb_state_create(out), msg);
+}
+
+static inline int pbgo_state_commit(pb_state *state, int64_t step, int32_t n,
+                                    const char *const *names, const pb_tensor *tensors,
+                                    pb_loader *loader, pb_reducer *reducer, char **msg) {
+	return pbgo_status(pb_state_commit(state, step, n, names, tensors, loader, reducer), msg);
+}
+
+static inline int pbgo_state_restore(pb_state *state, int32_t n, const char *const *names,
+                                     const pb_tensor *tensors, pb_loader *loader,
+                                     pb_reducer *reducer, int64_t *step, char **msg) {
+	return pbgo_status(pb_state_restore(state, n, names, tensors, loader, reducer, step), msg);
+}
+
+static inline int pbgo_state_sync(pb_state *state, pb_group *group, int32_t root, int32_t n,
+                                  const char *const *names, const pb_tensor *tensors,
+                                  pb_loader *loader, pb_reducer *reducer, int64_t *step,
+                                  char **msg) {
+	return pbgo_status(pb_state_sync(state, group, root, n, names, tensors, loader, reducer,
+	                                 step), msg);
+}
+
+static inline int pbgo_state_close(pb_state *state, char **msg) {
+	return pbgo_status(pb_state_close(state), msg);
+}
+
 static inline int pbgo_fed_server_new(pb_group *group, int32_t mode, double timeout_seconds,
                                       int32_t requeue, pb_fed_server **out, char **msg) {
 	return pbgo_status(pb_fed_server_new(group, mode, timeout_seconds, requeue, out), msg);

@@ -51,6 +51,12 @@ class State:
         else:
             raise AttributeError(f"State has no value {name!r}: give it at construction (State({name}=...))")
 
+    def bind(self, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None):
+        """Replace the objects the state commits and restores (the C ABI binds the caller's
+        tensors for the length of each call). The commits made so far stay."""
+        self._objects.update(model=model, optimizer=optimizer, reducer=reducer, loader=loader,
+                             tensors=dict(tensors or {}))
+
     def commit(self):
         """Keep a copy of the whole state in memory (replacing the previous one). The copy
         reuses the previous commit's memory when the shapes are unchanged: a commit is a

@@ -95,3 +95,45 @@ def test_sync_sends_the_committed_state_to_every_rank():
     res = run_ranks(joiner, 3, timeout=60)
     for params, step, size in res:
         assert params == want and step == 4 and size == res[0][2]
+
+
+def abi_state(rank, world):
+    import numpy as np
+    from capi_loader import load
+    ffi, lib = load()
+    err = lambda: ffi.string(lib.pb_last_error()).decode()  # noqa: E731
+    gp = ffi.new("pb_group **")
+    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0, err()
+    sp = ffi.new("pb_state **")
+    assert lib.pb_state_create(sp) == 0
+    w = np.zeros(3, np.float32) if rank else np.array([1, 2, 3], np.float32)
+    names = ffi.new("char *[1]", [ffi.new("char[]", b"w")])
+    t = ffi.new("pb_tensor *")
+    t.data, t.count, t.dtype, t.device = ffi.cast("void *", w.ctypes.data), 3, lib.PB_FLOAT32, lib.PB_CPU
+    step = ffi.new("int64_t *")
+    out = {}
+    if rank == 0:
+        assert lib.pb_state_restore(sp[0], 1, names, t, ffi.NULL, ffi.NULL, step) == lib.PB_ERR_INVALID_ARGUMENT
+        out["early"] = err()
+        assert lib.pb_state_commit(sp[0], 5, 1, names, t, ffi.NULL, ffi.NULL) == 0, err()
+        w[:] = 9
+        assert lib.pb_state_restore(sp[0], 1, names, t, ffi.NULL, ffi.NULL, step) == 0, err()
+        out["restored"] = (w.tolist(), step[0])
+        other = ffi.new("char *[1]", [ffi.new("char[]", b"v")])
+        assert lib.pb_state_restore(sp[0], 1, other, t, ffi.NULL, ffi.NULL, step) == lib.PB_ERR_INVALID_ARGUMENT
+        out["names"] = err()
+        w[:] = 7  # not committed: sync rolls the root back too
+    assert lib.pb_state_sync(sp[0], gp[0], 0, 1, names, t, ffi.NULL, ffi.NULL, step) == 0, err()
+    out["synced"] = (w.tolist(), step[0])
+    assert lib.pb_state_close(sp[0]) == 0
+    assert lib.pb_state_close(sp[0]) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_finalize(gp[0]) == 0
+    return out
+
+
+def test_c_abi_commits_restores_and_syncs():
+    res = run_ranks(abi_state, 2, timeout=60)
+    assert "nothing was committed" in res[0]["early"]
+    assert res[0]["restored"] == ([1.0, 2.0, 3.0], 5)
+    assert "tensor names differ" in res[0]["names"]
+    assert [r["synced"] for r in res] == [([1.0, 2.0, 3.0], 5)] * 2
