@@ -18,6 +18,7 @@ import contextlib
 import warnings
 
 import torch
+from torch.distributed.utils import _to_kwargs
 from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
 from . import collectives
@@ -49,7 +50,10 @@ class DistributedDataParallel(torch.nn.Module):
     `bucket_cap_mb` (default 25), `find_unused_parameters` (parameters that get no gradient
     in an iteration count as zero; those unused on every rank keep .grad None, as with torch
     DDP), `check_reduction` (deprecated, ignored), `gradient_as_bucket_view` (None, the
-    default: .grad is a bucket view; False: .grad stays a tensor of its own), `static_graph`,
+    default: .grad is a bucket view, and autograd's fresh gradients of 1 MiB or more are kept
+    until the next backward, which is faster but holds that memory when .grad is set to None
+    between steps; True: a bucket view holding nothing more, torch's memory; False: .grad
+    stays a tensor of its own), `static_graph`,
     `device_mesh` (1-D), `skip_all_reduce_unused_params` and `batched_grad_copy` (accepted;
     pybridge's results are the same either way). Refused, saying why: `mixed_precision`,
     `delay_all_reduce_named_params`/`param_to_hook_all_reduce`, `bucket_cap_mb_list`.
@@ -97,7 +101,7 @@ class DistributedDataParallel(torch.nn.Module):
             broadcast_parameters(synced, 0, group=self._pb_group)
         self._attach()
         for p, v in zip(self._params, self._views):
-            if p.grad is not None and self._as_view:
+            if p.grad is not None and self._view_mode:
                 v.copy_(p.grad)
                 p.grad = v
         if static_graph:
@@ -122,18 +126,21 @@ class DistributedDataParallel(torch.nn.Module):
         # once: the next layer's gradient reuses that cache-hot memory (keeping 256 KiB ones
         # cost ~4% on 50 layers of 256x256).
         self._spare = [None] * n
+        # Spares cost memory as large as those gradients (bench/ddp_memory.py): only by default;
+        # gradient_as_bucket_view=True asks for torch's memory, which keeps none.
+        self._keep_spares = self.gradient_as_bucket_view is None
         self._sync = True
         self._queued = False
+        self._view_mode = self.gradient_as_bucket_view is not False
         self._stats = Stats(self, self.module, self._params, self._pb_group)
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(k))
                        for k, p in enumerate(self._params)]
 
     @property
-    def _as_view(self):
-        return self.gradient_as_bucket_view is not False
-
-    @property
     def reducer(self):
+        return self._ensure()
+
+    def _ensure(self):
         if self._reducer is None:  # unpickled: built at first use (a collective, like construction)
             self._attach()
         return self._reducer
@@ -168,7 +175,7 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         if self._hooks is None and self._reducer is not None:
             raise Closed("DistributedDataParallel wrapper is closed")
-        reducer = self.reducer
+        self._ensure()
         sync = torch.is_grad_enabled() and self._sync
         if sync:
             self._stats.forward_start()
@@ -177,13 +184,12 @@ class DistributedDataParallel(torch.nn.Module):
                 if buffers:
                     broadcast_parameters(buffers, 0, group=self._pb_group)
         if self.device_ids:
-            moved, moved_kwargs = torch.distributed.utils._to_kwargs(
-                inputs, kwargs, torch.device(self.device_type, self.device_ids[0]), False)
+            moved, moved_kwargs = _to_kwargs(inputs, kwargs, torch.device(self.device_type, self.device_ids[0]),
+                                             False)
             inputs, kwargs = moved[0], moved_kwargs[0]
         out = self.module(*inputs, **kwargs)
         if sync:
             self._stats.forward_end()
-        del reducer
         return out
 
     def _sync_buffers_list(self):
@@ -226,6 +232,7 @@ class DistributedDataParallel(torch.nn.Module):
         backward are the same every iteration (torch's static_graph): learned in the first
         iteration, which reduces everything at its end; unused parameters need no
         find_unused_parameters. Call before the first training iteration."""
+        self._ensure()
         if self.static_graph:
             warnings.warn("You've set static_graph to be True, no need to set it again.", stacklevel=2)
             return
@@ -246,14 +253,14 @@ class DistributedDataParallel(torch.nn.Module):
     def _get_ddp_logging_data(self):
         """torch's DDP logging data (a dict): settings, environment, bucket sizes, sampled
         timings in ns, the last error (pybridge/ddp_stats.py)."""
-        self.reducer
+        self._ensure()
         return dict(self._stats.data)
 
     def _set_ddp_runtime_logging_sample_rate(self, sample_rate):
         if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1:
             raise InvalidArgument(f"DDP runtime logging sample rate should be an integer equal or greater "
                                   f"than 1, got {sample_rate!r}")
-        self.reducer
+        self._ensure()
         self._stats.sample_rate = sample_rate
 
     def _logged(self, err):
@@ -302,10 +309,11 @@ class DistributedDataParallel(torch.nn.Module):
         g = p.grad
         if g is v:
             reducer.mark_ready(k)
-        elif self._as_view:  # a fresh gradient (.grad was None): copy it in, scaled, and adopt the view
+            self._spare[k] = None  # .grad is kept now (set_to_none=False): no fresh gradient will come
+        elif self._view_mode:  # a fresh gradient (.grad was None): copy it in, scaled, and adopt the view
             reducer.set_grad(k, g)
             p.grad = v
-            if g.nbytes >= _KEEP_GRAD_BYTES and not g.requires_grad:
+            if self._keep_spares and g.nbytes >= _KEEP_GRAD_BYTES and not g.requires_grad:
                 self._spare[k] = g  # see _spare in _attach
         else:  # .grad stays the program's own: its value goes into the bucket, the result comes back
             reducer.set_grad(k, g)
@@ -337,7 +345,7 @@ class DistributedDataParallel(torch.nn.Module):
         if reducer.iterations == 1 and reducer.rebuild:
             self._stats.rebuilt(reducer)
         unused = self._drop_unused() if reducer.allow_unused else 0
-        if not self._as_view:
+        if not self._view_mode:
             for p, v in zip(self._params, self._views):
                 if p.grad is not None:
                     p.grad.copy_(v)
@@ -359,7 +367,7 @@ class DistributedDataParallel(torch.nn.Module):
                 self._fresh[k] = 1
             elif g is not v:
                 v.copy_(g)
-            if self._as_view:
+            if self._view_mode:
                 p.grad = v
 
     def _drop_unused(self):
@@ -379,7 +387,7 @@ class DistributedDataParallel(torch.nn.Module):
         for k in unused:
             if self._fresh[k]:
                 self._params[k].grad = None
-        if not self._as_view:
+        if not self._view_mode:
             for k, p in enumerate(self._params):
                 if self._fresh[k] and k not in unused:
                     p.grad = self._views[k].clone()  # used on another rank: the reduced value

@@ -203,6 +203,10 @@ def check_unused_parameters(rank, world):
     except InvalidArgument as e:
         assert "never.weight" in str(e) and "never.bias" in str(e) and "head" not in str(e), e
         assert "find_unused_parameters" in str(e)
+        # By index and rank too, with torch's phrase; a RuntimeError, as torch's error is.
+        assert f"did not receive grad for rank {rank}: 6 7;" in str(e), e
+        assert "Expected to have finished reduction in the prior iteration" in str(e), e
+        assert isinstance(e, RuntimeError)
     else:
         raise AssertionError("missing gradients were not reported")
     strict.close()
