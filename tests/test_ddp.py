@@ -297,6 +297,25 @@ def check_torch_keywords(rank, world):
     w(torch.ones(2, 4)).sum().backward()
     assert PDDP(m, process_group=sub)._pb_group is w._pb_group  # one wrapper per torch group
     w.close()
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (world,))
+    w = PDDP(m, device_mesh=mesh)
+    assert w._pb_group.pg is mesh.get_group(0) and w._pb_group.size == world
+    w.close()
+    refused(lambda: PDDP(m, device_mesh=mesh, process_group=sub), InvalidArgument, "device_mesh=")
+
+    # Buffers, torch 2.13's rule: broadcast_buffers=False skips the construction-time sync too;
+    # forward_sync_buffers=False syncs them at construction only.
+    for kw, at_init in (({"broadcast_buffers": False}, False), ({"forward_sync_buffers": False}, True)):
+        model = Mixed()
+        model.bn.running_mean.fill_(rank + 1.0)
+        w = PDDP(model, **kw)
+        assert model.bn.running_mean.eq(1.0 if at_init else rank + 1.0).all(), kw
+        w.eval()  # running statistics unchanged by forward
+        model.bn.running_mean.fill_(rank + 1.0)
+        w(torch.randn(4, 12))
+        assert model.bn.running_mean.eq(rank + 1.0).all(), kw  # not synced before forward
+        w.close()
 
 
 def check_torch_surface(rank, world):
