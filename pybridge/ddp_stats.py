@@ -47,6 +47,7 @@ class Stats:
             "broadcast_buffers": int(ddp.forward_sync_buffers),
             "bucket_cap_bytes": ddp.reducer.bucket_cap,
             "find_unused_parameters": int(ddp.find_unused_parameters),
+            # The argument as given, as torch logs it: pybridge's default (None) is a bucket view too.
             "gradient_as_bucket_view": int(bool(ddp.gradient_as_bucket_view)),
             "static_graph": int(ddp.static_graph), "backend_name": backend,
             "dtypes": ", ".join(sorted({_DTYPE_NAMES.get(p.dtype, str(p.dtype)) for p in params})),
