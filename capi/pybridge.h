@@ -584,8 +584,9 @@ int pb_reducer_mark_ready(pb_reducer *reducer, int32_t index);
  * reduced gradients and the next pb_reducer_mark_ready starts a new iteration.
  * timeout_seconds <= 0 waits up to the group's timeout.
  * Errors: PB_ERR_INVALID_ARGUMENT when gradients were not marked (the message lists
- * them as #index; the iteration is abandoned and the next one starts); PB_ERR_TIMEOUT
- * or PB_ERR_COMM when the reduction fails. */
+ * their indices and this rank, "Parameter indices which did not receive grad for rank
+ * R: 0 2.", as torch DDP's error does; the iteration is abandoned and the next one
+ * starts); PB_ERR_TIMEOUT or PB_ERR_COMM when the reduction fails. */
 int pb_reducer_wait(pb_reducer *reducer, double timeout_seconds);
 
 /* Deprecated: use pb_reducer_options.hook, hook_rank and hook_flags. Chooses how buckets

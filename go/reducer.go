@@ -489,9 +489,10 @@ func (r *Reducer) MarkReady(i int) error {
 // gradients (fetch them with Grad) hold the average (or sum) over ranks. A
 // timeout of zero or less waits up to the group's timeout.
 //
-// Gradients not marked ready make Wait fail with ErrInvalidArgument naming
-// them (#index) unless the reducer was created WithAllowUnused; the iteration
-// is then abandoned and the next MarkReady starts a new one. A failed
+// Gradients not marked ready make Wait fail with ErrInvalidArgument listing
+// their indices and this rank (torch DDP's "Expected to have finished reduction
+// in the prior iteration" error) unless the reducer was created WithAllowUnused;
+// the iteration is then abandoned and the next MarkReady starts a new one. A failed
 // reduction returns ErrTimeout or ErrComm.
 func (r *Reducer) Wait(timeout time.Duration) error {
 	const op = "Reducer.Wait"

@@ -25,6 +25,17 @@ class InvalidArgument(PyBridgeError, ValueError):
     code = INVALID_ARGUMENT
 
 
+class NotSupported(InvalidArgument, NotImplementedError):
+    """A feature pybridge does not offer (a torch DDP keyword, say); the message says why.
+    Also a NotImplementedError, so code written for torch that catches RuntimeError catches it."""
+
+
+class InvalidState(InvalidArgument, RuntimeError):
+    """A call that is wrong here, where torch DDP raises RuntimeError: a module without a
+    parameter that requires a gradient, _set_static_graph() after training started, gradients
+    that never arrived. An InvalidArgument for C and Go, a RuntimeError for torch's callers."""
+
+
 class NotInitialized(PyBridgeError, RuntimeError):
     code = NOT_INITIALIZED
 
