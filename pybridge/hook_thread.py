@@ -26,6 +26,10 @@ class HookThread:
         self._jobs.put((fut, work))
         return fut
 
+    def is_alive(self):
+        """Whether the thread still runs (close() ends it)."""
+        return self._thread.is_alive()
+
     def close(self, timeout=30):
         """Finish the queued work (bounded) and stop the thread; a second call is a no-op."""
         if self._thread.is_alive():
