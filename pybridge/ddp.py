@@ -13,17 +13,19 @@ is the usual `loss.backward(); opt.step()`.
 import contextlib
 
 import torch
+from torch.distributed.algorithms.join import Join, Joinable, _JoinConfig
 
 from . import collectives
+from . import join as _join
 from . import group as _group
-from .errors import Closed
+from .errors import Closed, InvalidArgument
 from .reducer import Reducer, broadcast_parameters
 
 _engine = torch.autograd.Variable._execution_engine
 _KEEP_GRAD_BYTES = 1 << 20  # see _spare in DistributedDataParallel.__init__
 
 
-class DistributedDataParallel(torch.nn.Module):
+class DistributedDataParallel(torch.nn.Module, Joinable):
     """Wrap `module` for data-parallel training over the current pybridge group.
 
     Collective order: every rank must run the same sequence of forward/backward calls
@@ -45,6 +47,9 @@ class DistributedDataParallel(torch.nn.Module):
                  find_unused_parameters=False, op="avg", compression=None,
                  rebuild_buckets=True, init_sync=True):
         super().__init__()
+        self._join_config = _JoinConfig.construct_disabled_join_config()  # Joinable's state (Join)
+        self._join_divide_by_initial = True
+        self._join_used = None  # the last reduced used-parameter map (find_unused_parameters)
         self.module = module
         self._pb_group = group or _group.current()
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -86,12 +91,14 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if self._hooks is None:
             raise Closed("DistributedDataParallel wrapper is closed")
-        if torch.is_grad_enabled():
-            if self._sync and self.broadcast_buffers and self._pb_group.size > 1:
-                buffers = list(self.module.buffers())
-                if buffers:
-                    broadcast_parameters(buffers, 0, group=self._pb_group)
+        root = self._join_pre_forward()  # Join: rank 0 may have joined with stale buffers
+        if self._will_sync_buffers():
+            broadcast_parameters(list(self.module.buffers()), root, group=self._pb_group)
         return self.module(*args, **kwargs)
+
+    def _will_sync_buffers(self):
+        return (torch.is_grad_enabled() and self._sync and self.broadcast_buffers and self._pb_group.size > 1
+                and any(True for _ in self.module.buffers()))
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -121,6 +128,56 @@ class DistributedDataParallel(torch.nn.Module):
             self._hooks = None
             self._spare = [None] * len(self._params)
             self.reducer.close()
+
+    # ---- Join: uneven inputs (torch's Joinable protocol; the logic is in pybridge/join.py) -----
+
+    def join(self, divide_by_initial_world_size=True, enable=True, throw_on_early_termination=False):
+        """torch DDP's join(): a context manager for ranks with different numbers of batches,
+        `torch.distributed.algorithms.join.Join([self], ...)`. A rank whose loop ends waits in
+        the context's exit, shadowing the forward and backward collectives of the ranks still
+        training with zero gradients, until all have joined; then every rank takes the
+        parameters (and buffers) of the last rank to join. divide_by_initial_world_size: average
+        over the world size (True) or over the ranks still training (False);
+        throw_on_early_termination: every rank raises RuntimeError once one runs out. Also
+        works as one of several joinables: `Join([ddp_model, ...])`."""
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs):
+        """The JoinHook that torch's Join context calls on a joined rank (kwargs:
+        divide_by_initial_world_size, default True)."""
+        return _join.DDPJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self):
+        return self._pb_group.device
+
+    @property
+    def join_process_group(self):
+        """The torch ProcessGroup torch's Join context counts the joined ranks on."""
+        pg = self._pb_group.pg
+        try:
+            torch.distributed.get_rank(pg)
+        except (RuntimeError, ValueError):
+            raise InvalidArgument("Join needs a group torch.distributed knows (the world group): this "
+                               "wrapper's subgroup was built by pybridge, outside torch's registry") from None
+        return pg
+
+    def _join_pre_forward(self):
+        """Each forward in a Join context: tell the context this rank still trains (torch's
+        Join.notify_join_context), then tell joined ranks what to shadow (join.iteration_flags).
+        Returns the rank to broadcast buffers from: the largest still training, else 0."""
+        work = Join.notify_join_context(self)
+        if not self._join_config.enable:
+            return 0
+        sync = torch.is_grad_enabled() and self._sync
+        _, _, root = _join.iteration_flags(self._pb_group, sync, self._will_sync_buffers())
+        if sync and work is not None and not self._join_divide_by_initial:
+            self.reducer.set_divisor(_join.work_count(work))  # the ranks not yet joined
+        return root
+
+    def _join_broadcast(self, tensors, root):
+        broadcast_parameters(tensors, root, group=self._pb_group)
 
     # ---- hooks --------------------------------------------------------------------------------
 
@@ -175,6 +232,7 @@ class DistributedDataParallel(torch.nn.Module):
         used = torch.tensor(list(self._used), dtype=torch.uint8, device=self._pb_group.device)
         if self._pb_group.size > 1:
             collectives.all_reduce(used, collectives.MAX, group=self._pb_group)
+        self._join_used = used  # Join: what this rank contributes once joined, as torch's does
         for k, u in enumerate(used.tolist()):
             if not u and self._fresh[k]:
                 self._params[k].grad = None

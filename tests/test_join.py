@@ -1,0 +1,145 @@
+"""Uneven inputs (Join) from Python: pybridge's DDP wrapper under torch's Join context against
+torch's DDP under the same context on the same data (2 and 3 ranks; 5, 8 and 11 batches per
+rank; both divisors; buffers; unused parameters; throw_on_early_termination), and the
+dynamic loader training under Join with every record read once per epoch. One launch per
+world size covers every case; each is bounded by run_ranks' timeout, so a hang fails."""
+
+import os
+import time
+
+import pytest
+import torch
+from torch.distributed.algorithms.join import Join
+
+from ranks import run_ranks
+
+# (batches per rank, divide_by_initial_world_size, find_unused_parameters, through ddp.join())
+CASES = {
+    2: [((5, 8), True, False, True), ((11, 5), False, False, False), ((8, 11), True, True, False)],
+    3: [((5, 8, 11), True, False, False), ((11, 5, 8), False, True, True), ((8, 11, 5), False, False, False)],
+}
+
+
+class Net(torch.nn.Module):
+    """Tiny, with a buffer (BatchNorm's running stats, broadcast as torch DDP does) and, with
+    unused=True, a layer that gets no gradient on odd ranks."""
+
+    def __init__(self, unused=False):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 6)
+        self.bn = torch.nn.BatchNorm1d(6)
+        self.b = torch.nn.Linear(6, 3)
+        self.extra = torch.nn.Linear(6, 3) if unused else None
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.a(x)))
+        out = self.b(h)
+        if self.extra is not None and torch.distributed.get_rank() % 2 == 0:
+            out = out + self.extra(h)
+        return out
+
+
+def batch(case, rank, k):
+    g = torch.Generator().manual_seed(1000 * case + 100 * rank + k)
+    return torch.randn(4, 4, generator=g), torch.randn(4, 3, generator=g)
+
+
+def train(wrap, case, rank, counts, divide, unused, method):
+    torch.manual_seed(case)
+    model = wrap(Net(unused))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ctx = (model.join(divide_by_initial_world_size=divide) if method
+           else Join([model], divide_by_initial_world_size=divide))
+    with ctx:
+        for k in range(counts[rank]):
+            x, y = batch(case, rank, k)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    state = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+    return model, state
+
+
+def join_ranks(rank, world, data_paths):
+    import torch.distributed as dist
+
+    import pybridge
+    from pybridge import recordio
+
+    pybridge.init(backend="gloo", timeout=30)
+    caps = {"bucket_cap_mb": 1e-4}  # several buckets, so the shadows keep bucket order
+    out = []
+    for case, (counts, divide, unused, method) in enumerate(CASES[world]):
+        torch_ddp = lambda m: torch.nn.parallel.DistributedDataParallel(  # noqa: E731
+            m, find_unused_parameters=unused, **caps)
+        pb_ddp = lambda m: pybridge.DistributedDataParallel(m, find_unused_parameters=unused, **caps)  # noqa: E731
+        _, want = train(torch_ddp, case, rank, counts, divide, unused, method)
+        model, got = train(pb_ddp, case, rank, counts, divide, unused, method)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-6, msg=lambda m, k=k: f"case {case} {k}: {m}")
+        model.close()
+        # Every rank ends with the same model.
+        flat = torch.cat([v.reshape(-1).float() for v in got.values()])
+        every = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(every, flat)
+        assert all(torch.equal(every[0], e) for e in every), f"case {case}: ranks differ after join"
+        out.append(case)
+
+    # throw_on_early_termination: every rank raises once the first runs out, and the group is
+    # still in step afterwards.
+    model = pybridge.DistributedDataParallel(torch.nn.Linear(2, 1))
+    with pytest.raises(RuntimeError, match="exhausted|Throwing"):
+        with model.join(throw_on_early_termination=True):
+            for _ in range(3 + rank):
+                model(torch.ones(1, 2)).sum().backward()
+    t = torch.ones(1)
+    pybridge.all_reduce(t)
+    assert t.item() == world
+    model.close()
+
+    # The dynamic partition under Join: rank 0 is slow, so ranks read different numbers of
+    # batches, and every record is read exactly once per epoch.
+    model = pybridge.DistributedDataParallel(torch.nn.Linear(1, 1))
+    loader = recordio.Loader(data_paths, 3, partition="dynamic", task_records=3, prefetch=0)
+    seen, batches = [], []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        n = 0
+        with model.join():
+            for b in loader:
+                if rank == 0:
+                    time.sleep(0.02)
+                recs = b.tolist()
+                seen += [(epoch, int(r)) for r in recs]
+                x = torch.tensor([[float(r)] for r in recs])
+                model(x).sum().backward()
+                n += 1
+        batches.append(n)
+    loader.close()
+    model.close()
+    pybridge.finalize()
+    return out, seen, batches
+
+
+@pytest.fixture(scope="module")
+def data_paths(tmp_path_factory):
+    from pybridge import recordio
+    d = tmp_path_factory.mktemp("join")
+    paths = []
+    for f in range(2):
+        path = str(d / f"part-{f}.recordio")
+        recordio.write_file(path, [b"%d" % (f * 100 + i) for i in range(60)], "none", 64)
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ddp_join_matches_torch(world, data_paths):
+    results = run_ranks(join_ranks, world, data_paths, timeout=120.0)
+    for rank in range(world):
+        assert results[rank][0] == list(range(len(CASES[world])))
+    for epoch in range(2):
+        got = sorted(r for rank in range(world) for e, r in results[rank][1] if e == epoch)
+        assert got == sorted(f * 100 + i for f in range(2) for i in range(60)), f"epoch {epoch}"
+    counts = [results[rank][2] for rank in range(world)]
+    assert any(len({c[e] for c in counts}) > 1 for e in range(2)), f"batch counts were even: {counts}"
