@@ -18,6 +18,8 @@ reducer created with `join=True` (C `PB_REDUCER_JOIN`, Go `WithJoin`), whose ite
 start with the count and whose `Reducer.join()` is `join_reducer` below.
 """
 
+from collections import namedtuple
+
 import torch
 from torch.distributed.algorithms.join import JoinHook
 
@@ -57,16 +59,20 @@ def iteration_flags(group, sync, buffers):
     return bool(s), bool(b), max(root, 0)
 
 
+JoinResult = namedtuple("JoinResult", "root shadowed")
+JoinResult.__doc__ = """What join() tells a rank: `root`, the rank whose parameters every rank should take
+(the largest of those that joined last), and `shadowed`, the iterations this rank shadowed."""
+
+
 def join_reducer(reducer):
-    """Shadow the iterations of the ranks still training until every rank has joined;
-    returns (the rank whose parameters everyone should take, iterations shadowed). For a
-    reducer created with join=True, between iterations."""
+    """Shadow the iterations of the ranks still training until every rank has joined
+    (a JoinResult). For a reducer created with join=True, between iterations."""
     group = reducer.group
     shadowed = 0
     while count_active(group, False):
         reducer.shadow()
         shadowed += 1
-    return common_rank(group, shadowed == 0), shadowed
+    return JoinResult(common_rank(group, shadowed == 0), shadowed)
 
 
 def work_count(work):
@@ -113,4 +119,4 @@ class DDPJoinHook(JoinHook):
         ddp._join_broadcast(states, root)
 
 
-__all__ = ["count_active", "common_rank", "iteration_flags", "join_reducer", "DDPJoinHook"]
+__all__ = ["JoinResult", "count_active", "common_rank", "iteration_flags", "join_reducer", "DDPJoinHook"]

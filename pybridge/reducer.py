@@ -676,9 +676,10 @@ class Reducer:
     def join(self):
         """This rank has no more batches: shadow the iterations of the ranks still training
         until every rank has joined (their reducer must have been created with join=True,
-        like this one). Returns the rank whose parameters every rank should take now, the
-        largest of those that joined last: broadcast them from it (broadcast_parameters), as
-        torch's join does. Every rank calls join() once per epoch, the last ones to run out
+        like this one). Returns a join.JoinResult: `root`, the rank whose parameters every
+        rank should take now (the largest of those that joined last: broadcast them from it
+        with broadcast_parameters, as torch's join does), and `shadowed`, the iterations
+        this rank shadowed. Every rank calls join() once per epoch, the last ones to run out
         included; afterwards the reducer is ready for the next epoch. Between iterations."""
         with self._lock:
             self._check_open()
@@ -688,8 +689,7 @@ class Reducer:
                                       "themselves each iteration")
             if any(self._ready):
                 raise InvalidArgument("join() must be called between iterations, not after marking gradients")
-        root, _ = _join.join_reducer(self)
-        return root
+        return _join.join_reducer(self)
 
     def state_dict(self):
         """What a restart needs to continue the schedule: completed iterations and the hook's

@@ -1,8 +1,10 @@
-"""Uneven inputs (Join) from Python: pybridge's DDP wrapper under torch's Join context against
-torch's DDP under the same context on the same data (2 and 3 ranks; 5, 8 and 11 batches per
-rank; both divisors; buffers; unused parameters; throw_on_early_termination), and the
-dynamic loader training under Join with every record read once per epoch. One launch per
-world size covers every case; each is bounded by run_ranks' timeout, so a hang fails."""
+"""Uneven inputs (Join) against torch's DDP under torch's Join context on the same data (2 and
+3 ranks; 5, 8 and 11 batches per rank; both divisors): pybridge's DDP wrapper under the same
+context (with buffers, unused parameters, throw_on_early_termination), and a program driving
+the C ABI's reducer with PB_REDUCER_JOIN and pb_reducer_join (cffi, as a C program would);
+then the dynamic loader training under Join with every record read once per epoch. One
+launch per world size covers every case, bounded by run_ranks' timeout, so a hang fails.
+(Go: go/join_test.go.)"""
 
 import os
 import time
@@ -11,7 +13,11 @@ import pytest
 import torch
 from torch.distributed.algorithms.join import Join
 
+from capi_loader import LIB_PATH, load
 from ranks import run_ranks
+from test_capi_reducer import options as reducer_options
+
+pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
 
 # (batches per rank, divide_by_initial_world_size, find_unused_parameters, through ddp.join())
 CASES = {
@@ -60,13 +66,86 @@ def train(wrap, case, rank, counts, divide, unused, method):
     return model, state
 
 
+# The C ABI's cases: (batches per rank, divide_by_initial_world_size).
+C_CASES = {2: [((5, 8), True), ((11, 5), False)], 3: [((5, 8, 11), True), ((8, 11, 5), False)]}
+
+
+def c_training(ffi, lib, g, rank, world):
+    """A C program's loop: gradients computed locally, written into the reducer's views,
+    marked, reduced; at the end of its batches the rank joins, then takes the root's
+    parameters. Compared with torch DDP + Join."""
+    import numpy as np
+
+    def ok(rc):
+        assert rc == 0, ffi.string(lib.pb_last_error()).decode()
+
+    out = []
+    for case, (counts, divide) in enumerate(C_CASES[world]):
+        case += 10
+        torch.manual_seed(case)
+        ref = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 3))
+        torch.manual_seed(case)
+        model = torch.nn.Linear(4, 3)
+        params = list(model.parameters())
+        for m in (ref, model):
+            opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+            if m is ref:
+                with ref.join(divide_by_initial_world_size=divide):
+                    for k in range(counts[rank]):
+                        x, y = batch(case, rank, k)
+                        opt.zero_grad()
+                        torch.nn.functional.mse_loss(ref(x), y).backward()
+                        opt.step()
+                continue
+            flags = lib.PB_REDUCER_JOIN | (0 if divide else lib.PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE)
+            o = reducer_options(ffi, lib, bucket_cap_mb=1e-5, flags=flags)  # one bucket per gradient
+            rp = ffi.new("pb_reducer **")
+            counts_c = [p.numel() for p in params]
+            ok(lib.pb_reducer_create(g, len(params), ffi.new("int64_t[]", counts_c),
+                                     ffi.new("int32_t[]", [lib.PB_FLOAT32] * len(params)), o, rp))
+            r, d = rp[0], ffi.new("pb_tensor *")
+
+            def view(i):
+                ok(lib.pb_reducer_grad(r, i, d))
+                return torch.from_numpy(np.frombuffer(ffi.buffer(d.data, 4 * d.count), dtype=np.float32))
+
+            for k in range(counts[rank]):
+                x, y = batch(case, rank, k)
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                for i in reversed(range(len(params))):
+                    view(i).copy_(params[i].grad.reshape(-1))
+                    ok(lib.pb_reducer_mark_ready(r, i))
+                ok(lib.pb_reducer_wait(r, 20.0))
+                for i, p in enumerate(params):
+                    p.grad.copy_(view(i).view(p.shape))
+                opt.step()
+            root, shadowed = ffi.new("int32_t *"), ffi.new("int64_t *")
+            ok(lib.pb_reducer_join(r, root, shadowed))
+            assert shadowed[0] == max(counts) - counts[rank]
+            with torch.no_grad():
+                descs = ffi.new("pb_tensor[]", len(params))
+                for i, p in enumerate(params):
+                    descs[i].data = ffi.cast("void *", p.data_ptr())
+                    descs[i].count, descs[i].dtype, descs[i].device = p.numel(), lib.PB_FLOAT32, lib.PB_CPU
+                ok(lib.pb_broadcast_params(g, len(params), descs, root[0]))
+            ok(lib.pb_reducer_close(r))
+        for p, q in zip(params, ref.module.parameters()):
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=1e-6, msg=lambda m: f"C case {case}: {m}")
+        out.append(case)
+    return out
+
+
 def join_ranks(rank, world, data_paths):
     import torch.distributed as dist
 
     import pybridge
     from pybridge import recordio
 
-    pybridge.init(backend="gloo", timeout=30)
+    ffi, lib = load()  # the C ABI in this process: pb_init is pybridge.init here
+    gp = ffi.new("pb_group **")
+    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0, ffi.string(lib.pb_last_error())
+    c_cases = c_training(ffi, lib, gp[0], rank, world)
     caps = {"bucket_cap_mb": 1e-4}  # several buckets, so the shadows keep bucket order
     out = []
     for case, (counts, divide, unused, method) in enumerate(CASES[world]):
@@ -117,8 +196,8 @@ def join_ranks(rank, world, data_paths):
         batches.append(n)
     loader.close()
     model.close()
-    pybridge.finalize()
-    return out, seen, batches
+    assert lib.pb_finalize(gp[0]) == 0
+    return out, seen, batches, c_cases
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +217,7 @@ def test_ddp_join_matches_torch(world, data_paths):
     results = run_ranks(join_ranks, world, data_paths, timeout=120.0)
     for rank in range(world):
         assert results[rank][0] == list(range(len(CASES[world])))
+        assert results[rank][3] == [10, 11]
     for epoch in range(2):
         got = sorted(r for rank in range(world) for e, r in results[rank][1] if e == epoch)
         assert got == sorted(f * 100 + i for f in range(2) for i in range(60)), f"epoch {epoch}"
