@@ -470,7 +470,7 @@ class Reducer:
         bucket has been launched, the bucket's allreduce starts (asynchronously). With
         gradients bound (bind_grads), gradient i is first copied from the program's tensor."""
         with self._lock:
-            if not self._begun:
+            if not self._begun or self._stale:
                 self._begin()
             if self._bound is not None:
                 self._check_mark(i)
@@ -482,7 +482,7 @@ class Reducer:
         mark it ready. For a gradient that lives elsewhere this is one pass instead of
         copy-then-mark: the averaging division is folded into the copy."""
         with self._lock:
-            if not self._begun:
+            if not self._begun or self._stale:
                 self._begin()
             self._check_mark(i)
             view = self._views[i]
@@ -557,7 +557,7 @@ class Reducer:
             self._check_open()
             if timeout is not None:
                 timeout = positive_seconds("timeout", timeout)
-            if not self._begun:
+            if not self._begun or self._stale:
                 self._begin()
             missing = self.missing
             if missing and not self.allow_unused:
@@ -606,12 +606,13 @@ class Reducer:
         still training (and raise nothing: joined ranks shadow us); then the settings check
         after a change."""
         self._check_open()
-        self._begun = True
-        if self.join_enabled:
-            active = _join.count_active(self._group, True)
-            if not self.divide_by_initial_world_size:
-                self._set_divisor(active)
-        if self._stale:
+        if not self._begun:
+            self._begun = True
+            if self.join_enabled:
+                active = _join.count_active(self._group, True)
+                if not self.divide_by_initial_world_size:
+                    self._set_divisor(active)
+        if self._stale:  # until the ranks agree, every call of the iteration checks again
             self._agree()
 
     def set_divisor(self, n):
