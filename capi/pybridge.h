@@ -361,7 +361,10 @@ int pb_loader_open(pb_group *group, const char *const *files, int32_t nfiles, in
  * loader: copy what must live longer. After an error the pass ends and the next call
  * starts a new one. A batch holds 1 to batch_size records: the last one of a pass may be
  * short, and with skip_corrupt so may those that lost a skipped chunk's records. Under
- * PB_PARTITION_DYNAMIC every rank must call until the end of each pass. */
+ * PB_PARTITION_DYNAMIC every rank must call until the end of each pass. *has_batch == 0
+ * with PB_OK is the signal that this rank has no more batches this epoch: under
+ * PB_PARTITION_DYNAMIC the ranks' batch counts differ, and a rank that runs out joins its
+ * reducer (pb_reducer_join, with PB_REDUCER_JOIN) so the others finish without it. */
 int pb_loader_next(pb_loader *loader, const uint8_t **data, const int64_t **offsets,
                    int64_t *count, int32_t *has_batch);
 

@@ -143,7 +143,7 @@ def _create(group, nparams, counts, dtype_codes, o, out, cap_mb):
         raise InvalidArgument(f"unknown reducer flags 0x{flags:x}; valid: PB_REDUCER_ALLOW_UNUSED (1), "
                               "PB_REDUCER_NO_REBUILD (2), PB_REDUCER_JOIN (4), PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE (8)")
     if flags & JOIN_BY_ACTIVE and not flags & JOIN:
-        raise InvalidArgument("PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE goes with PB_REDUCER_JOIN")
+        raise InvalidArgument("flags: PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE goes with PB_REDUCER_JOIN")
     first = o["first_bucket_cap_mb"]
     r = _reducer.Reducer(specs, group=g, bucket_cap_mb=cap_mb, first_bucket_cap_mb=None if first == 0 else first,
                          op=o["op"], hook=_hook(o), rebuild=not flags & NO_REBUILD,
