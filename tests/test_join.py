@@ -73,63 +73,62 @@ C_CASES = {2: [((5, 8), True), ((11, 5), False)], 3: [((5, 8, 11), True), ((8, 1
 def c_training(ffi, lib, g, rank, world):
     """A C program's loop: gradients computed locally, written into the reducer's views,
     marked, reduced; at the end of its batches the rank joins, then takes the root's
-    parameters. Compared with torch DDP + Join."""
+    parameters. Compared with torch DDP + Join on the same data."""
     import numpy as np
 
     def ok(rc):
         assert rc == 0, ffi.string(lib.pb_last_error()).decode()
 
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
     out = []
-    for case, (counts, divide) in enumerate(C_CASES[world]):
-        case += 10
+    for case, (counts, divide) in enumerate(C_CASES[world], start=10):
         torch.manual_seed(case)
         ref = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 3))
-        torch.manual_seed(case)
-        model = torch.nn.Linear(4, 3)
-        params = list(model.parameters())
-        for m in (ref, model):
-            opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-            if m is ref:
-                with ref.join(divide_by_initial_world_size=divide):
-                    for k in range(counts[rank]):
-                        x, y = batch(case, rank, k)
-                        opt.zero_grad()
-                        torch.nn.functional.mse_loss(ref(x), y).backward()
-                        opt.step()
-                continue
-            flags = lib.PB_REDUCER_JOIN | (0 if divide else lib.PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE)
-            o = reducer_options(ffi, lib, bucket_cap_mb=1e-5, flags=flags)  # one bucket per gradient
-            rp = ffi.new("pb_reducer **")
-            counts_c = [p.numel() for p in params]
-            ok(lib.pb_reducer_create(g, len(params), ffi.new("int64_t[]", counts_c),
-                                     ffi.new("int32_t[]", [lib.PB_FLOAT32] * len(params)), o, rp))
-            r, d = rp[0], ffi.new("pb_tensor *")
-
-            def view(i):
-                ok(lib.pb_reducer_grad(r, i, d))
-                return torch.from_numpy(np.frombuffer(ffi.buffer(d.data, 4 * d.count), dtype=np.float32))
-
+        opt = sgd(ref.parameters())
+        with ref.join(divide_by_initial_world_size=divide):
             for k in range(counts[rank]):
                 x, y = batch(case, rank, k)
                 opt.zero_grad()
-                torch.nn.functional.mse_loss(model(x), y).backward()
-                for i in reversed(range(len(params))):
-                    view(i).copy_(params[i].grad.reshape(-1))
-                    ok(lib.pb_reducer_mark_ready(r, i))
-                ok(lib.pb_reducer_wait(r, 20.0))
-                for i, p in enumerate(params):
-                    p.grad.copy_(view(i).view(p.shape))
+                torch.nn.functional.mse_loss(ref(x), y).backward()
                 opt.step()
-            root, shadowed = ffi.new("int32_t *"), ffi.new("int64_t *")
-            ok(lib.pb_reducer_join(r, root, shadowed))
-            assert shadowed[0] == max(counts) - counts[rank]
-            with torch.no_grad():
-                descs = ffi.new("pb_tensor[]", len(params))
-                for i, p in enumerate(params):
-                    descs[i].data = ffi.cast("void *", p.data_ptr())
-                    descs[i].count, descs[i].dtype, descs[i].device = p.numel(), lib.PB_FLOAT32, lib.PB_CPU
-                ok(lib.pb_broadcast_params(g, len(params), descs, root[0]))
-            ok(lib.pb_reducer_close(r))
+
+        torch.manual_seed(case)
+        model = torch.nn.Linear(4, 3)
+        params = list(model.parameters())
+        opt = sgd(params)
+        flags = lib.PB_REDUCER_JOIN | (0 if divide else lib.PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE)
+        o = reducer_options(ffi, lib, bucket_cap_mb=1e-5, flags=flags)  # one bucket per gradient
+        rp = ffi.new("pb_reducer **")
+        ok(lib.pb_reducer_create(g, len(params), ffi.new("int64_t[]", [p.numel() for p in params]),
+                                 ffi.new("int32_t[]", [lib.PB_FLOAT32] * len(params)), o, rp))
+        r, d = rp[0], ffi.new("pb_tensor *")
+
+        def view(i):
+            ok(lib.pb_reducer_grad(r, i, d))
+            return torch.from_numpy(np.frombuffer(ffi.buffer(d.data, 4 * d.count), dtype=np.float32))
+
+        for k in range(counts[rank]):
+            x, y = batch(case, rank, k)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            for i in reversed(range(len(params))):
+                view(i).copy_(params[i].grad.reshape(-1))
+                ok(lib.pb_reducer_mark_ready(r, i))
+            ok(lib.pb_reducer_wait(r, 20.0))
+            for i, p in enumerate(params):
+                p.grad.copy_(view(i).view(p.shape))
+            opt.step()
+        root, shadowed = ffi.new("int32_t *"), ffi.new("int64_t *")
+        ok(lib.pb_reducer_join(r, root, shadowed))
+        assert shadowed[0] == max(counts) - counts[rank]
+        descs = ffi.new("pb_tensor[]", len(params))
+        for i, p in enumerate(params):
+            descs[i].data = ffi.cast("void *", p.data_ptr())
+            descs[i].count, descs[i].dtype, descs[i].device = p.numel(), lib.PB_FLOAT32, lib.PB_CPU
+        ok(lib.pb_broadcast_params(g, len(params), descs, root[0]))
+        ok(lib.pb_reducer_close(r))
         for p, q in zip(params, ref.module.parameters()):
             torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=1e-6, msg=lambda m: f"C case {case}: {m}")
         out.append(case)
@@ -187,7 +186,7 @@ def join_ranks(rank, world, data_paths):
         with model.join():
             for b in loader:
                 if rank == 0:
-                    time.sleep(0.02)
+                    time.sleep(0.005)
                 recs = b.tolist()
                 seen += [(epoch, int(r)) for r in recs]
                 x = torch.tensor([[float(r)] for r in recs])
