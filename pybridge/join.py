@@ -27,13 +27,17 @@ from . import collectives
 from .collectives import MAX, SUM
 
 
-def count_active(group, active):
+def count_active(group, active, async_op=False):
     """How many ranks are still training: one allreduce (sum) of 1 per such rank. Every
-    rank of the group calls it once per iteration, joined ranks with active=False."""
+    rank of the group calls it once per iteration, joined ranks with active=False.
+    async_op: return the collective's Work instead (None on one rank), for a rank that
+    only takes part and waits for it later."""
     t = torch.tensor([1.0 if active else 0.0], device=group.device)
     if group.size > 1:
-        collectives.all_reduce(t, SUM, group=group)
-    return int(t.item())
+        work = collectives.all_reduce(t, SUM, group=group, async_op=async_op)
+        if async_op:
+            return work
+    return None if async_op else int(t.item())
 
 
 def common_rank(group, candidate):

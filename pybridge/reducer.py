@@ -358,6 +358,7 @@ class Reducer:
         self._next = 0  # next bucket to launch; buckets go out strictly in order
         self._works = []
         self._begun = False  # _begin() ran for this iteration
+        self._count_work = None  # join's count of this iteration, still in flight
         self._scale = self._base_scale  # set_divisor() may change it for one iteration
         if self._rebuild_pending:
             self._order = []
@@ -577,6 +578,12 @@ class Reducer:
             self._launch_ready()
             works, self._works = self._works, []
             deadline = None if timeout is None else time.monotonic() + timeout
+            if self._count_work is not None:  # join's count went out before the buckets
+                try:
+                    self._count_work.wait(timeout)
+                except Exception:
+                    self._start_iteration()
+                    raise
             try:
                 for bucket, fut in works:
                     value = _wait(fut, deadline, f"bucket {bucket.index}")
@@ -608,10 +615,11 @@ class Reducer:
         self._check_open()
         if not self._begun:
             self._begun = True
-            if self.join_enabled:
-                active = _join.count_active(self._group, True)
-                if not self.divide_by_initial_world_size:
-                    self._set_divisor(active)
+            if self.join_enabled and self.divide_by_initial_world_size:
+                # Only the joined ranks need the answer: wait for it in wait().
+                self._count_work = _join.count_active(self._group, True, async_op=True)
+            elif self.join_enabled:
+                self._set_divisor(_join.count_active(self._group, True))
         if self._stale:  # until the ranks agree, every call of the iteration checks again
             self._agree()
 
@@ -751,6 +759,8 @@ class Reducer:
         works, self._works = self._works, []
         deadline = time.monotonic() + min(limit, self._group.timeout or limit)
         try:
+            if self._count_work is not None:
+                self._count_work.wait(max(deadline - time.monotonic(), 1e-3))
             for bucket, fut in works:
                 _wait(fut, deadline, f"bucket {bucket.index}")
         except Exception:  # noqa: BLE001 - reported as part of the caller's error
