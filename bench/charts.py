@@ -137,6 +137,35 @@ def gossip(plt, data):
     return fig
 
 
+def cluster(plt, data):
+    """Throughput against torch DDP and bytes per node link per step, per method, one group
+    of bars per link rate (bench/cluster.py)."""
+    rates = list(data["rates"])
+    methods = [m for m in data["rates"][rates[0]] if "step_s" in data["rates"][rates[0]][m]]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    width = 0.8 / max(len(methods), 1)
+    for ax, ylabel in ((axes[0], "throughput / torch DDP's (higher is better)"),
+                       (axes[1], "MB per node link per step (measured)")):
+        for j, m in enumerate(methods):
+            ys = []
+            for r in rates:
+                row, base = data["rates"][r].get(m, {}), data["rates"][r].get("torch_ddp", {})
+                if ax is axes[0]:
+                    ys.append(base["step_s"] / row["step_s"] if "step_s" in row and "step_s" in base else 0)
+                else:
+                    ys.append(row.get("link_mb_per_step", 0))
+            ax.bar([i + j * width for i in range(len(rates))], ys, width, label=m,
+                   color=COLORS.get("torch DDP") if m == "torch_ddp" else None)
+        ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(rates))])
+        ax.set_xticklabels([f"{r} Mbit/s" if r != "0" else "unlimited" for r in rates])
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_title(f"{data['nodes']} nodes x {data['ranks_per_node']} ranks, model (b): throughput")
+    axes[1].set_title("bytes on each node's link per step")
+    axes[0].legend(fontsize=7)
+    return fig
+
+
 def training_curves(plt, curves, title):
     """examples/mnist/plot.py's two panels (loss, test accuracy) of [(label, metrics rows)]."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -178,7 +207,7 @@ def federated(plt, data):
 
 DRAW = {"collectives": collectives, "reducer": reducer, "recordio": recordio, "mnist": mnist,
         "gossip": gossip, "gossip-mnist": gossip_mnist, "federated": federated,
-        "federated-mnist": federated_mnist}
+        "federated-mnist": federated_mnist, "cluster": cluster}
 
 
 def draw(name, data):

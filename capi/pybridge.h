@@ -30,8 +30,9 @@
  *             the communication), an asynchronous call's once its work completes.
  *             This is torch.distributed's rule, which pybridge inherits; link the
  *             torch wheel's libtorch (pybridge-capi --torch-libs) so that the
- *             program and the library share one current stream. NOT YET RUN ON A
- *             GPU; choosing another stream per group or per call is not offered yet.
+ *             program and the library share one current stream. Another stream:
+ *             per group with pb_group_set_stream, per call by making it current in
+ *             libtorch around the call. NOT YET RUN ON A GPU.
  *
  *  Handles.   pb_group, pb_buffer, pb_work and the others are opaque handles. A
  *             handle that was closed, or never issued by this library, is rejected
@@ -202,6 +203,13 @@ int pb_group_split(pb_group *parent, int32_t color, int32_t key, pb_group **out)
  * members must create their groups in the same order. */
 int pb_group_new(pb_group *parent, const int32_t *ranks, int32_t n, pb_group **out);
 
+/* pb_group_split with the subgroup's backend chosen: "gloo", "nccl", or NULL / "" / "auto"
+ * for the parent's. The usual use: a gloo group beside an nccl world for host-memory
+ * traffic (metrics, Go slices, the loader), as torch's new_group(backend="gloo"):
+ * pb_group_split_backend(world, 0, rank, "gloo", &host). */
+int pb_group_split_backend(pb_group *parent, int32_t color, int32_t key, const char *backend,
+                           pb_group **out);
+
 /* This rank's intra-node group and cross-node group (members with the same local rank on
  * every node). Nodes are consecutive blocks of ranks_per_node ranks of `parent`; <= 0
  * reads LOCAL_WORLD_SIZE (set by pybridge-launch and torchrun). COLLECTIVE over parent. */
@@ -219,6 +227,18 @@ int pb_group_close(pb_group *group);
 /* Deprecated: use pb_group_close (the same function, under the name every handle's
  * destructor has: pb_X_close). */
 int pb_group_free(pb_group *group);
+
+/* Order this group's calls on CUDA memory on `cuda_stream` (a cudaStream_t, passed as a
+ * pointer) instead of the calling thread's current libtorch stream; NULL goes back to the
+ * current stream. The stream contract (CONVENTIONS, Streams) then holds with this stream
+ * in place of the current one: tensors ready in its order when a call is made, a blocking
+ * call's result ready in its order on return, an asynchronous call's once its work
+ * completes; a reducer on this group copies and reduces on it too. For a stream per call,
+ * set it before the call, or make the stream current in libtorch around the call
+ * (c10::cuda::CUDAStreamGuard). The stream must outlive its use. Subgroups start without
+ * one. Errors: PB_ERR_INVALID_ARGUMENT when a non-NULL stream is given and this process's
+ * torch has no CUDA device. NOT YET RUN ON A GPU. */
+int pb_group_set_stream(pb_group *group, void *cuda_stream);
 
 /* The device this rank should compute on: its CUDA index under nccl, PB_CPU under gloo. */
 int pb_device(pb_group *group, int32_t *out);
@@ -485,7 +505,8 @@ typedef struct pb_reducer_options {
     int32_t gossip_topology;     /* PB_GOSSIP_NONE (default), PB_GOSSIP_CUBE or
                                     PB_GOSSIP_DISSEMINATION: see "Gossip" below. Gossip takes the
                                     hook's place: hook must then stay PB_HOOK_ALLREDUCE */
-    int32_t gossip_ranks_per_node; /* ranks per node, dividing the world size (default 1) */
+    int32_t gossip_ranks_per_node; /* ranks per node, dividing the world size; 0 (default): the
+                                      launcher's (LOCAL_WORLD_SIZE), or 1 without a launcher */
     int64_t gossip_seed;         /* >= 0: draws the rotating partners (default 0) */
     int32_t gossip_sync_every;   /* >= 0: every K-th step is an exact average (default 0: never) */
     int32_t hook_start_iter;     /* PB_HOOK_POWERSGD: iterations of plain allreduce before
@@ -509,7 +530,7 @@ static inline void pb_reducer_options_init(pb_reducer_options *options) {
     options->hook_rank = 1;
     options->hook_flags = 0;
     options->gossip_topology = PB_GOSSIP_NONE;
-    options->gossip_ranks_per_node = 1;
+    options->gossip_ranks_per_node = 0;
     options->gossip_seed = 0;
     options->gossip_sync_every = 0;
     options->hook_start_iter = 2;
@@ -572,8 +593,9 @@ int pb_reducer_mark_ready(pb_reducer *reducer, int32_t index);
  * reduced gradients and the next pb_reducer_mark_ready starts a new iteration.
  * timeout_seconds <= 0 waits up to the group's timeout.
  * Errors: PB_ERR_INVALID_ARGUMENT when gradients were not marked (the message lists
- * them as #index; the iteration is abandoned and the next one starts); PB_ERR_TIMEOUT
- * or PB_ERR_COMM when the reduction fails. */
+ * their indices and this rank, "Parameter indices which did not receive grad for rank
+ * R: 0 2.", as torch DDP's error does; the iteration is abandoned and the next one
+ * starts); PB_ERR_TIMEOUT or PB_ERR_COMM when the reduction fails. */
 int pb_reducer_wait(pb_reducer *reducer, double timeout_seconds);
 
 /* Deprecated: use pb_reducer_options.hook, hook_rank and hook_flags. Chooses how buckets
@@ -587,7 +609,8 @@ int pb_reducer_wait(pb_reducer *reducer, double timeout_seconds);
 int pb_reducer_set_hook(pb_reducer *reducer, int32_t hook, int32_t rank, int32_t flags);
 
 /* Gossip: communicate buckets with GossipGraD instead of an allreduce. Each node
- * (ranks_per_node consecutive ranks; 1 for one rank per node) averages within itself,
+ * (ranks_per_node consecutive ranks; 1 for one rank per node; 0 the launcher's
+ * LOCAL_WORLD_SIZE, or 1 without a launcher) averages within itself,
  * then exchanges with one partner node per step (topology PB_GOSSIP_*, partners rotating
  * every ceil(log2 nodes) steps, drawn from `seed`), then shares the result in the node.
  * One bucket-sized message per node per step, whatever the world size; replicas are no
@@ -691,6 +714,37 @@ int pb_checkpoint_restore(pb_group *group, const char *directory, int32_t n,
                           const char *const *names, const pb_tensor *tensors, pb_loader *loader,
                           pb_reducer *reducer, int64_t *step);
 
+/* ---- Elastic state: commit and roll back in memory ------------------------------- */
+/* The training state of a checkpoint (named flat tensors, a loader's position, a reducer's
+ * counters) kept in this process's memory instead of a file: pb_state_commit copies it in,
+ * pb_state_restore copies the last commit back (rolling back the steps since), and
+ * pb_state_sync sends one rank's last commit to every rank over the network (what a rank
+ * joining a running job needs). Every call reads or writes the tensors it is given during
+ * the call only (names, counts and dtypes as committed, checked before anything is
+ * written). docs/elastic.md: this is the first part of elastic training. */
+typedef struct pb_state pb_state;
+
+/* A state with nothing committed yet. Close it with pb_state_close. */
+int pb_state_create(pb_state **out);
+
+/* Commit step `step` (>= 0): copies of the n tensors, the loader's position (NULL: none)
+ * and the reducer's counters (NULL: none), replacing the previous commit. */
+int pb_state_commit(pb_state *state, int64_t step, int32_t n, const char *const *names,
+                    const pb_tensor *tensors, pb_loader *loader, pb_reducer *reducer);
+
+/* Roll back: the last commit's values into the tensors, the loader and the reducer; *step
+ * receives the committed step. PB_ERR_INVALID_ARGUMENT when nothing was committed or the
+ * names, counts or dtypes differ from the commit's. */
+int pb_state_restore(pb_state *state, int32_t n, const char *const *names, const pb_tensor *tensors,
+                     pb_loader *loader, pb_reducer *reducer, int64_t *step);
+
+/* COLLECTIVE over `group`: every rank takes rank `root`'s last commit as its own and
+ * restores it as pb_state_restore does (the root included). */
+int pb_state_sync(pb_state *state, pb_group *group, int32_t root, int32_t n, const char *const *names,
+                  const pb_tensor *tensors, pb_loader *loader, pb_reducer *reducer, int64_t *step);
+
+int pb_state_close(pb_state *state);
+
 /* ---- Federated training ---------------------------------------------------------- */
 /* FLUTE-style federated learning with asynchronous client assignment (docs/federated.md):
  * rank 0 of a group is the server, every other rank a worker that holds the clients' data.
@@ -713,6 +767,8 @@ typedef struct pb_fed_worker pb_fed_worker; /* ranks 1 ..: trains the clients ha
  * the same numbers travel in the protocol's header (pybridge/federated/protocol.py). */
 #define PB_FED_TRAIN 2    /* train the client; the result is its trained weights */
 #define PB_FED_EVALUATE 3 /* evaluate the client; the result is the worker's metrics */
+
+#define PB_FED_MAX_METRICS 32 /* metrics per result (pb_fed_worker_submit_metrics) */
 
 /* One result pulled by the server (pb_fed_server_next_result). */
 typedef struct pb_fed_result {
@@ -748,13 +804,30 @@ typedef struct pb_fed_task {
 int pb_fed_server_new(pb_group *group, int32_t mode, double timeout_seconds, int32_t requeue,
                       pb_fed_server **out);
 
+/* Refuse, from the next result on, training updates (pseudo-gradients) whose L2 norm is
+ * above `max_norm`; 0 removes the bound (the default). Updates with NaN or Inf elements are
+ * always refused. A refused update ends the round like a worker's failure
+ * (pb_fed_server_next_result: PB_ERR_CORRUPT, naming worker, client and round); with
+ * requeue its client is handed out once more first. Errors: PB_ERR_INVALID_ARGUMENT when
+ * max_norm is negative or not finite. */
+int pb_fed_server_set_max_norm(pb_fed_server *server, double max_norm);
+
+/* Client-to-worker affinity: hand `client` only to the `n` workers (ranks in the
+ * federated group) in `workers`, those that hold its data, from the next assignment on;
+ * n = 0 lifts it (any worker). A round whose remaining clients can go only to lost workers
+ * fails with PB_ERR_COMM. Errors: PB_ERR_INVALID_ARGUMENT for a negative client, a rank
+ * that is not a worker's, or NULL workers with n > 0. */
+int pb_fed_server_set_affinity(pb_fed_server *server, int64_t client, const int32_t *workers, int32_t n);
+
 /* Start a round: send `model` (any count, a floating-point dtype, read during the call
- * only) to the workers, then hand out the `n` client ids (each >= 0, each once) with
- * `command` (PB_FED_TRAIN or PB_FED_EVALUATE). The server keeps its own copy of the model
- * for aggregation. Results are then pulled with pb_fed_server_next_result. A round left
- * unfinished is drained (its results dropped) when the next one starts.
- * Errors: PB_ERR_INVALID_ARGUMENT (NULL arrays, duplicate or negative ids, an unknown
- * command); PB_ERR_COMM when no worker is left. */
+ * only) to the workers, then hand out the `n` client ids (each >= 0, each once, n >= 1)
+ * with `command` (PB_FED_TRAIN or PB_FED_EVALUATE). The server keeps its own copy of the
+ * model for aggregation. Results are then pulled with pb_fed_server_next_result. A round
+ * may be left unfinished (over-selection): its clients still out are not waited for, their
+ * late results are dropped by round number, and their workers get the new round's model
+ * once they are back.
+ * Errors: PB_ERR_INVALID_ARGUMENT (NULL arrays, n = 0, duplicate or negative ids, an
+ * unknown command); PB_ERR_COMM when no worker is left. */
 int pb_fed_server_start_round(pb_fed_server *server, const int64_t *clients, int64_t n,
                               const pb_tensor *model, int32_t command);
 
@@ -762,14 +835,16 @@ int pb_fed_server_start_round(pb_fed_server *server, const int64_t *clients, int
  * *out describes it, or *has_result is 0 when every client of the round is done. A
  * PB_FED_TRAIN result of the current round is added to the round's FedAvg sum here (see
  * pb_fed_server_aggregate); its payload is the client's pseudo-gradient (round model -
- * trained weights). The payload stays available (pb_fed_server_result_payload) until the
- * next call. Errors: PB_ERR_COMM when a worker died, lost its connection or reported a
- * failure (pb_fed_worker_fail) while holding a client; PB_ERR_TIMEOUT when it held the
- * client past the timeout. Then the message names the worker and the client, and *out
- * holds them too (command 0, worker, client); with requeue a lost worker's client is
- * handed out again instead, but a reported failure is still returned. An error ends the
- * round: later calls report *has_result 0, the clients not yet handed out are not, and
- * those still out are waited for (their results dropped) when the next round starts. */
+ * trained weights). The payload and the result's metrics (pb_fed_server_result_metric)
+ * stay available until the next call. Errors: PB_ERR_COMM when a worker died, lost its
+ * connection or reported a failure (pb_fed_worker_fail) while holding a client;
+ * PB_ERR_TIMEOUT when it held the client past the timeout (it is taken back once it
+ * answers); PB_ERR_CORRUPT when its update was refused (NaN or Inf elements, or a norm past
+ * pb_fed_server_set_max_norm's bound). Then the message names the worker, the client and
+ * the round, and *out holds them too (command 0, worker, client, round); with requeue a
+ * lost worker's client is handed out again instead (a refused one once), but a reported
+ * failure is still returned. An error ends the round: later calls report *has_result 0,
+ * the clients not yet handed out are not, and the results of those still out are dropped. */
 int pb_fed_server_next_result(pb_fed_server *server, pb_fed_result *out, int32_t *has_result);
 
 /* Copy the last result's payload into `out`: out->count must equal the result's length
@@ -788,9 +863,24 @@ int pb_fed_server_result_payload(pb_fed_server *server, const pb_tensor *out);
 int pb_fed_server_aggregate(pb_fed_server *server, double lr, const pb_tensor *model,
                             int32_t *clients);
 
-/* Terminate the workers (after the clients still out are back) and stop the server's
- * threads, waiting the server's timeout at most. The handle is released, also when an
- * error is returned; later use returns PB_ERR_INVALID_ARGUMENT. */
+/* The last pulled result's metric `name` (as the worker sent it): *found is 1 and *value
+ * holds it, or *found is 0 when the result has no metric of that name.
+ * Errors: PB_ERR_INVALID_ARGUMENT when no result was pulled since the last call to
+ * pb_fed_server_next_result, or a pointer is NULL. */
+int pb_fed_server_result_metric(pb_fed_server *server, const char *name, double *value, int32_t *found);
+
+/* The current round's sample-weighted mean of metric `name` over the results pulled so
+ * far (sum(samples_i * value_i) / sum(samples_i) over those that sent it; their plain mean
+ * when they all have 0 samples): *found 0 when none sent it.
+ * Errors: PB_ERR_INVALID_ARGUMENT before the first round, or a pointer is NULL. */
+int pb_fed_server_round_metric(pb_fed_server *server, const char *name, double *value, int32_t *found);
+
+/* Terminate the workers and stop the server's threads. A worker still holding a client is
+ * waited for until that client's deadline (hand-out + the server's timeout); one past it
+ * (stalled or hung) is cut off at once, so no thread is left and the call never waits for
+ * it (that worker's next call fails with PB_ERR_COMM naming the lost server, rank 0). The
+ * handle is released, also when an error is returned; later use returns
+ * PB_ERR_INVALID_ARGUMENT. */
 int pb_fed_server_close(pb_fed_server *server);
 
 /* Create a worker on a rank other than 0 of `group` and store its handle in *out.
@@ -819,6 +909,16 @@ int pb_fed_worker_task_model(pb_fed_worker *worker, const pb_tensor *out);
  * not match the model (the task stays open: submit again or fail it). */
 int pb_fed_worker_submit(pb_fed_worker *worker, const pb_tensor *result, int64_t samples);
 
+/* pb_fed_worker_submit with `n` metrics (0 to PB_FED_MAX_METRICS): names[i] (identifiers
+ * of at most 64 characters: letters, digits, _ . : / -) has values[i], e.g. "loss" and
+ * "accuracy". The server returns them with the result and averages each over the round,
+ * weighted by samples (pb_fed_server_result_metric, pb_fed_server_round_metric).
+ * Errors: those of pb_fed_worker_submit; PB_ERR_INVALID_ARGUMENT for a bad name, n out of
+ * range, or NULL arrays with n > 0 (the task stays open). PB_ERR_COMM when the server is
+ * lost (the message names rank 0). */
+int pb_fed_worker_submit_metrics(pb_fed_worker *worker, const pb_tensor *result, int64_t samples, int32_t n,
+                                 const char *const *names, const double *values);
+
 /* Tell the server that the open task could not be done; `message` (UTF-8, may be NULL)
  * is part of the server's error. */
 int pb_fed_worker_fail(pb_fed_worker *worker, const char *message);
@@ -829,6 +929,14 @@ int pb_fed_worker_close(pb_fed_worker *worker);
 
 /* Deprecated: use pb_fed_worker_close (the same function). */
 int pb_fed_worker_free(pb_fed_worker *worker);
+
+/* Seeded client sampling: the `per_round` distinct client ids of 0 .. num_clients-1 drawn
+ * for `round` of a run seeded `seed`, sorted, into out[0 .. per_round-1]. The same for a
+ * given (seed, round) on every run and from Python, C and Go (one implementation), so a
+ * resumed run draws its remaining rounds as an uninterrupted one would. Not collective.
+ * Errors: PB_ERR_INVALID_ARGUMENT unless 1 <= per_round <= num_clients and round >= 0, or
+ * out is NULL. */
+int pb_fed_sample_clients(int64_t num_clients, int64_t per_round, int64_t seed, int64_t round, int64_t *out);
 
 #ifdef __cplusplus
 }

@@ -255,7 +255,18 @@ func toInt32(op, what string, v int) (C.int32_t, error) {
 // passing the same color form one subgroup, ranked by (key, rank in g). A
 // negative color joins no group: Split returns nil, nil.
 func (g *Group) Split(color, key int) (*Group, error) {
-	const op = "Split"
+	return g.split("Split", color, key, "")
+}
+
+// SplitWithBackend is Split with the subgroup's backend chosen: "gloo", "nccl",
+// or "" for g's. The usual use is a gloo group beside an nccl world, for Go
+// slices and other host memory (metrics, the loader), as torch's
+// new_group(backend="gloo"): host, err := world.SplitWithBackend(0, world.Rank(), "gloo").
+func (g *Group) SplitWithBackend(color, key int, backend string) (*Group, error) {
+	return g.split("SplitWithBackend", color, key, backend)
+}
+
+func (g *Group) split(op string, color, key int, backend string) (*Group, error) {
 	h, err := g.handle(op)
 	if err != nil {
 		return nil, err
@@ -268,12 +279,38 @@ func (g *Group) Split(color, key int) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
+	var cBackend *C.char
+	if backend != "" {
+		cBackend = C.CString(backend)
+		defer C.free(unsafe.Pointer(cBackend))
+	}
 	var out *C.pb_group
 	var msg *C.char
-	if err := check(op, C.pbgo_group_split(h, c, k, &out, &msg), msg); err != nil {
+	if err := check(op, C.pbgo_group_split_backend(h, c, k, cBackend, &out, &msg), msg); err != nil {
 		return nil, err
 	}
 	return g.child(op, out)
+}
+
+// SetStream orders g's calls on CUDA memory on stream (a cudaStream_t, such as
+// gotch's or libtorch's current stream pointer) instead of the calling
+// thread's current libtorch stream; nil goes back to the current stream.
+// Tensors must be ready in that stream's order when a call is made; a blocking
+// call's result is ready in its order when the call returns, an asynchronous
+// one's when its Work completes; a Reducer on g copies and reduces on it too.
+// A goroutine may move between OS threads, and libtorch's current stream is
+// per thread, so a Go program that computes on its own stream should set it
+// here rather than rely on the current one. The stream must outlive its use.
+// ErrInvalidArgument when stream is not nil and the process has no CUDA.
+// Not yet run on a GPU.
+func (g *Group) SetStream(stream unsafe.Pointer) error {
+	const op = "SetStream"
+	h, err := g.handle(op)
+	if err != nil {
+		return err
+	}
+	var msg *C.char
+	return check(op, C.pbgo_group_set_stream(h, stream, &msg), msg)
 }
 
 // Subgroup returns the group of g's members with the given ranks (ranks in g),

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	pybridge "github.com/pybridge/pybridge/go"
 )
@@ -87,6 +88,36 @@ func roleSubgroups() error {
 	}
 	if none, err := g.Split(-1, 0); none != nil || err != nil {
 		return fmt.Errorf("negative color: %v %v", none, err)
+	}
+	// A gloo copy of the world (what an nccl program uses for Go slices).
+	host, err := g.SplitWithBackend(0, rank, "gloo")
+	if err != nil || host.Size() != 4 || host.Rank() != rank {
+		return fmt.Errorf("SplitWithBackend gloo: %v %v", host, err)
+	}
+	n := []int32{int32(rank)}
+	if err := pybridge.AllReduce(host, n, pybridge.Sum); err != nil {
+		return err
+	}
+	if err := want("gloo split sum", n[0], int32(6)); err != nil {
+		return err
+	}
+	if _, err := g.SplitWithBackend(0, rank, "mpi"); !errors.Is(err, pybridge.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "unknown backend 'mpi'") {
+		return fmt.Errorf("SplitWithBackend mpi: %v", err)
+	}
+	// Streams: nil is the current stream; a stream in a process without CUDA is refused.
+	if err := host.SetStream(nil); err != nil {
+		return fmt.Errorf("SetStream(nil): %v", err)
+	}
+	if _, err := os.Stat("/proc/driver/nvidia/version"); err != nil { // no NVIDIA driver: no CUDA
+		var fake [8]byte
+		if err := host.SetStream(unsafe.Pointer(&fake[0])); !errors.Is(err, pybridge.ErrInvalidArgument) ||
+			!strings.Contains(err.Error(), "no CUDA device") {
+			return fmt.Errorf("SetStream without CUDA: %v", err)
+		}
+	}
+	if err := host.Close(); err != nil {
+		return err
 	}
 	// Listed members, in the listed order: group rank 0 is global rank 3.
 	sub, err := g.Subgroup([]int{3, 0})

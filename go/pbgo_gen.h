@@ -58,6 +58,11 @@ static inline int pbgo_group_new(pb_group *parent, const int32_t *ranks, int32_t
 	return pbgo_status(pb_group_new(parent, ranks, n, out), msg);
 }
 
+static inline int pbgo_group_split_backend(pb_group *parent, int32_t color, int32_t key,
+                                           const char *backend, pb_group **out, char **msg) {
+	return pbgo_status(pb_group_split_backend(parent, color, key, backend, out), msg);
+}
+
 static inline int pbgo_group_nodes(pb_group *parent, int32_t ranks_per_node, pb_group **intra,
                                    pb_group **cross, char **msg) {
 	return pbgo_status(pb_group_nodes(parent, ranks_per_node, intra, cross), msg);
@@ -79,6 +84,10 @@ static inline int pbgo_group_close(pb_group *group, char **msg) {
 
 static inline int pbgo_group_free(pb_group *group, char **msg) {
 	return pbgo_status(pb_group_free(group), msg);
+}
+
+static inline int pbgo_group_set_stream(pb_group *group, void *cuda_stream, char **msg) {
+	return pbgo_status(pb_group_set_stream(group, cuda_stream), msg);
 }
 
 static inline int pbgo_device(pb_group *group, int32_t *out, char **msg) {
@@ -348,9 +357,46 @@ static inline int pbgo_checkpoint_restore(pb_group *group, const char *directory
 	                                         reducer, step), msg);
 }
 
+static inline int pbgo_state_create(pb_state **out, char **msg) {
+	return pbgo_status(pb_state_create(out), msg);
+}
+
+static inline int pbgo_state_commit(pb_state *state, int64_t step, int32_t n,
+                                    const char *const *names, const pb_tensor *tensors,
+                                    pb_loader *loader, pb_reducer *reducer, char **msg) {
+	return pbgo_status(pb_state_commit(state, step, n, names, tensors, loader, reducer), msg);
+}
+
+static inline int pbgo_state_restore(pb_state *state, int32_t n, const char *const *names,
+                                     const pb_tensor *tensors, pb_loader *loader,
+                                     pb_reducer *reducer, int64_t *step, char **msg) {
+	return pbgo_status(pb_state_restore(state, n, names, tensors, loader, reducer, step), msg);
+}
+
+static inline int pbgo_state_sync(pb_state *state, pb_group *group, int32_t root, int32_t n,
+                                  const char *const *names, const pb_tensor *tensors,
+                                  pb_loader *loader, pb_reducer *reducer, int64_t *step,
+                                  char **msg) {
+	return pbgo_status(pb_state_sync(state, group, root, n, names, tensors, loader, reducer,
+	                                 step), msg);
+}
+
+static inline int pbgo_state_close(pb_state *state, char **msg) {
+	return pbgo_status(pb_state_close(state), msg);
+}
+
 static inline int pbgo_fed_server_new(pb_group *group, int32_t mode, double timeout_seconds,
                                       int32_t requeue, pb_fed_server **out, char **msg) {
 	return pbgo_status(pb_fed_server_new(group, mode, timeout_seconds, requeue, out), msg);
+}
+
+static inline int pbgo_fed_server_set_max_norm(pb_fed_server *server, double max_norm, char **msg) {
+	return pbgo_status(pb_fed_server_set_max_norm(server, max_norm), msg);
+}
+
+static inline int pbgo_fed_server_set_affinity(pb_fed_server *server, int64_t client,
+                                               const int32_t *workers, int32_t n, char **msg) {
+	return pbgo_status(pb_fed_server_set_affinity(server, client, workers, n), msg);
 }
 
 static inline int pbgo_fed_server_start_round(pb_fed_server *server, const int64_t *clients,
@@ -372,6 +418,16 @@ static inline int pbgo_fed_server_result_payload(pb_fed_server *server, const pb
 static inline int pbgo_fed_server_aggregate(pb_fed_server *server, double lr,
                                             const pb_tensor *model, int32_t *clients, char **msg) {
 	return pbgo_status(pb_fed_server_aggregate(server, lr, model, clients), msg);
+}
+
+static inline int pbgo_fed_server_result_metric(pb_fed_server *server, const char *name,
+                                                double *value, int32_t *found, char **msg) {
+	return pbgo_status(pb_fed_server_result_metric(server, name, value, found), msg);
+}
+
+static inline int pbgo_fed_server_round_metric(pb_fed_server *server, const char *name,
+                                               double *value, int32_t *found, char **msg) {
+	return pbgo_status(pb_fed_server_round_metric(server, name, value, found), msg);
 }
 
 static inline int pbgo_fed_server_close(pb_fed_server *server, char **msg) {
@@ -397,6 +453,14 @@ static inline int pbgo_fed_worker_submit(pb_fed_worker *worker, const pb_tensor 
 	return pbgo_status(pb_fed_worker_submit(worker, result, samples), msg);
 }
 
+static inline int pbgo_fed_worker_submit_metrics(pb_fed_worker *worker, const pb_tensor *result,
+                                                 int64_t samples, int32_t n,
+                                                 const char *const *names, const double *values,
+                                                 char **msg) {
+	return pbgo_status(pb_fed_worker_submit_metrics(worker, result, samples, n, names,
+	                                                values), msg);
+}
+
 static inline int pbgo_fed_worker_fail(pb_fed_worker *worker, const char *message, char **msg) {
 	return pbgo_status(pb_fed_worker_fail(worker, message), msg);
 }
@@ -407,6 +471,11 @@ static inline int pbgo_fed_worker_close(pb_fed_worker *worker, char **msg) {
 
 static inline int pbgo_fed_worker_free(pb_fed_worker *worker, char **msg) {
 	return pbgo_status(pb_fed_worker_free(worker), msg);
+}
+
+static inline int pbgo_fed_sample_clients(int64_t num_clients, int64_t per_round, int64_t seed,
+                                          int64_t round, int64_t *out, char **msg) {
+	return pbgo_status(pb_fed_sample_clients(num_clients, per_round, seed, round, out), msg);
 }
 
 #endif /* PBGO_GEN_H */

@@ -258,7 +258,7 @@ func (c *reducerConfig) fill(op string, o *C.pb_reducer_options) error {
 	o.bucket_cap_mb, o.first_bucket_cap_mb = C.double(c.capMB), C.double(c.firstCapMB)
 	o.flags = C.int32_t(c.flags)
 	o.hook, o.hook_rank, o.hook_flags, o.hook_start_iter = C.int32_t(c.hook), rank, C.int32_t(c.hookFlags), start
-	o.gossip_topology, o.gossip_ranks_per_node, o.gossip_seed, o.gossip_sync_every = C.PB_GOSSIP_NONE, 1, 0, 0
+	o.gossip_topology, o.gossip_ranks_per_node, o.gossip_seed, o.gossip_sync_every = C.PB_GOSSIP_NONE, 0, 0, 0
 	if gc := c.gossip; gc != nil {
 		per, err := toInt32(op, "ranks per node", gc.ranksPerNode)
 		if err != nil {
@@ -489,9 +489,10 @@ func (r *Reducer) MarkReady(i int) error {
 // gradients (fetch them with Grad) hold the average (or sum) over ranks. A
 // timeout of zero or less waits up to the group's timeout.
 //
-// Gradients not marked ready make Wait fail with ErrInvalidArgument naming
-// them (#index) unless the reducer was created WithAllowUnused; the iteration
-// is then abandoned and the next MarkReady starts a new one. A failed
+// Gradients not marked ready make Wait fail with ErrInvalidArgument listing
+// their indices and this rank (torch DDP's "Expected to have finished reduction
+// in the prior iteration" error) unless the reducer was created WithAllowUnused;
+// the iteration is then abandoned and the next MarkReady starts a new one. A failed
 // reduction returns ErrTimeout or ErrComm.
 func (r *Reducer) Wait(timeout time.Duration) error {
 	const op = "Reducer.Wait"
@@ -640,7 +641,8 @@ const (
 )
 
 // WithGossip replaces the allreduce with GossipGraD: each node (ranksPerNode
-// consecutive ranks) averages within itself and exchanges with one partner node
+// consecutive ranks; 0: the launcher's ranks per node, LOCAL_WORLD_SIZE, or 1
+// without a launcher) averages within itself and exchanges with one partner node
 // per step, partners rotating from seed. Communication per step no longer grows
 // with the world, but replicas drift apart: every syncEvery-th step (0: never)
 // the gradients are averaged exactly, and the program should average its

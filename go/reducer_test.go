@@ -302,7 +302,9 @@ func TestReducerMisuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	is("mark twice", r.MarkReady(1), pybridge.ErrInvalidArgument, "twice")
-	is("wait with missing", r.Wait(5*time.Second), pybridge.ErrInvalidArgument, "#0, #2")
+	// Missing gradients are named by index, with the rank that missed them.
+	is("wait with missing", r.Wait(5*time.Second), pybridge.ErrInvalidArgument,
+		"Parameter indices which did not receive grad for rank 0: 0 2.")
 
 	// A full iteration, with marks from several goroutines; one rank, so Avg keeps
 	// the values. The rebuild (marking order 1, 0, 2 differs from 2, 1, 0) moves

@@ -79,9 +79,10 @@ def _check_tensors(tensors):
     return tensors
 
 
-def encode(step, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None, extra=None):
-    """The checkpoint's bytes (what save() writes)."""
-    state = {
+def state_of(step, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None, extra=None):
+    """The checkpoint as a dict (what encode() serializes and apply() loads). Its tensors
+    are the objects' own (state_dict() shares memory), except `tensors`, copied to the CPU."""
+    return {
         "format": FORMAT, "version": VERSION, "step": _step(step),
         "world_size": _group.current().size if _group.is_initialized() else 1,
         "model": None if model is None else model.state_dict(),
@@ -91,9 +92,18 @@ def encode(step, *, model=None, optimizer=None, reducer=None, loader=None, tenso
         "tensors": {k: t.detach().to("cpu", copy=True) for k, t in _check_tensors(tensors).items()},
         "extra": extra,
     }
+
+
+def to_bytes(state):
     buf = io.BytesIO()
     torch.save(state, buf)
     return buf.getvalue()
+
+
+def encode(step, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None, extra=None):
+    """The checkpoint's bytes (what save() writes)."""
+    return to_bytes(state_of(step, model=model, optimizer=optimizer, reducer=reducer, loader=loader,
+                             tensors=tensors, extra=extra))
 
 
 def _write_atomic(path, data):
@@ -259,6 +269,15 @@ def restore(directory, *, group=None, model=None, optimizer=None, reducer=None, 
         return None
     data, source, src = got
     state = decode(data, source)
+    apply(state, source, model=model, optimizer=optimizer, reducer=reducer, loader=loader, tensors=tensors,
+          strict=strict)
+    return Restored(int(state["step"]), state.get("extra"), src, int(state.get("world_size", 1)))
+
+
+def apply(state, source, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None, strict=True):
+    """Load a decoded checkpoint `state` into the objects given (restore's last half; the
+    elastic State's rollback). Tensors are checked to fit before anything is overwritten."""
+    tensors = _check_tensors(tensors)
     saved = state.get("tensors") or {}
     if strict:
         _check_fit(tensors, saved, source)
@@ -272,4 +291,3 @@ def restore(directory, *, group=None, model=None, optimizer=None, reducer=None, 
         for name, t in tensors.items():
             if name in saved:
                 t.copy_(saved[name].reshape(t.shape))
-    return Restored(int(state["step"]), state.get("extra"), src, int(state.get("world_size", 1)))

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from . import abi, checked
 from . import agree as _agree
 from . import group as _group
+from . import streams as _streams
 from . import watchdog as _watchdog
 from .buffers import as_tensor
 from .checked import Op
@@ -65,8 +66,9 @@ class Work:
     """An asynchronous operation in flight. The buffers it uses stay referenced until
     it is done; their contents are defined only after wait() or a True test()."""
 
-    def __init__(self, work, *buffers, explain=None, finish=None):
+    def __init__(self, work, *buffers, explain=None, finish=None, stream=None):
         self._work = work
+        self._stream = stream  # the CUDA stream it was issued on: completion waits there
         self._buffers = buffers
         self._explain = explain or classify  # exception -> the pybridge error to raise
         self._finish = finish  # called once done (the watchdog's bookkeeping)
@@ -111,7 +113,8 @@ class Work:
         if self._finished:
             return
         try:
-            self._work.wait()  # bounded by the process group's timeout
+            with _streams.waiting_on(self._stream):
+                self._work.wait()  # bounded by the process group's timeout
         except Exception as exc:  # noqa: BLE001
             self._error = self._explain(exc)
         if self._finish is not None:
@@ -135,11 +138,12 @@ def _run(g, op, start, async_op, *buffers):
     try:
         if g.checks is not None:
             _verify(g, seq, op)
-        work = start()
-        if not async_op:
-            work.wait()
-            progress.end(seq)
-            return None
+        with _streams.scope(g, buffers):  # the group's stream, else the current one (torch's rule)
+            work = start()
+            if not async_op:
+                work.wait()
+                progress.end(seq)
+                return None
     except InvalidArgument:
         progress.end(seq)
         raise
@@ -149,7 +153,8 @@ def _run(g, op, start, async_op, *buffers):
         raise err from exc
     progress.running(seq, work)
     return Work(work, *buffers, explain=lambda exc: _watchdog.explain(g, seq, op, exc),
-                finish=(lambda: progress.end(seq)) if progress.watched else None)
+                finish=(lambda: progress.end(seq)) if progress.watched else None,
+                stream=_streams.issued_on(g, buffers))
 
 
 def _verify(g, seq, op):

@@ -233,9 +233,10 @@ class GossipHook:
     """GossipGraD (pybridge.gossip) by its settings: `Reducer(..., hook=GossipHook('cube'))`.
     The settings are checked when the state is built, after every rank agreed on them."""
 
-    def __init__(self, topology="cube", *, ranks_per_node=1, seed=0, sync_every=0, rotate=True):
+    def __init__(self, topology="cube", *, ranks_per_node=None, seed=0, sync_every=0, rotate=True):
+        from . import gossip
         self.settings = {"topology": topology.lower() if isinstance(topology, str) else topology,
-                         "ranks_per_node": ranks_per_node, "seed": seed, "rotate": bool(rotate),
+                         "ranks_per_node": gossip.ranks_per_node_or_launchers(ranks_per_node), "seed": seed, "rotate": bool(rotate),
                          "sync_every": sync_every}
 
     def identity(self):

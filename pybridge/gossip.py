@@ -32,11 +32,21 @@ from .errors import InvalidArgument
 from .gossip_schedule import check_topology, peers
 
 
+def ranks_per_node_or_launchers(ranks_per_node):
+    """ranks_per_node checked; None or 0 is the launcher's (LOCAL_WORLD_SIZE, which
+    pybridge-launch and torchrun set), or 1 when no launcher set it: the ranks of one
+    machine then average among themselves and gossip across machines."""
+    if ranks_per_node is None or (type(ranks_per_node) is int and ranks_per_node == 0):
+        ranks_per_node = _group.env_int("LOCAL_WORLD_SIZE") or 1
+    return integer("gossip ranks_per_node", ranks_per_node, low=1)
+
+
 class GossipState:
     """State of the gossip hook for one model.
 
     group: the ranks that train together (default: the world). ranks_per_node: nodes are
-    consecutive blocks of this many ranks (1: every rank is a node). topology: 'cube' or
+    consecutive blocks of this many ranks (1: every rank is a node; None or 0: the
+    launcher's ranks per node, LOCAL_WORLD_SIZE, or 1 without a launcher). topology: 'cube' or
     'dissemination'. seed: the virtual topology's private generator. rotate: redraw the
     topology every period (False keeps the identity, for tests and analysis). sync_every:
     average parameters over the group every K steps (0: never).
@@ -44,15 +54,16 @@ class GossipState:
     Creating it is a collective over `group` (it creates the node and cross-node groups).
     """
 
-    def __init__(self, group=None, *, topology="cube", ranks_per_node=1, seed=0, rotate=True,
+    def __init__(self, group=None, *, topology="cube", ranks_per_node=None, seed=0, rotate=True,
                  sync_every=0):
         self.group = g = group or _group.current()
         self.topology = check_topology(topology)
-        ranks_per_node = integer("gossip ranks_per_node", ranks_per_node, low=1)
+        ranks_per_node = ranks_per_node_or_launchers(ranks_per_node)
         seed = integer("gossip seed", seed, low=0)
         sync_every = integer("gossip sync_every", sync_every, low=0)
         if g.size % ranks_per_node:
-            raise InvalidArgument(f"ranks_per_node {ranks_per_node} does not divide the group size {g.size}")
+            raise InvalidArgument(f"gossip ranks_per_node {ranks_per_node} does not divide the group size "
+                                  f"{g.size} (pass ranks_per_node: None takes the launcher's LOCAL_WORLD_SIZE)")
         self.seed, self.rotate, self.sync_every = seed, bool(rotate), sync_every
         self.num_nodes = g.size // ranks_per_node
         self.node = g.rank // ranks_per_node

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from . import checked as _checked
 from . import rendezvous
+from . import streams as _streams
 from . import roster as _roster
 from . import watchdog as _watchdog
 from .checks import index, positive_seconds
@@ -59,6 +60,7 @@ class Group:
             else torch.device("cpu")
         self.parent = parent
         self.closed = False
+        self.stream = None  # the CUDA stream calls are ordered on; None: the current one (streams.py)
         self._owned = owned  # pybridge created the torch group, so pybridge destroys it
         self._children = []
         self._created = 0  # subgroups made from this one so far: names the next one's store keys
@@ -132,6 +134,17 @@ class Group:
 
     def describe(self):
         return "the world group" if self.parent is None else f"group {self.uid}"
+
+    def set_stream(self, stream):
+        """Order this group's calls on CUDA memory on `stream` (a torch.cuda.Stream or a
+        cudaStream_t address) instead of the calling thread's current stream; None (or 0)
+        goes back to the current stream. Tensors must be ready in that stream's order when
+        a call is made; a blocking call's result is ready in its order on return, an
+        asynchronous one's when its work completes (docs/c-api.md, CUDA streams). Subgroups start
+        without one."""
+        self.check_open()
+        device = self.device.index if self.device.type == "cuda" else None
+        self.stream = _streams.external(stream, device)
 
     # ---- subgroups -------------------------------------------------------------------------
 
@@ -461,14 +474,62 @@ def current() -> Group:
     it alive. Raises NotInitialized when neither pybridge nor torch is initialized."""
     global _current
     group = _current
-    if group is None or group.closed:
+    if group is None or group.closed or _stale(group):
         with _lock:
-            if (_current is None or _current.closed) and dist.is_initialized():
+            if (_current is None or _current.closed or _stale(_current)) and dist.is_initialized():
                 _current = _adopt()
             group = _current
         if group is None:
             raise NotInitialized("process group is not initialized: call pybridge.init() first")
     return group
+
+
+def _stale(group):
+    """An adopted world whose torch group was destroyed and initialized again (a program, or
+    torch's own tests, calling init_process_group once per run): adopt the new one."""
+    return not group._owned and group.parent is None and dist.is_initialized() \
+        and group.pg is not dist.group.WORLD
+
+
+def from_torch(pg) -> Group:
+    """The pybridge group for a torch ProcessGroup: the world for torch's default group, the
+    subgroup that wraps `pg` if pybridge made it, else `pg` adopted as a subgroup of the world
+    (torch's own new_group; pybridge leaves it to its owner). This process must be a member."""
+    world = current()
+    if pg is None or pg is dist.group.WORLD or pg is world.pg:
+        return world
+    if not isinstance(pg, dist.ProcessGroup):
+        raise InvalidArgument(f"expected a torch.distributed ProcessGroup or a pybridge Group, got {type(pg).__name__}")
+    found = _find(world, pg)
+    if found is not None:
+        return found
+    try:
+        ranks = dist.get_process_group_ranks(pg)
+    except Exception as exc:  # noqa: BLE001
+        raise InvalidArgument(f"torch process group {pg!r} is not known to torch.distributed "
+                              f"(made by another program?): {exc}") from None
+    if world.global_rank not in ranks:
+        raise InvalidArgument(f"this process (global rank {world.global_rank}) is not a member of the torch "
+                              f"process group of global ranks {ranks}")
+    with _lock:
+        # Named by its members only: the subgroup count must not depend on which torch groups
+        # a rank adopted (that count names pybridge's own subgroups' store keys).
+        uid = f"{world.uid}.torch-{'_'.join(map(str, ranks))}"
+        backend = dist.get_backend(pg)
+        child = Group(pg, ranks, world.global_rank, world.local_rank, "nccl" if "nccl" in backend else backend,
+                      world.timeout, owned=False, parent=world, uid=uid)
+        world._children.append(child)
+    return child
+
+
+def _find(group, pg):
+    for child in group.children:
+        if child.pg is pg:
+            return child
+        found = _find(child, pg)
+        if found is not None:
+            return found
+    return None
 
 
 def is_initialized() -> bool:

@@ -101,11 +101,11 @@ class DDPJoinHook(JoinHook):
         group = ddp._pb_group
         sync, buffers, root = iteration_flags(group, False, False)
         if buffers:
-            ddp._join_broadcast(list(ddp.module.buffers()), root)
+            ddp._join_broadcast(ddp._sync_buffers_list(), root)
         if not sync:
             return
         ddp.reducer.shadow()
-        if ddp.find_unused_parameters:
+        if ddp._join_exchanges_used():
             # The wrapper's used-parameter map. torch's joined rank sends its last reduced map
             # (kept, and reduced again in place), so a parameter used anywhere in its last
             # iteration counts as used (a zero gradient, not None) until all have joined.
@@ -117,9 +117,9 @@ class DDPJoinHook(JoinHook):
     def post_hook(self, is_last_joiner):
         ddp = self.ddp
         root = common_rank(ddp._pb_group, is_last_joiner)
-        states = list(ddp.module.parameters())
-        if ddp.broadcast_buffers:
-            states += list(ddp.module.buffers())
+        states = [p for n, p in ddp.module.named_parameters() if n not in ddp.parameters_to_ignore]
+        if ddp.forward_sync_buffers:
+            states += ddp._sync_buffers_list()
         ddp._join_broadcast(states, root)
 
 

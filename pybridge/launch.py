@@ -50,6 +50,7 @@ import sys
 import tempfile
 
 from ._version import __version__
+from . import netif
 from .exit_clock import ExitClock
 
 PROG = "pybridge-launch"
@@ -338,6 +339,26 @@ def _kept(log_dir):
     return False
 
 
+def _choose_interface(opts):
+    """Multi-node: name the interface that reaches the rendezvous host for gloo and NCCL
+    (pybridge/netif.py says why), unless the user named one."""
+    endpoint = _endpoint(opts)
+    if endpoint is None or int(str(opts.nnodes).split(":")[-1]) == 1:
+        return
+    if "GLOO_SOCKET_IFNAME" in os.environ and "NCCL_SOCKET_IFNAME" in os.environ:
+        return
+    name, address = netif.interface_towards(endpoint[0])
+    if name is None:
+        print(f"{PROG}: could not tell which interface reaches {endpoint[0]}; set GLOO_SOCKET_IFNAME "
+              "(and NCCL_SOCKET_IFNAME) if the ranks cannot connect", file=sys.stderr, flush=True)
+        return
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+    print(f"{PROG}: node {opts.node_rank if opts.node_rank is not None else '?'} talks on {name} "
+          f"({address}) towards {endpoint[0]} (GLOO_SOCKET_IFNAME={os.environ['GLOO_SOCKET_IFNAME']})",
+          file=sys.stderr, flush=True)
+
+
 def main(argv=None):
     opts = _parser().parse_args(argv)
     if opts.max_restarts < 0:
@@ -366,6 +387,7 @@ def main(argv=None):
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if nproc > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun does, without its banner
+    _choose_interface(opts)
     # torchrun's parser takes abbreviations: a target argument such as --log would be
     # read as an ambiguous prefix of --log-dir. Ours has already split its own options off.
     parser = torchrun.get_args_parser()

@@ -31,14 +31,14 @@ import time
 
 import torch
 
-from . import abi, agree, collectives, comm_hooks, dtypes
+from . import abi, agree, collectives, comm_hooks, dtypes, streams
 from . import join as _join
 from . import group as _group
 from . import watchdog as _watchdog
 from .buffers import check_extent
 from .checks import index, integer, positive_finite, positive_seconds
 from .collectives import AVG, SUM
-from .errors import Closed, InvalidArgument, Timeout, classify
+from .errors import Closed, InvalidArgument, InvalidState, Timeout, classify
 
 MiB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25.0
@@ -264,6 +264,7 @@ class Reducer:
         params = list(params)
         default_device = self._group.device
         self.specs = [_spec(i, p, default_device) for i, p in enumerate(params)]
+        self._on_cuda = any(s.device.type == "cuda" for s in self.specs)  # the group's stream applies
         if names is not None:
             names = [str(n) for n in names]
             if len(names) != len(self.specs):
@@ -369,6 +370,16 @@ class Reducer:
     def group(self):
         return self._group
 
+    def set_allow_unused(self, allow):
+        """Change allow_unused between iterations (the DDP wrapper's _set_static_graph); the
+        ranks compare it at the next iteration's first mark_ready/set_grad/wait."""
+        with self._lock:
+            self._check_open()
+            if any(self._ready):
+                raise InvalidArgument("set_allow_unused() must be called between iterations")
+            self.allow_unused = bool(allow)
+            self._stale = True
+
     def set_shapes(self, shapes):
         """Give gradients shapes (same element counts) for callers that created the reducer
         from counts (C, Go): hooks such as PowerSGD compress matrices, not flat vectors.
@@ -431,8 +442,14 @@ class Reducer:
     def zero_grad(self):
         """Zero every bucket (for callers that accumulate into the views)."""
         self._check_open()
-        for b in self.buckets:
-            b.flat.zero_()
+        with self._stream():
+            for b in self.buckets:
+                b.flat.zero_()
+
+    def _stream(self):
+        """Copies, zeroing and launches run on the group's stream when it has one
+        (streams.py), so they stay in order with the collectives."""
+        return streams.scope(self._group, cuda=self._on_cuda)
 
     def register_comm_hook(self, state, hook):
         """Communicate each full bucket with `hook(state, bucket) -> Future` (torch's DDP
@@ -470,7 +487,7 @@ class Reducer:
         """Gradient `i` is written: once every gradient of its bucket is, and every earlier
         bucket has been launched, the bucket's allreduce starts (asynchronously). With
         gradients bound (bind_grads), gradient i is first copied from the program's tensor."""
-        with self._lock:
+        with self._lock, self._stream():
             if not self._begun or self._stale:
                 self._begin()
             if self._bound is not None:
@@ -482,7 +499,7 @@ class Reducer:
         """Copy `grad` (any tensor of parameter i's element count) into gradient i's view and
         mark it ready. For a gradient that lives elsewhere this is one pass instead of
         copy-then-mark: the averaging division is folded into the copy."""
-        with self._lock:
+        with self._lock, self._stream():
             if not self._begun or self._stale:
                 self._begin()
             self._check_mark(i)
@@ -497,6 +514,8 @@ class Reducer:
         """Gradient i's view := grad, with the averaging division folded into the copy."""
         view = self._views[i]
         src = grad if grad.shape == view.shape else grad.reshape(view.shape)
+        if src.requires_grad:  # backward(create_graph=True): the bucket takes the value, not the graph
+            src = src.detach()
         if self._scale is None:
             view.copy_(src)
         else:
@@ -554,7 +573,7 @@ class Reducer:
         Raises InvalidArgument naming the gradients never marked (unless allow_unused), and
         Timeout/CommError if the reduction fails. The next mark_ready starts a new iteration.
         """
-        with self._lock:
+        with self._lock, self._stream():
             self._check_open()
             if timeout is not None:
                 timeout = positive_seconds("timeout", timeout)
@@ -564,14 +583,7 @@ class Reducer:
             if missing and not self.allow_unused:
                 drained = self._drain()
                 self._start_iteration()
-                shown = ", ".join(self.name(i) for i in missing[:20])
-                more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
-                raise InvalidArgument(
-                    f"wait() called with {len(missing)} gradient(s) not marked ready: "
-                    f"{shown}{more}. Mark every gradient each iteration, or create the "
-                    "reducer with allow_unused=True (find_unused_parameters in the DDP wrapper)"
-                    + ("" if drained else ". The buckets already sent did not complete: other "
-                       "ranks marked different gradients, so the process group is out of step"))
+                raise self._unused_error(missing, drained)
             # Unused gradients count with what their views hold; launch what is left, in order.
             for i in missing:
                 self._pending[self._bucket_of[i]] -= 1
@@ -602,6 +614,28 @@ class Reducer:
                 self._rebuild_pending = False
                 self._rebuild(order)
             self._start_iteration()
+
+    def _unused_error(self, missing, drained):
+        """torch DDP's most common error ("Expected to have finished reduction in the prior
+        iteration", pytorch #57776), said at the end of the iteration that caused it: which
+        gradients, by index (what C and Go pass) and by name, on which rank."""
+        shown = 20
+        indices = " ".join(map(str, missing[:shown]))
+        more = f" and {len(missing) - shown} more" if len(missing) > shown else ""
+        names = ""
+        if self.names:
+            names = f"; by name: {', '.join(self.names[i] for i in missing[:shown])}{more}"
+        return InvalidState(
+            f"rank {self._group.rank}: {len(missing)} gradient(s) were not marked ready in this iteration, "
+            f"so the reduction cannot finish (torch DDP reports this at the next iteration as \"Expected "
+            f"to have finished reduction in the prior iteration before starting a new one\"). Parameter "
+            f"indices which did not receive grad for rank {self._group.rank}: {indices}{more}{names}. "
+            "Mark every gradient each iteration, or create the reducer with allow_unused=True "
+            "(find_unused_parameters=True in the DDP wrapper, PB_REDUCER_ALLOW_UNUSED in C, "
+            "WithAllowUnused in Go) so that they count as zero, and make sure every forward output "
+            "takes part in the loss"
+            + ("" if drained else ". The buckets already sent did not complete: other ranks marked "
+               "different gradients, so the process group is out of step"))
 
     # The older name of wait(), kept: "finalize" is also pybridge.finalize(), leaving the group.
     finalize = wait

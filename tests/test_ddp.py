@@ -11,7 +11,7 @@ from torch import nn
 
 import pybridge
 from pybridge.ddp import DistributedDataParallel as PDDP
-from pybridge.errors import InvalidArgument
+from pybridge.errors import InvalidArgument, InvalidState, NotSupported
 from pybridge.reducer import MiB
 from ranks import run_ranks
 
@@ -203,6 +203,10 @@ def check_unused_parameters(rank, world):
     except InvalidArgument as e:
         assert "never.weight" in str(e) and "never.bias" in str(e) and "head" not in str(e), e
         assert "find_unused_parameters" in str(e)
+        # By index and rank too, with torch's phrase; a RuntimeError, as torch's error is.
+        assert f"did not receive grad for rank {rank}: 6 7;" in str(e), e
+        assert "Expected to have finished reduction in the prior iteration" in str(e), e
+        assert isinstance(e, RuntimeError)
     else:
         raise AssertionError("missing gradients were not reported")
     strict.close()
@@ -249,6 +253,165 @@ def check_init_sync_buffers_and_compression(rank, world):
             assert (g - exact).abs().max().item() <= tol * scale, comp
 
 
+class NoGrad(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(3), requires_grad=False)
+
+
+def refused(fn, kind, *words):
+    try:
+        fn()
+    except kind as e:
+        assert isinstance(e, pybridge.PyBridgeError), type(e)
+        assert all(w in str(e) for w in words), e
+        return e
+    raise AssertionError(f"expected {kind.__name__}")
+
+
+def check_torch_keywords(rank, world):
+    """torch's constructor keywords: accepted with torch's meaning or refused, never a TypeError."""
+    import torch.distributed as dist
+    m = mlp(1, sizes=(4, 4))
+    refused(lambda: PDDP(NoGrad()), InvalidState, "doesn't have any parameter that requires a gradient")
+    assert issubclass(InvalidState, RuntimeError)  # what torch raises there
+    refused(lambda: PDDP(m, device_ids=[0]), InvalidArgument, "device_ids", "CPU")
+    refused(lambda: PDDP(m, output_device=1), InvalidArgument, "output_device")
+    refused(lambda: PDDP(m, device_ids=[0, 1]), InvalidArgument, "single element")
+    refused(lambda: PDDP(m, mixed_precision=object()), NotSupported, "mixed_precision")
+    refused(lambda: PDDP(m, delay_all_reduce_named_params=[], param_to_hook_all_reduce=m[0].weight),
+            NotSupported, "delay_all_reduce_named_params")
+    refused(lambda: PDDP(m, delay_all_reduce_named_params=[]), InvalidArgument, "at the same time")
+    refused(lambda: PDDP(m, bucket_cap_mb_list=[1, 2]), NotSupported, "bucket_cap_mb_list")
+    refused(lambda: PDDP(m, group=pybridge.current(), process_group=dist.group.WORLD), InvalidArgument,
+            "group=", "process_group=")
+    with pytest.warns(FutureWarning, match="check_reduction"):
+        PDDP(m, check_reduction=True).close()
+    # torch's positional order, torch's default group, a torch subgroup (adopted), a pybridge Group.
+    w = PDDP(m, None, None, 0, True, True, dist.group.WORLD)
+    assert w._pb_group is pybridge.current() and w.device_ids is None and w.output_device is None
+    w.close()
+    sub = dist.new_group(list(range(world)))
+    w = PDDP(m, process_group=sub, skip_all_reduce_unused_params=True, batched_grad_copy=True)
+    assert w._pb_group.pg is sub and w._pb_group.size == world
+    w(torch.ones(2, 4)).sum().backward()
+    assert PDDP(m, process_group=sub)._pb_group is w._pb_group  # one wrapper per torch group
+    w.close()
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (world,))
+    w = PDDP(m, device_mesh=mesh)
+    assert w._pb_group.pg is mesh.get_group(0) and w._pb_group.size == world
+    w.close()
+    refused(lambda: PDDP(m, device_mesh=mesh, process_group=sub), InvalidArgument, "device_mesh=")
+
+    # Buffers, torch 2.13's rule: broadcast_buffers=False skips the construction-time sync too;
+    # forward_sync_buffers=False syncs them at construction only.
+    for kw, at_init in (({"broadcast_buffers": False}, False), ({"forward_sync_buffers": False}, True)):
+        model = Mixed()
+        model.bn.running_mean.fill_(rank + 1.0)
+        w = PDDP(model, **kw)
+        assert model.bn.running_mean.eq(1.0 if at_init else rank + 1.0).all(), kw
+        w.eval()  # running statistics unchanged by forward
+        model.bn.running_mean.fill_(rank + 1.0)
+        w(torch.randn(4, 12))
+        assert model.bn.running_mean.eq(rank + 1.0).all(), kw  # not synced before forward
+        w.close()
+
+
+def check_torch_surface(rank, world):
+    """gradient_as_bucket_view=False, static_graph, state_dict, pickling and create_graph
+    against torch's DDP in the same ranks."""
+    import io
+    from torch.nn.parallel import DistributedDataParallel as TDDP
+    x, y = batch(4 * world, 8, 4, seed=21)
+    xs, ys = shard(x, rank, world), shard(y, rank, world)
+    torch.manual_seed(3)
+    model = Branchy()
+    for kw in ({"gradient_as_bucket_view": False, "find_unused_parameters": True}, {"static_graph": True}):
+        theirs, ours = copy.deepcopy(model), copy.deepcopy(model)
+        tddp, pddp = TDDP(theirs, **kw), PDDP(ours, **kw)
+        for step in range(3):
+            for m, wrapped in ((theirs, tddp), (ours, pddp)):
+                m.zero_grad(set_to_none=step == 1)
+                F.mse_loss(wrapped(xs, use_extra=True), ys).backward()
+            for (name, p), q in zip(theirs.named_parameters(), ours.parameters()):
+                close(q.grad, p.grad, 1e-6, f"{kw} step {step} {name}")
+        if "gradient_as_bucket_view" in kw:  # .grad is the program's own tensor, not bucket memory
+            flats = [(b.flat.data_ptr(), b.flat.data_ptr() + b.flat.nbytes) for b in pddp.reducer.buckets]
+            assert not any(lo <= p.grad.data_ptr() < hi for p in ours.parameters() if p.grad is not None
+                           for lo, hi in flats)
+            refused(pddp._set_static_graph, InvalidState, "should be called before training loop starts")
+            assert "should be called before" in pddp._get_ddp_logging_data()["error"]
+        else:
+            with pytest.warns(UserWarning, match="no need to set it again"):
+                pddp._set_static_graph()
+        pddp.close()
+
+    # state_dict keys as torch's, loadable both ways.
+    theirs, ours = copy.deepcopy(model), copy.deepcopy(model)
+    tddp, pddp = TDDP(theirs, find_unused_parameters=True), PDDP(ours, find_unused_parameters=True)
+    assert list(tddp.state_dict()) == list(pddp.state_dict()) and all(k.startswith("module.") for k in
+                                                                        pddp.state_dict())
+    with torch.no_grad():
+        ours.head.weight.add_(1.0)
+    tddp.load_state_dict(pddp.state_dict())
+    assert torch.equal(theirs.head.weight, ours.head.weight)
+    with torch.no_grad():
+        theirs.trunk.bias.add_(1.0)
+    pddp.load_state_dict(tddp.state_dict())
+    assert torch.equal(theirs.trunk.bias, ours.trunk.bias)
+
+    # torch.save / torch.load of the wrapper: the loaded one trains on, equal to torch's.
+    F.mse_loss(pddp(xs, use_extra=True), ys).backward()
+    buf = io.BytesIO()
+    torch.save(pddp, buf)
+    pddp.close()
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    theirs.load_state_dict(loaded.module.state_dict())
+    for m, wrapped in ((theirs, tddp), (loaded.module, loaded)):
+        m.zero_grad()
+        F.mse_loss(wrapped(xs, use_extra=True), ys).backward()
+    for (name, p), q in zip(theirs.named_parameters(), loaded.module.parameters()):
+        close(q.grad, p.grad, 1e-6, f"after torch.load {name}")
+    loaded.close()
+    sub = pybridge.new_group(list(range(world)))
+    on_sub = PDDP(copy.deepcopy(model), group=sub)
+    refused(lambda: torch.save(on_sub, io.BytesIO()), InvalidState, "default process group")
+    on_sub.close()
+    sub.close()
+
+    # backward(create_graph=True), against one process on the whole batch (torch's DDP fails
+    # here on this model: "a leaf Variable that requires grad is being used in an in-place
+    # operation"), and double backward (a gradient penalty), against torch's DDP.
+    ref, ours = mlp(5, sizes=(8, 16, 4)), mlp(5, sizes=(8, 16, 4))
+    F.mse_loss(ref(x), y).backward()
+    pddp = PDDP(ours)
+    F.mse_loss(pddp(xs), ys).backward(create_graph=True)
+    for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+        close(q.grad.detach(), p.grad, 1e-6, f"create_graph {name}")
+    pddp.close()
+    theirs, ours = mlp(5, sizes=(8, 16, 4)), mlp(5, sizes=(8, 16, 4))
+    tddp, pddp = TDDP(theirs), PDDP(ours)
+    for m, wrapped in ((theirs, tddp), (ours, pddp)):
+        loss = F.mse_loss(wrapped(xs), ys)
+        gs = torch.autograd.grad(loss, list(m.parameters()), create_graph=True)
+        (loss + sum(g.pow(2).sum() for g in gs)).backward()
+    for (name, p), q in zip(theirs.named_parameters(), ours.parameters()):
+        close(q.grad, p.grad, 1e-6, f"double backward {name}")
+    pddp.close()
+
+    # torch's logging data keys (torch's own test reads them too: tests/test_torch_ddp.py).
+    w = PDDP(mlp(2, sizes=(4, 4)))
+    for _ in range(2):
+        w(torch.ones(2, 4)).sum().backward()
+    data = w._get_ddp_logging_data()
+    assert data["world_size"] == world and data["rank"] == rank and data["iteration"] == 1
+    assert data["module_name"] == "Sequential" and data["dtypes"] == "float" and data["has_rebuilt_buckets"] == 1
+    assert data["avg_backward_compute_time"] >= 1 and data["num_parameter_tensors"] == 2
+    w.close()
+
+
 def ddp_suite(rank, world):
     pybridge.init(timeout=30)
     torch.set_num_threads(1)
@@ -257,6 +420,9 @@ def ddp_suite(rank, world):
     check_no_sync_equals_big_batch(rank, world)
     check_unused_parameters(rank, world)
     check_init_sync_buffers_and_compression(rank, world)
+    if world == 2:  # the torch surface once, beside torch DDP
+        check_torch_keywords(rank, world)
+        check_torch_surface(rank, world)
     pybridge.barrier()
     pybridge.finalize()
     return worst

@@ -96,6 +96,13 @@ def test_bad_device_is_refused_by_name(gotorch):
     assert p.returncode != 0 and "--device" in p.stderr and "tpu" in p.stderr
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests/test_cuda.py trains on the GPU")
+def test_cuda_without_a_gpu_is_named(data, gotorch):
+    rc, out, _ = launch(["--nproc-per-node", "1", gotorch, "--data", data, "--device", "cuda",
+                         "--steps", "1"], timeout=60)
+    assert rc != 0 and "nccl" in out and "needs CUDA" in out, out
+
+
 def test_hooks_work_on_bucket_views(data, gotorch, tmp_path):
     """fp16, PowerSGD and gossip on the buckets libtorch's backward writes into: each run keeps
     the gradients in place; fp16 moves the weights a little from plain allreduce, gossip on

@@ -105,9 +105,25 @@ def single_rank_misuse(rank, world):
         pybridge.send(torch.zeros(2), 0)
     empty = torch.zeros(0)
     pybridge.all_reduce(empty)  # zero elements is a valid, empty collective
+    # Streams: None and 0 mean the current stream; a bad value or (without CUDA) any stream is named.
+    g.set_stream(None)
+    g.set_stream(0)
+    assert g.stream is None
+    with pytest.raises(pybridge.InvalidArgument, match="stream must be a torch.cuda.Stream"):
+        g.set_stream("s1")
+    with pytest.raises(pybridge.InvalidArgument, match="stream must be"):
+        g.set_stream(-5)
+    if not torch.cuda.is_available():
+        with pytest.raises(pybridge.InvalidArgument, match="no CUDA device"):
+            g.set_stream(0x1000)
+    work = pybridge.all_reduce(torch.ones(3), async_op=True)
+    assert work._stream is None  # host memory: no stream to wait on
+    work.wait()
     pybridge.finalize()
     with pytest.raises(pybridge.Closed):
         pybridge.all_reduce(torch.zeros(2), group=g)
+    with pytest.raises(pybridge.Closed):
+        g.set_stream(None)
     return "ok"
 
 

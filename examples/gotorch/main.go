@@ -51,7 +51,7 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.noOverlap, "no-overlap", false, "mark gradients ready after backward instead of from autograd hooks (to measure the overlap)")
 	fs.BoolVar(&o.timing, "timing", false, "rank 0 prints the median forward+backward, wait and step times at the end")
 	fs.BoolVar(&o.checkInPlace, "check-in-place", false, "after every step, fail unless each gradient libtorch holds is still its bucket's memory")
-	fs.StringVar(&o.device, "device", "cpu", "cpu (gloo); cuda is not supported yet (nothing has run on a GPU here)")
+	fs.StringVar(&o.device, "device", "cpu", "cpu (gloo) or cuda (nccl, one GPU per process: the GPU of the local rank; not yet run on a GPU)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -64,11 +64,14 @@ func parseFlags(args []string) (options, error) {
 	if o.bucketCapMB < 0 {
 		return o, errors.New("--bucket-cap-mb must be >= 0")
 	}
-	if o.device != "cpu" {
-		return o, fmt.Errorf("--device %q: only cpu runs today (cuda has not been written and run on a GPU yet)", o.device)
+	if _, ok := backends[o.device]; !ok {
+		return o, fmt.Errorf("--device %q: choose cpu or cuda", o.device)
 	}
 	return o, nil
 }
+
+// backends maps --device to the process group's backend.
+var backends = map[string]string{"cpu": "gloo", "cuda": "nccl"}
 
 // hooks maps --hook to the reducer option that chooses it (nil: plain allreduce).
 var hooks = map[string]pybridge.ReducerOption{
@@ -95,36 +98,46 @@ func main() {
 
 // trainer holds one rank's state.
 type trainer struct {
-	g                     *pybridge.Group
+	host                  *pybridge.Group // the world, or its gloo copy under nccl: for host memory
 	model                 *Model
 	reducer               *pybridge.Reducer
 	gen                   int64           // the reducer generation the gradient views belong to
 	check                 bool            // verify after every step that the gradients are the buckets' memory
 	overlap               bool            // gradients marked ready from autograd hooks (else all after backward)
+	timed                 bool            // --timing: wait for the GPU before reading the clock
 	backward, wait, total []time.Duration // per step, with --timing
 	pixels                []byte
 	labels                []byte
 }
 
 func run(opts options) error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"))
+	g, err := pybridge.Init(pybridge.WithBackend(backends[opts.device]))
 	if err != nil {
 		return err
 	}
 	defer g.Close()
 	rank, world := g.Rank(), g.Size()
+	// Host memory (the loader's bookkeeping, the metrics in Go slices) travels over
+	// gloo; under nccl that is a gloo copy of the world beside it.
+	host := g
+	if g.Device() != pybridge.CPU {
+		if host, err = g.SplitWithBackend(0, rank, "gloo"); err != nil {
+			return err
+		}
+	}
 	say := mnistdata.Say(rank)
 	perRank, err := mnistdata.PerRank(opts.BatchSize, world)
 	if err != nil {
 		return err
 	}
 
-	model, err := NewModel(hidden, opts.Seed, -1)
+	model, err := NewModel(hidden, opts.Seed, g.Device()) // libtorch memory on this rank's GPU under nccl
 	if err != nil {
 		return err
 	}
 	defer model.Close()
-	t := &trainer{g: g, model: model, gen: -1, check: opts.checkInPlace, overlap: !opts.noOverlap}
+	t := &trainer{host: host, model: model, gen: -1, check: opts.checkInPlace, overlap: !opts.noOverlap,
+		timed: opts.timing}
 	params := make([]pybridge.TensorSource, model.NumParams())
 	specs := make([]pybridge.ParamSpec, len(params))
 	for i := range params {
@@ -158,7 +171,7 @@ func run(opts options) error {
 		defer model.MarkReadyInC(nil)
 	}
 
-	data, err := mnistdata.Open(g, opts.Data, perRank, opts.BatchSize, opts.Seed)
+	data, err := mnistdata.Open(host, opts.Data, perRank, opts.BatchSize, opts.Seed)
 	if err != nil {
 		return err
 	}
@@ -196,7 +209,7 @@ func run(opts options) error {
 			return err
 		}
 		totals := []float64{lossSum, float64(done), float64(correct), float64(counted)}
-		if err := pybridge.AllReduce(g, totals, pybridge.Sum); err != nil {
+		if err := pybridge.AllReduce(host, totals, pybridge.Sum); err != nil {
 			return err
 		}
 		acc = totals[2] / max(totals[3], 1)
@@ -266,6 +279,11 @@ func (t *trainer) step(b *pybridge.Batch, lr, momentum float32) (float32, error)
 	if err := t.reducer.Wait(0); err != nil {
 		return 0, err
 	}
+	if t.timed && t.model.device != pybridge.CPU { // CUDA returns before the reduction ends
+		if err := t.model.Synchronize(); err != nil {
+			return 0, err
+		}
+	}
 	t.backward = append(t.backward, backward.Sub(start))
 	t.wait = append(t.wait, time.Since(backward))
 	defer func() { t.total = append(t.total, time.Since(start)) }()
@@ -315,7 +333,7 @@ func (t *trainer) decode(records [][]byte) error {
 
 // evaluate counts correct predictions over this rank's share of the test set.
 func (t *trainer) evaluate(test *pybridge.Loader) (correct, counted int, err error) {
-	return mnistdata.Evaluate(t.g, test, func(recs [][]byte) (int, error) {
+	return mnistdata.Evaluate(t.host, test, func(recs [][]byte) (int, error) {
 		if err := t.decode(recs); err != nil {
 			return 0, err
 		}

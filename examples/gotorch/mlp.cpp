@@ -252,12 +252,16 @@ int mlp_sgd_step(mlp *m, float lr, float momentum) {
   });
 }
 
-int mlp_momentum(mlp *m, int32_t i, void **data) {
+int mlp_copy_to_host(mlp *m, int32_t i, int32_t momentum, float *out, int32_t *defined) {
   if (check_index(m, i) != 0) return -1;
-  if (data == nullptr) return fail("mlp_momentum: data is NULL");
-  const at::Tensor &b = m->momentum[i];
-  *data = b.defined() ? b.data_ptr() : nullptr;
-  return 0;
+  if (out == nullptr || defined == nullptr) return fail("mlp_copy_to_host: out or defined is NULL");
+  return guarded("mlp_copy_to_host", [&] {
+    const at::Tensor &src = momentum ? m->momentum[i] : m->params[i];
+    *defined = src.defined() ? 1 : 0;
+    if (src.defined())  // from the GPU this waits for the queued work that writes src
+      at::from_blob(out, src.sizes(), at::TensorOptions().dtype(at::kFloat)).copy_(src.detach());
+    return 0;
+  });
 }
 
 int mlp_synchronize(mlp *m) {

@@ -67,8 +67,10 @@ int mlp_evaluate(mlp *m, const uint8_t *pixels, const uint8_t *labels, int32_t n
 /* One SGD step with torch.optim.SGD's momentum (buf = momentum * buf + grad; p -= lr * buf). */
 int mlp_sgd_step(mlp *m, float lr, float momentum);
 
-/* The momentum buffer of parameter i (NULL before the first step). */
-int mlp_momentum(mlp *m, int32_t i, void **data);
+/* Copy parameter i (momentum 0) or its momentum buffer (momentum 1) into out (its
+ * element count of float32, host memory), from either device. *defined is 0 for a
+ * momentum buffer before the first step (out untouched), else 1. */
+int mlp_copy_to_host(mlp *m, int32_t i, int32_t momentum, float *out, int32_t *defined);
 
 /* Wait for the device's queued work (CUDA); a no-op on CPU. */
 int mlp_synchronize(mlp *m);

@@ -91,13 +91,25 @@ func (md *Model) Param(i int) (unsafe.Pointer, int, []int, error) {
 	return data, int(count), shape, nil
 }
 
-// HostParam returns parameter i as a float32 slice over libtorch's host memory.
-func (md *Model) HostParam(i int) ([]float32, error) {
-	data, n, _, err := md.Param(i)
+// HostCopy copies parameter i, or its momentum buffer, into a new Go slice
+// (from the GPU too); a momentum buffer is nil before the first step.
+func (md *Model) HostCopy(i int, momentum bool) ([]float32, error) {
+	_, n, _, err := md.Param(i)
 	if err != nil {
 		return nil, err
 	}
-	return unsafe.Slice((*float32)(data), n), nil
+	out := make([]float32, n) // libtorch writes it during the call only (cgo's rule)
+	var which, defined C.int32_t
+	if momentum {
+		which = 1
+	}
+	if C.mlp_copy_to_host(md.m, C.int32_t(i), which, (*C.float)(unsafe.Pointer(&out[0])), &defined) != 0 {
+		return nil, lastError("HostCopy")
+	}
+	if defined == 0 {
+		return nil, nil
+	}
+	return out, nil
 }
 
 // SetGradView makes parameter i's gradient a view of data (a reducer bucket's
@@ -197,27 +209,19 @@ func (md *Model) Evaluate(pixels, labels []byte) (int, error) {
 	return int(correct), nil
 }
 
+// Synchronize waits for the work queued on the model's GPU (a no-op on CPU):
+// for timings, since CUDA calls return before their kernels finish.
+func (md *Model) Synchronize() error {
+	if C.mlp_synchronize(md.m) != 0 {
+		return lastError("Synchronize")
+	}
+	return nil
+}
+
 // Step applies SGD with torch's momentum to every parameter that has a gradient.
 func (md *Model) Step(lr, momentum float32) error {
 	if C.mlp_sgd_step(md.m, C.float(lr), C.float(momentum)) != 0 {
 		return lastError("Step")
 	}
 	return nil
-}
-
-// Momentum returns parameter i's momentum buffer over libtorch's host memory
-// (nil before the first step).
-func (md *Model) Momentum(i int) ([]float32, error) {
-	var data unsafe.Pointer
-	if C.mlp_momentum(md.m, C.int32_t(i), &data) != 0 {
-		return nil, lastError("Momentum")
-	}
-	if data == nil {
-		return nil, nil
-	}
-	_, n, _, err := md.Param(i)
-	if err != nil {
-		return nil, err
-	}
-	return unsafe.Slice((*float32)(data), n), nil
 }

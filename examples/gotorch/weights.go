@@ -12,11 +12,7 @@ func (t *trainer) saveWeights(path string, epoch, step int) error {
 		if err != nil {
 			return err
 		}
-		if k < n {
-			tensors[k], err = t.model.HostParam(k)
-		} else {
-			tensors[k], err = t.model.Momentum(k - n)
-		}
+		tensors[k], err = t.model.HostCopy(k%n, k >= n)
 		if err != nil {
 			return err
 		}

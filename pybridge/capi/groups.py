@@ -21,8 +21,19 @@ def _check_out(out, what="out"):
 
 
 def pb_group_split(parent, color, key, out):
+    pb_group_split_backend(parent, color, key, capi.ffi.NULL, out)
+
+
+def pb_group_split_backend(parent, color, key, backend, out):
     _check_out(out)
-    _add_or_null(subgroups.split(color if color >= 0 else None, key, group=live_group(parent)), out)
+    g = live_group(parent)
+    name = capi.text(backend)
+    _add_or_null(subgroups.split(color if color >= 0 else None, key, group=g,
+                                 backend=None if name in (None, "", "auto") else name), out)
+
+
+def pb_group_set_stream(group, cuda_stream):
+    live_group(group).set_stream(capi._address(cuda_stream) if cuda_stream != capi.ffi.NULL else None)
 
 
 def pb_group_new(parent, ranks, n, out):

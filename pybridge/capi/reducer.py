@@ -23,7 +23,7 @@ _TOPOLOGIES = {abi.PB_GOSSIP_CUBE: "cube", abi.PB_GOSSIP_DISSEMINATION: "dissemi
 # struct order. A field that ends past the caller's `size` takes its default.
 _DEFAULTS = {"op": abi.PB_AVG, "bucket_cap_mb": 0.0, "first_bucket_cap_mb": 0.0, "flags": 0,
              "hook": abi.PB_HOOK_ALLREDUCE, "hook_rank": 1, "hook_flags": 0,
-             "gossip_topology": abi.PB_GOSSIP_NONE, "gossip_ranks_per_node": 1, "gossip_seed": 0,
+             "gossip_topology": abi.PB_GOSSIP_NONE, "gossip_ranks_per_node": 0, "gossip_seed": 0,
              "gossip_sync_every": 0, "hook_start_iter": 2, "ndims": None, "dims": None}
 _MAX_OPTIONS_SIZE = 1 << 16  # far past any future struct: a larger size is garbage, not a version
 

@@ -1,0 +1,64 @@
+package pybridge_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	pybridge "github.com/pybridge/pybridge/go"
+)
+
+func init() { roles["elastic"] = roleElastic }
+
+// An elastic state over a Checkpoint's slices: commit, roll back, and rank 0's
+// commit sent to rank 1 (a joiner with a fresh model) over the network.
+func TestElasticState2Ranks(t *testing.T) {
+	expectPass(t, runRanks(t, &launch{role: "elastic", world: 2, limit: 90 * time.Second}))
+}
+
+func roleElastic() error {
+	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	w := make([]float32, 3)
+	if g.Rank() == 0 {
+		copy(w, []float32{1, 2, 3})
+	}
+	ck := pybridge.NewCheckpoint(g, "")
+	if err := pybridge.AddTensor(ck, "w", w); err != nil {
+		return err
+	}
+	st, err := pybridge.NewElasticState(ck)
+	if err != nil {
+		return err
+	}
+	if g.Rank() == 0 {
+		if _, err := st.Restore(); !errors.Is(err, pybridge.ErrInvalidArgument) {
+			return fmt.Errorf("Restore before any Commit: %v", err)
+		}
+		if err := st.Commit(5); err != nil {
+			return err
+		}
+		w[0] = 9
+		step, err := st.Restore()
+		if err != nil || step != 5 || !slices.Equal(w, []float32{1, 2, 3}) {
+			return fmt.Errorf("Restore: step %d, w %v, %v", step, w, err)
+		}
+		w[1] = 7 // not committed: Sync rolls the root back too
+	}
+	step, err := st.Sync(g, 0)
+	if err != nil || step != 5 || !slices.Equal(w, []float32{1, 2, 3}) {
+		return fmt.Errorf("Sync: step %d, w %v, %v", step, w, err)
+	}
+	if err := st.Close(); err != nil {
+		return err
+	}
+	if err := st.Commit(6); !errors.Is(err, pybridge.ErrClosed) {
+		return fmt.Errorf("Commit after Close: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,50 @@
+"""Which network interface a node's ranks talk on (multi-node jobs).
+
+gloo and NCCL pick their listening address from the machine's hostname unless told an
+interface (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). On many machines the hostname resolves
+to a loopback address (Debian's 127.0.1.1, containers' 127.0.0.1), so peers on other nodes
+are handed an address they cannot reach and the job stalls until the timeout. The
+launcher therefore names, for a multi-node job, the interface whose address routes to the
+rendezvous host: the one this node already reaches the others through.
+"""
+
+import fcntl
+import socket
+import struct
+
+_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
+
+
+def ipv4_of(name):
+    """Interface `name`'s IPv4 address, or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None  # no IPv4 address
+    return socket.inet_ntoa(packed[20:24])
+
+
+def local_address_towards(host):
+    """This machine's IPv4 address that traffic to `host` leaves from (no packet is sent)."""
+    ip = socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((ip, 9))  # UDP connect only picks the route
+        return s.getsockname()[0]
+
+
+def interface_with(address):
+    """The name of the interface holding IPv4 `address`, or None."""
+    for _, name in socket.if_nameindex():
+        if ipv4_of(name) == address:
+            return name
+    return None
+
+
+def interface_towards(host):
+    """(interface name, local address) that reaches `host`; (None, None) if unknown."""
+    try:
+        address = local_address_towards(host)
+    except OSError:
+        return None, None
+    return interface_with(address), address

