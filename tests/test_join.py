@@ -175,6 +175,14 @@ def join_ranks(rank, world, data_paths):
     assert t.item() == world
     model.close()
 
+    # A subgroup pybridge built is unknown to torch's Join context: refused, saying so.
+    sub = pybridge.new_group([0, 1])
+    if sub is not None:
+        model = pybridge.DistributedDataParallel(torch.nn.Linear(2, 1), group=sub)
+        with pytest.raises(pybridge.InvalidArgument, match="Join needs a group torch.distributed knows"):
+            model.join()
+        model.close()
+
     # The dynamic partition under Join (rank 0 slowed): every record is read exactly once
     # per epoch, whoever claims the last tasks.
     model = pybridge.DistributedDataParallel(torch.nn.Linear(1, 1))
