@@ -19,10 +19,13 @@ from test_capi_reducer import options as reducer_options
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
 
-# (batches per rank, divide_by_initial_world_size, find_unused_parameters, through ddp.join())
+# (batches per rank, divide_by_initial_world_size, find_unused_parameters, through ddp.join(),
+#  every other batch accumulated under no_sync)
 CASES = {
-    2: [((5, 8), True, False, True), ((11, 5), False, False, False), ((8, 11), True, True, False)],
-    3: [((5, 8, 11), True, False, False), ((11, 5, 8), False, True, True), ((8, 11, 5), False, False, False)],
+    2: [((5, 8), True, False, True, False), ((11, 5), False, False, False, True),
+        ((8, 11), True, True, False, False)],
+    3: [((5, 8, 11), True, False, False, False), ((11, 5, 8), False, True, True, False),
+        ((8, 11, 5), False, False, False, True)],
 }
 
 
@@ -30,10 +33,10 @@ class Net(torch.nn.Module):
     """Tiny, with a buffer (BatchNorm's running stats, broadcast as torch DDP does) and, with
     unused=True, a layer that gets no gradient on odd ranks."""
 
-    def __init__(self, unused=False):
+    def __init__(self, unused=False, bn=True):
         super().__init__()
         self.a = torch.nn.Linear(4, 6)
-        self.bn = torch.nn.BatchNorm1d(6)
+        self.bn = torch.nn.BatchNorm1d(6) if bn else torch.nn.Identity()
         self.b = torch.nn.Linear(6, 3)
         self.extra = torch.nn.Linear(6, 3) if unused else None
 
@@ -50,18 +53,24 @@ def batch(case, rank, k):
     return torch.randn(4, 4, generator=g), torch.randn(4, 3, generator=g)
 
 
-def train(wrap, case, rank, counts, divide, unused, method):
+def train(wrap, case, rank, counts, divide, unused, method, accumulate):
     torch.manual_seed(case)
-    model = wrap(Net(unused))
+    # Under no_sync torch broadcasts buffers in the forward after a synchronized one, the
+    # wrapper in the synchronized forward itself: without buffers, the rest is compared.
+    model = wrap(Net(unused, bn=not accumulate))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     ctx = (model.join(divide_by_initial_world_size=divide) if method
            else Join([model], divide_by_initial_world_size=divide))
     with ctx:
         for k in range(counts[rank]):
             x, y = batch(case, rank, k)
-            opt.zero_grad()
+            if accumulate and k % 2 == 0:  # joined ranks must not shadow these
+                with model.no_sync():
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                continue
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
+            opt.zero_grad()
     state = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
     return model, state
 
@@ -147,12 +156,12 @@ def join_ranks(rank, world, data_paths):
     c_cases = c_training(ffi, lib, gp[0], rank, world)
     caps = {"bucket_cap_mb": 1e-4}  # several buckets, so the shadows keep bucket order
     out = []
-    for case, (counts, divide, unused, method) in enumerate(CASES[world]):
+    for case, (counts, divide, unused, method, accumulate) in enumerate(CASES[world]):
         torch_ddp = lambda m: torch.nn.parallel.DistributedDataParallel(  # noqa: E731
             m, find_unused_parameters=unused, **caps)
         pb_ddp = lambda m: pybridge.DistributedDataParallel(m, find_unused_parameters=unused, **caps)  # noqa: E731
-        _, want = train(torch_ddp, case, rank, counts, divide, unused, method)
-        model, got = train(pb_ddp, case, rank, counts, divide, unused, method)
+        _, want = train(torch_ddp, case, rank, counts, divide, unused, method, accumulate)
+        model, got = train(pb_ddp, case, rank, counts, divide, unused, method, accumulate)
         for k in want:
             torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-6, msg=lambda m, k=k: f"case {case} {k}: {m}")
         model.close()
