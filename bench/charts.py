@@ -116,13 +116,14 @@ def mnist(plt, data):
 
 
 def gossip(plt, data):
-    """Step time and bytes sent per rank per step, per method, one group per (ranks, model)."""
+    """Step time and bytes sent per rank per step, per method, one group per (ranks, model)
+    (gossip.py's and hierarchical.py's results)."""
     cases = [(w, k, m) for w, models in data["worlds"].items() for k, m in models.items()]
     methods = list(cases[0][2]["rows"])
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     width = 0.8 / len(methods)
-    for ax, field, ylabel in ((axes[0], "step_ms", "ms per training step (lower is better)"),
-                              (axes[1], "sent_mib_per_rank_step", "MiB sent per rank per step")):
+    field, ylabel = data.get("chart_bytes", ("sent_mib_per_rank_step", "MiB sent per rank per step"))
+    for ax, field, ylabel in ((axes[0], "step_ms", "ms per training step (lower is better)"), (axes[1], field, ylabel)):
         for j, method in enumerate(methods):
             ys = [m["rows"][method][field] for _, _, m in cases]
             label = cases[0][2]["rows"][method].get("label", method.replace("_", " "))
@@ -131,8 +132,10 @@ def gossip(plt, data):
         ax.set_xticklabels([f"{w} ranks, ({k})" for w, k, _ in cases])
         ax.set_ylabel(ylabel)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].set_title(f"GossipGraD vs allreduce, {data.get('backend', 'gloo')}, step time")
-    axes[1].set_title("bytes written per rank per step (measured)")
+    axes[0].set_title(data.get("title", f"GossipGraD vs allreduce, {data.get('backend', 'gloo')}") + ", step time",
+                      fontsize=8)
+    axes[1].set_title(ylabel.split(" (")[0] + " (measured)" if "chart_bytes" in data
+                      else "bytes written per rank per step (measured)", fontsize=8)
     axes[0].legend(fontsize=8)
     return fig
 
@@ -206,7 +209,7 @@ def federated(plt, data):
 
 
 DRAW = {"collectives": collectives, "reducer": reducer, "recordio": recordio, "mnist": mnist,
-        "gossip": gossip, "gossip-mnist": gossip_mnist, "federated": federated,
+        "gossip": gossip, "hierarchical": gossip, "gossip-mnist": gossip_mnist, "federated": federated,
         "federated-mnist": federated_mnist, "cluster": cluster}
 
 

@@ -12,7 +12,9 @@ the 2 cores' compute alone allows) and each method, in one run:
 - the MNIST MLP's test accuracy after a fixed number of samples (synthetic MNIST from
   examples/mnist/prepare.py), at the first rate.
 
-Methods: torch DDP, pybridge's reducer (allreduce), fp16 compression, PowerSGD (rank 4),
+Methods: torch DDP, pybridge's reducer (allreduce), fp16 compression, the hierarchical hook
+(sum in the node, allreduce among node leaders, broadcast in the node; also with fp16 on
+the wire), PowerSGD (rank 4),
 GossipGraD (nodes: the launcher's 2 ranks), local SGD (parameters averaged every 4 and 16
 steps). Writes bench/results/cluster.json and a chart (bench/charts.py).
 """
@@ -30,8 +32,10 @@ from common import ROOT, free_port, progress, save, table  # noqa: E402
 from pybridge import cluster  # noqa: E402
 
 NODES, PER_NODE = 4, 2
-METHODS = ["torch_ddp", "pybridge", "fp16", "powersgd", "gossip", "localsgd4", "localsgd16"]
+METHODS = ["torch_ddp", "pybridge", "fp16", "hierarchical", "hierarchical_fp16", "powersgd", "gossip",
+           "localsgd4", "localsgd16"]
 LABELS = {"torch_ddp": "torch DDP", "pybridge": "pybridge allreduce", "fp16": "pybridge fp16",
+          "hierarchical": "pybridge hierarchical", "hierarchical_fp16": "pybridge hierarchical, fp16 wire",
           "powersgd": "pybridge PowerSGD r4", "gossip": "pybridge gossip",
           "localsgd4": "local SGD, average every 4", "localsgd16": "local SGD, average every 16"}
 RANK = os.path.join(ROOT, "bench", "cluster_rank.py")

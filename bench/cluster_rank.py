@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import pybridge
-from pybridge import comm_hooks
+from pybridge import comm_hooks, local_sgd
 from pybridge import recordio as rio
 from pybridge.gossip import GossipState, average_parameters, gossip_hook
 
@@ -35,11 +35,11 @@ def link_bytes():
 
 
 class LocalSGD:
-    """Local steps, parameters averaged every `period` steps (PeriodicModelAverager's
-    schedule with no warm-up)."""
+    """Local steps, parameters averaged every `period` steps by pybridge's
+    PeriodicModelAverager (torch's schedule, no warm-up)."""
 
     def __init__(self, model, period):
-        self.module, self.period, self.steps = model, period, 0
+        self.module, self.averager = model, local_sgd.PeriodicModelAverager(period)
 
     def __call__(self, x):
         return self.module(x)
@@ -48,9 +48,7 @@ class LocalSGD:
         return self.module.parameters()
 
     def after_step(self):
-        self.steps += 1
-        if self.steps % self.period == 0:
-            average_parameters(list(self.module.parameters()))
+        self.averager.average_parameters(self.module.parameters())
 
 
 def wrap(method, model):
@@ -60,10 +58,14 @@ def wrap(method, model):
     if method.startswith("localsgd"):
         return LocalSGD(model, int(method[len("localsgd"):]))
     ddp = pybridge.DistributedDataParallel(model, compression="fp16" if method == "fp16" else None)
+    # (hierarchical, below, is the reducer's built-in hook: it sums, the reducer averages)
     if method == "powersgd":
         ddp.register_comm_hook(comm_hooks.powersgd_state(None, rank=4, start_iter=2), comm_hooks.powersgd_hook)
     elif method == "gossip":
         ddp.register_comm_hook(GossipState(), gossip_hook)  # nodes: the launcher's 2 ranks
+    elif method in ("hierarchical", "hierarchical_fp16"):
+        spec = comm_hooks.HierarchicalHook(0, compression="fp16" if method.endswith("fp16") else None)
+        ddp.register_comm_hook(*spec.build(pybridge.current()))
     elif method != "pybridge":
         raise SystemExit(f"unknown method {method}")
     return ddp
@@ -85,8 +87,8 @@ def step_bench(g, method, steps, batch):
     x, y = torch.randn(batch, 2048), torch.randn(batch, 2048)
     times, before = [], None
     for k in range(steps + 2):  # 2 warm-up steps: local SGD's step count starts after them
-        if k == 2 and hasattr(model, "steps"):
-            model.steps = 0
+        if k == 2 and hasattr(model, "averager"):
+            model.averager.step = 0
         if k == 2:
             pybridge.barrier()
             before = link_bytes()

@@ -50,6 +50,17 @@ def launch(cmd, world, timeout, extra_env=None):
     return outputs
 
 
+def reports(outs, prefix, what):
+    """Each rank's JSON report: the line of its output that starts with `prefix`."""
+    ranks = []
+    for rank, out in enumerate(outs):
+        line = next((ln for ln in out.splitlines() if ln.startswith(prefix)), None)
+        if line is None:
+            raise SystemExit(f"rank {rank} of {what} reported nothing:\n{out}")
+        ranks.append(json.loads(line[len(prefix):]))
+    return ranks
+
+
 class CaseFailed(Exception):
     """A benchmark case whose ranks died, raised or stopped answering; its ranks are gone.
     str() is one line saying why."""

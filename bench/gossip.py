@@ -33,7 +33,7 @@ import time
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import launch, save, table  # noqa: E402
+from common import launch, reports, save, table  # noqa: E402
 from reducer import MODELS, build, make_step  # noqa: E402
 
 WORLDS = (4, 8)
@@ -118,13 +118,7 @@ def run_job(world, key, rounds, iters, timeout):
     threads = 1  # ranks outnumber cores already
     outs = launch([sys.executable, os.path.abspath(__file__), "--worker", key, str(rounds), str(iters),
                    str(threads)], world, timeout, extra_env={"OMP_NUM_THREADS": "1"})
-    ranks = []
-    for rank, out in enumerate(outs):
-        line = next((ln for ln in out.splitlines() if ln.startswith(RESULT)), None)
-        if line is None:
-            raise SystemExit(f"rank {rank} of the {world}-rank job on model ({key}) reported nothing:\n{out}")
-        ranks.append(json.loads(line[len(RESULT):]))
-    return ranks
+    return reports(outs, RESULT, f"the {world}-rank job on model ({key})")
 
 
 def summarize(ranks):

@@ -465,7 +465,12 @@ typedef struct pb_reducer pb_reducer; /* buckets, views and in-flight allreduces
 #define PB_HOOK_FP16 1        /* float32 buckets travel as half, decompressed in place */
 #define PB_HOOK_BF16 2        /* float32 buckets travel as bfloat16 */
 #define PB_HOOK_POWERSGD 3    /* torch's PowerSGD low-rank compression (averages) */
+#define PB_HOOK_HIERARCHICAL 4 /* sum within the node, allreduce among node leaders (local
+                                  rank 0), broadcast within the node: one bucket per node
+                                  crosses node links (hook_ranks_per_node sets the node) */
 #define PB_HOOK_NO_WARM_START 1 /* hook_flags: PowerSGD redraws Q every step */
+#define PB_HOOK_WIRE_FP16 2     /* hook_flags: PB_HOOK_HIERARCHICAL sends float32 buckets as half */
+#define PB_HOOK_WIRE_BF16 4     /* hook_flags: PB_HOOK_HIERARCHICAL sends float32 buckets as bfloat16 */
 
 /* Gradient compression: another name for a hook (PB_COMPRESS_X == PB_HOOK_X, the same
  * reducer and the same cross-rank signature). float32 buckets travel as half or bfloat16
@@ -501,7 +506,8 @@ typedef struct pb_reducer_options {
     int32_t hook;                /* PB_HOOK_* (default PB_HOOK_ALLREDUCE); PB_COMPRESS_* alike */
     int32_t hook_rank;           /* PB_HOOK_POWERSGD: the matrix approximation rank, >= 1
                                     (default 1; 1 to 4 are typical); other hooks ignore it */
-    int32_t hook_flags;          /* 0 or PB_HOOK_NO_WARM_START */
+    int32_t hook_flags;          /* 0, PB_HOOK_NO_WARM_START (PowerSGD), or one of
+                                    PB_HOOK_WIRE_FP16 / PB_HOOK_WIRE_BF16 (PB_HOOK_HIERARCHICAL) */
     int32_t gossip_topology;     /* PB_GOSSIP_NONE (default), PB_GOSSIP_CUBE or
                                     PB_GOSSIP_DISSEMINATION: see "Gossip" below. Gossip takes the
                                     hook's place: hook must then stay PB_HOOK_ALLREDUCE */
@@ -517,6 +523,9 @@ typedef struct pb_reducer_options {
                                     element count as counts[i]); hooks that compress matrices
                                     (PB_HOOK_POWERSGD) need them. Read during the call only */
     const int64_t *dims;
+    int32_t hook_ranks_per_node; /* PB_HOOK_HIERARCHICAL: ranks per node (consecutive ranks),
+                                    dividing the group size; 0 (default): the launcher's
+                                    LOCAL_WORLD_SIZE (the whole group when it is unset) */
 } pb_reducer_options;
 
 /* Fill *options with the defaults above (size included). Sets every field. */
@@ -536,6 +545,7 @@ static inline void pb_reducer_options_init(pb_reducer_options *options) {
     options->hook_start_iter = 2;
     options->ndims = 0;
     options->dims = 0;
+    options->hook_ranks_per_node = 0;
 }
 
 /* Create a reducer over `nparams` gradients, configured by `options` (NULL: the
@@ -548,8 +558,8 @@ static inline void pb_reducer_options_init(pb_reducer_options *options) {
  * dtypes, shapes and options. One small allgather compares them all (parameters, op,
  * caps, flags, hook and its settings, gossip settings): when they differ, every rank gets
  * PB_ERR_INVALID_ARGUMENT naming the settings that differ and each rank's value (e.g. a
- * PowerSGD rank beside a PB_HOOK_FP16 one), without checked mode. With gossip the call
- * then creates the node groups (a collective over the group).
+ * PowerSGD rank beside a PB_HOOK_FP16 one), without checked mode. With gossip or
+ * PB_HOOK_HIERARCHICAL the call then creates the node groups (a collective over the group).
  *
  * Errors: PB_ERR_INVALID_ARGUMENT (NULL arrays with nparams > 0, negative counts,
  * non-float or unknown dtypes, shapes whose element count differs, a bad options size,
@@ -679,6 +689,59 @@ int pb_reducer_free(pb_reducer *reducer);
  * passes the same counts and dtypes in the same order and the same root; when they
  * differ, every rank gets PB_ERR_INVALID_ARGUMENT (one small allgather checks it). */
 int pb_broadcast_params(pb_group *group, int32_t n, const pb_tensor *tensors, int32_t root);
+
+/* ---- Model averaging (local SGD) ------------------------------------------------ */
+/* For links too slow to reduce gradients every step: each rank steps its own parameters
+ * and, every `period` steps, the parameters are averaged over the group (torch's
+ * PeriodicModelAverager; docs/local-sgd.md). Post-local SGD: reduce gradients with a
+ * pb_reducer for the first `warmup_steps` steps, then stop calling it and let the averager
+ * bring the replicas together. Parameters are floating point, in host memory under gloo. */
+
+typedef struct pb_averager pb_averager; /* a step counter and its schedule */
+
+/* Average the `n` tensors over `group`, in place, now: one allreduce of the tensors
+ * flattened into one buffer (of their common promoted type), divided by the group size
+ * first, as torch's model averaging does. Synchronous; the descriptors and memory are used
+ * during the call only. COLLECTIVE: every rank passes the same counts and dtypes in order.
+ * Errors: PB_ERR_INVALID_ARGUMENT (NULL tensors with n > 0, a non-float dtype),
+ * PB_ERR_NOT_INITIALIZED / PB_ERR_CLOSED for the group, PB_ERR_TIMEOUT, PB_ERR_COMM. */
+int pb_average_params(pb_group *group, int32_t n, const pb_tensor *tensors);
+
+/* An averager over `group`: pb_averager_step averages when step >= warmup_steps and
+ * (step - warmup_steps) is a multiple of `period` (>= 1), then counts the step. Not a
+ * collective (the schedule is local; the averaging steps are). Release with
+ * pb_averager_close. Errors: PB_ERR_INVALID_ARGUMENT (period < 1, warmup_steps < 0, NULL
+ * out), PB_ERR_NOT_INITIALIZED / PB_ERR_CLOSED for the group. */
+int pb_averager_create(pb_group *group, int32_t period, int32_t warmup_steps, pb_averager **out);
+
+/* A hierarchical averager (torch's HierarchicalModelAverager): level i averages over
+ * consecutive blocks of group_sizes[i] ranks every periods[i] steps; periods increase and
+ * the last group size is the whole group's. After the warm-up, a step averages at the
+ * level of the largest period that divides the step (counted from 0, warm-up included).
+ * E.g. periods {4, 16}, group sizes {ranks per node, world}: within the node every 4
+ * steps, across nodes every 16. COLLECTIVE over `group` (it creates the subgroups).
+ * Errors: PB_ERR_INVALID_ARGUMENT (nlevels < 1, NULL arrays, periods not increasing, a
+ * size not dividing the group size, the last size not the group's). */
+int pb_averager_create_hierarchical(pb_group *group, int32_t nlevels, const int32_t *periods,
+                                    const int32_t *group_sizes, int32_t warmup_steps,
+                                    pb_averager **out);
+
+/* One training step, after the optimizer's update: average the `n` tensors if this step
+ * is due (a collective then: every rank calls pb_averager_step the same number of times
+ * with the same counts and dtypes), then count the step. *averaged (may be NULL) receives
+ * 1 if it averaged, else 0. Errors: those of pb_average_params. */
+int pb_averager_step(pb_averager *averager, int32_t n, const pb_tensor *tensors,
+                     int32_t *averaged);
+
+/* The steps counted so far (to save in a checkpoint) in *out. */
+int pb_averager_get_step(pb_averager *averager, int64_t *out);
+
+/* Continue the schedule at `step` (>= 0), as after a restart from a checkpoint. */
+int pb_averager_set_step(pb_averager *averager, int64_t step);
+
+/* Release the averager (and a hierarchical one's subgroups). Later calls on the handle, a
+ * second pb_averager_close included, return PB_ERR_INVALID_ARGUMENT. */
+int pb_averager_close(pb_averager *averager);
 
 /* ---- Training state (checkpoints) ---------------------------------------------- */
 /* A checkpoint is one file, directory/step-NNNNNNNNNNNN.pt (the step in 12 digits; format:

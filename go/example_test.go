@@ -146,3 +146,29 @@ func ExampleError() {
 	}
 	// Output: Broadcast PB_ERR_INVALID_ARGUMENT true
 }
+
+// Local SGD: each rank updates its own parameters; every 4th step after a
+// warm-up of 2 the Averager averages them over the group (here one rank).
+func ExampleAverager() {
+	g := singleRank()
+	defer g.Close()
+	w := []float32{1, 2}
+	avg, err := pybridge.NewAverager[float32](g, 4, 2)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer avg.Close()
+	for step := 0; step < 7; step++ {
+		w[0] -= 0.5 // the optimizer's update
+		averaged, err := avg.Step([][]float32{w})
+		if err != nil {
+			log.Fatal(err)
+		}
+		if averaged {
+			fmt.Println("averaged at step", step)
+		}
+	}
+	// Output:
+	// averaged at step 2
+	// averaged at step 6
+}

@@ -341,6 +341,42 @@ static inline int pbgo_broadcast_params(pb_group *group, int32_t n, const pb_ten
 	return pbgo_status(pb_broadcast_params(group, n, tensors, root), msg);
 }
 
+static inline int pbgo_average_params(pb_group *group, int32_t n, const pb_tensor *tensors,
+                                      char **msg) {
+	return pbgo_status(pb_average_params(group, n, tensors), msg);
+}
+
+static inline int pbgo_averager_create(pb_group *group, int32_t period, int32_t warmup_steps,
+                                       pb_averager **out, char **msg) {
+	return pbgo_status(pb_averager_create(group, period, warmup_steps, out), msg);
+}
+
+static inline int pbgo_averager_create_hierarchical(pb_group *group, int32_t nlevels,
+                                                    const int32_t *periods,
+                                                    const int32_t *group_sizes,
+                                                    int32_t warmup_steps, pb_averager **out,
+                                                    char **msg) {
+	return pbgo_status(pb_averager_create_hierarchical(group, nlevels, periods, group_sizes,
+	                                                   warmup_steps, out), msg);
+}
+
+static inline int pbgo_averager_step(pb_averager *averager, int32_t n, const pb_tensor *tensors,
+                                     int32_t *averaged, char **msg) {
+	return pbgo_status(pb_averager_step(averager, n, tensors, averaged), msg);
+}
+
+static inline int pbgo_averager_get_step(pb_averager *averager, int64_t *out, char **msg) {
+	return pbgo_status(pb_averager_get_step(averager, out), msg);
+}
+
+static inline int pbgo_averager_set_step(pb_averager *averager, int64_t step, char **msg) {
+	return pbgo_status(pb_averager_set_step(averager, step), msg);
+}
+
+static inline int pbgo_averager_close(pb_averager *averager, char **msg) {
+	return pbgo_status(pb_averager_close(averager), msg);
+}
+
 static inline int pbgo_checkpoint_save(const char *directory, int64_t step, int32_t n,
                                        const char *const *names, const pb_tensor *tensors,
                                        pb_loader *loader, pb_reducer *reducer, int32_t keep,

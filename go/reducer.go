@@ -100,6 +100,8 @@ type reducerConfig struct {
 	hookRank   int
 	hookFlags  int32
 	hookStart  int
+	perNode    int         // WithHierarchical's ranks per node
+	wire       Compression // WithHierarchicalCompression's wire type
 	gossip     *gossipConfig
 	badComp    *Compression // WithCompression got an unknown value
 }
@@ -257,7 +259,23 @@ func (c *reducerConfig) fill(op string, o *C.pb_reducer_options) error {
 	o.op = C.int32_t(c.op)
 	o.bucket_cap_mb, o.first_bucket_cap_mb = C.double(c.capMB), C.double(c.firstCapMB)
 	o.flags = C.int32_t(c.flags)
-	o.hook, o.hook_rank, o.hook_flags, o.hook_start_iter = C.int32_t(c.hook), rank, C.int32_t(c.hookFlags), start
+	perNode, err := toInt32(op, "hierarchical ranks per node", c.perNode)
+	if err != nil {
+		return err
+	}
+	flags := c.hookFlags
+	switch c.wire {
+	case NoCompression:
+	case CompressFP16:
+		flags |= C.PB_HOOK_WIRE_FP16
+	case CompressBF16:
+		flags |= C.PB_HOOK_WIRE_BF16
+	default:
+		return newError(statusInvalidArgument, op, "WithHierarchicalCompression: unknown compression %d; "+
+			"use NoCompression, CompressFP16 or CompressBF16", int32(c.wire))
+	}
+	o.hook, o.hook_rank, o.hook_flags, o.hook_start_iter = C.int32_t(c.hook), rank, C.int32_t(flags), start
+	o.hook_ranks_per_node = perNode
 	o.gossip_topology, o.gossip_ranks_per_node, o.gossip_seed, o.gossip_sync_every = C.PB_GOSSIP_NONE, 0, 0, 0
 	if gc := c.gossip; gc != nil {
 		per, err := toInt32(op, "ranks per node", gc.ranksPerNode)
@@ -553,11 +571,20 @@ func (r *Reducer) Close() error {
 // call them, the program must impose that order.
 func BroadcastParams[T Numeric](g *Group, params [][]T, root int) error {
 	const name = "BroadcastParams"
-	h, err := g.handle(name)
+	rt, err := toInt32(name, "root", root)
 	if err != nil {
 		return err
 	}
-	rt, err := toInt32(name, "root", root)
+	return paramsCall(name, g, params, func(h *C.pb_group, n C.int32_t, d *C.pb_tensor, msg **C.char) C.int {
+		return C.pbgo_broadcast_params(h, n, d, rt, msg)
+	})
+}
+
+// paramsCall makes one library call over g with descriptors of params (pinned
+// for the call).
+func paramsCall[T Numeric](name string, g *Group, params [][]T,
+	call func(h *C.pb_group, n C.int32_t, d *C.pb_tensor, msg **C.char) C.int) error {
+	h, err := g.handle(name)
 	if err != nil {
 		return err
 	}
@@ -565,24 +592,28 @@ func BroadcastParams[T Numeric](g *Group, params [][]T, root int) error {
 	if err != nil {
 		return err
 	}
-	// The descriptors hold Go pointers, so the memory they point to is pinned for
-	// the call, as cgo requires of Go memory that contains Go pointers.
 	var pin runtime.Pinner
 	defer pin.Unpin()
-	descs := make([]C.pb_tensor, len(params))
-	for i, p := range params {
+	var msg *C.char
+	return check(name, call(h, n, describeSlices(&pin, params), &msg), msg)
+}
+
+// describeSlices returns descriptors of the slices (nil for none), pinning their
+// memory in pin: the descriptors hold Go pointers, and cgo requires Go memory
+// that contains Go pointers to be pinned for the call.
+func describeSlices[T Numeric](pin *runtime.Pinner, slices [][]T) *C.pb_tensor {
+	if len(slices) == 0 {
+		return nil
+	}
+	descs := make([]C.pb_tensor, len(slices))
+	for i, p := range slices {
 		data, count := dataOf(p)
 		if data != nil {
 			pin.Pin(data)
 		}
 		descs[i] = C.pb_tensor{data: data, count: count, dtype: dtypeOf[T](), device: CPU}
 	}
-	var pd *C.pb_tensor
-	if len(descs) > 0 {
-		pd = &descs[0]
-	}
-	var msg *C.char
-	return check(name, C.pbgo_broadcast_params(h, n, pd, rt, &msg), msg)
+	return &descs[0]
 }
 
 // Hook selects how a full bucket travels (pybridge.h's PB_HOOK_*): the reducer
@@ -595,6 +626,8 @@ const (
 	HookFP16      Hook = C.PB_HOOK_FP16      // float32 buckets travel as half
 	HookBF16      Hook = C.PB_HOOK_BF16      // float32 buckets travel as bfloat16
 	HookPowerSGD  Hook = C.PB_HOOK_POWERSGD  // torch's PowerSGD low-rank compression
+	// Sum in the node, allreduce among node leaders, broadcast in the node (WithHierarchical).
+	HookHierarchical Hook = C.PB_HOOK_HIERARCHICAL
 )
 
 // WithHook chooses a built-in communication hook (HookPowerSGD with rank 1
@@ -629,6 +662,28 @@ func WithPowerSGD(rank int, warmStart bool) ReducerOption {
 // Other hooks ignore it.
 func WithPowerSGDStartIter(iterations int) ReducerOption {
 	return func(c *reducerConfig) { c.hookStart = iterations }
+}
+
+// WithHierarchical reduces each bucket in three steps: a sum within the node
+// (ranksPerNode consecutive ranks; 0: the launcher's LOCAL_WORLD_SIZE, as
+// pybridge-launch and torchrun set it), an allreduce among the node leaders
+// (local rank 0 of each node), a broadcast within the node. The result is the
+// plain allreduce's (up to the order floats are added in), but only one bucket
+// per node crosses node links instead of one per rank. NewReducer is then a
+// collective that also creates the node groups; ranks that give another node
+// size get ErrInvalidArgument.
+func WithHierarchical(ranksPerNode int) ReducerOption {
+	return func(c *reducerConfig) {
+		c.setHook(HookHierarchical)
+		c.perNode = ranksPerNode
+	}
+}
+
+// WithHierarchicalCompression sends WithHierarchical's float32 buckets as half
+// (CompressFP16) or bfloat16 (CompressBF16) through all three steps. Other hooks
+// refuse it (use WithHook(HookFP16) for a plain allreduce on a half wire).
+func WithHierarchicalCompression(comp Compression) ReducerOption {
+	return func(c *reducerConfig) { c.wire = comp }
 }
 
 // GossipTopology chooses GossipGraD's partners (pybridge.h's PB_GOSSIP_*).

@@ -17,6 +17,8 @@ Built-in hooks (also selected by code from C and Go: builtin(), BuiltinHook):
   fp16_compress_hook  float32 buckets travel as float16, decompressed into the bucket
   bf16_compress_hook  likewise as bfloat16
   powersgd_hook(...)  torch's PowerSGD with its state, for C and Go callers
+  hierarchical_hook   sum within the node, allreduce among node leaders, broadcast in the
+                      node (pybridge.hierarchical; HierarchicalHook chooses it by settings)
 GossipGraD (pybridge.gossip) is chosen by its settings with GossipHook.
 
 Every rank must use the same hook: the reducer compares identity(state, hook) across
@@ -32,11 +34,13 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as _torch_
 from . import abi
 from . import collectives
 from .checks import integer
+from .hierarchical import HierarchicalState, hierarchical_hook
 
 HOOK_ALLREDUCE = abi.PB_HOOK_ALLREDUCE
 HOOK_FP16 = abi.PB_HOOK_FP16
 HOOK_BF16 = abi.PB_HOOK_BF16
 HOOK_POWERSGD = abi.PB_HOOK_POWERSGD
+HOOK_HIERARCHICAL = abi.PB_HOOK_HIERARCHICAL
 
 
 class GradBucket:
@@ -142,10 +146,12 @@ def bf16_compress_hook(ctx, bucket):
 
 def prescales(hook):
     """Does `hook` sum what it is given (so the reducer may pre-divide for 'avg')?"""
-    return hook is allreduce_hook or hook is fp16_compress_hook or hook is bf16_compress_hook
+    return (hook is allreduce_hook or hook is fp16_compress_hook or hook is bf16_compress_hook
+            or hook is hierarchical_hook)
 
 
-_EAGER = {allreduce_hook, fp16_compress_hook, bf16_compress_hook, _torch_hooks.allreduce_hook, _torch_hooks.fp16_compress_hook,
+# hierarchical_hook: its collectives run on the state's threads, in the order it is called.
+_EAGER = {allreduce_hook, fp16_compress_hook, bf16_compress_hook, hierarchical_hook, _torch_hooks.allreduce_hook, _torch_hooks.fp16_compress_hook,
           _torch_hooks.bf16_compress_hook}
 
 
@@ -185,8 +191,10 @@ def powersgd_hook(state, bucket):
     return psgd.powerSGD_hook(state, bucket)
 
 
-def builtin(code, group, *, rank=1, warm_start=True, start_iter=2, seed=0):
-    """(state, hook) for a hook code of the C ABI (PB_HOOK_*)."""
+def builtin(code, group, *, rank=1, warm_start=True, start_iter=2, seed=0, ranks_per_node=0,
+            compression=None):
+    """(state, hook) for a hook code of the C ABI (PB_HOOK_*). group None: a state that is
+    only described (its identity), never run."""
     from .errors import InvalidArgument
     if isinstance(code, bool):
         code = None  # True is not PB_HOOK_FP16
@@ -198,8 +206,12 @@ def builtin(code, group, *, rank=1, warm_start=True, start_iter=2, seed=0):
         return HookContext(group), bf16_compress_hook
     if code == HOOK_POWERSGD:
         return powersgd_state(group, rank, warm_start, start_iter, seed), powersgd_hook
+    if code == HOOK_HIERARCHICAL:
+        how = {"ranks_per_node": ranks_per_node, "compression": compression}
+        state = HierarchicalState.described(**how) if group is None else HierarchicalState(group, **how)
+        return state, hierarchical_hook
     raise InvalidArgument(f"unknown hook code {code!r}; use PB_HOOK_ALLREDUCE (0), PB_HOOK_FP16 (1), "
-                          "PB_HOOK_BF16 (2) or PB_HOOK_POWERSGD (3)")
+                          "PB_HOOK_BF16 (2), PB_HOOK_POWERSGD (3) or PB_HOOK_HIERARCHICAL (4)")
 
 
 # ---- hooks chosen by settings (C, Go, the reducer's compression= and hook=) -------------
@@ -211,10 +223,13 @@ def builtin(code, group, *, rank=1, warm_start=True, start_iter=2, seed=0):
 
 class BuiltinHook:
     """A built-in hook by code (PB_HOOK_*): `Reducer(..., hook=BuiltinHook(HOOK_POWERSGD,
-    rank=2))`. Other codes ignore the PowerSGD settings."""
+    rank=2))`. Other codes ignore the PowerSGD settings (rank, warm_start, start_iter,
+    seed) and the hierarchical ones (ranks_per_node, compression)."""
 
-    def __init__(self, code=HOOK_ALLREDUCE, *, rank=1, warm_start=True, start_iter=2, seed=0):
+    def __init__(self, code=HOOK_ALLREDUCE, *, rank=1, warm_start=True, start_iter=2, seed=0, ranks_per_node=0,
+                 compression=None):
         self.code, self.rank, self.warm_start, self.start_iter, self.seed = code, rank, warm_start, start_iter, seed
+        self.ranks_per_node, self.compression = ranks_per_node, compression
         self._identity = identity(*self.build(None))  # checks the settings, here and now
 
     def identity(self):
@@ -223,10 +238,25 @@ class BuiltinHook:
     def build(self, group):
         """(state, hook) over `group`."""
         return builtin(self.code, group, rank=self.rank, warm_start=self.warm_start,
-                       start_iter=self.start_iter, seed=self.seed)
+                       start_iter=self.start_iter, seed=self.seed, ranks_per_node=self.ranks_per_node,
+                       compression=self.compression)
 
     def __repr__(self):
         return f"BuiltinHook({self._identity})"
+
+
+class HierarchicalHook(BuiltinHook):
+    """Hierarchical allreduce (pybridge.hierarchical) by its settings:
+    `Reducer(..., hook=HierarchicalHook(ranks_per_node=2))`, the same hook as
+    BuiltinHook(HOOK_HIERARCHICAL, ...). ranks_per_node 0: the launcher's LOCAL_WORLD_SIZE;
+    compression 'fp16' or 'bf16': float32 buckets travel as that type. Building it creates
+    groups (a collective), after every rank agreed on the settings."""
+
+    def __init__(self, ranks_per_node=0, *, compression=None):
+        super().__init__(HOOK_HIERARCHICAL, ranks_per_node=ranks_per_node, compression=compression)
+
+    def __repr__(self):
+        return f"HierarchicalHook({self.identity()})"
 
 
 class GossipHook:
@@ -268,9 +298,15 @@ def _describe(hook, state_type, settings):
 def _settings(state):
     """The settings of a known hook state that every rank must share ({} for others): a
     typed dispatch, so a renamed class is an error here and not a silently empty row."""
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
     from .gossip import GossipState
+    if isinstance(state, HierarchicalState):
+        return state.settings()
+    if isinstance(state, PostLocalSGDState):
+        return {"start_localSGD_iter": state.start_localSGD_iter,
+                "post_local_gradient_allreduce": state.post_local_gradient_allreduce}
     if isinstance(state, GossipState):
         return {"topology": state.topology, "ranks_per_node": state.group.size // state.num_nodes,
                 "seed": state.seed, "rotate": state.rotate, "sync_every": state.sync_every}
@@ -290,19 +326,20 @@ def identity(state, hook):
 
 
 def _step_attr(state):
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
     from .gossip import GossipState
     if isinstance(state, GossipState):
         return "step"
-    if isinstance(state, PowerSGDState):
+    if isinstance(state, (PowerSGDState, PostLocalSGDState)):
         return "iter"
     return None
 
 
 def hook_step(state):
     """The step counter of a hook state that a checkpoint keeps (GossipGraD's step, PowerSGD's
-    iteration), or None for states without one."""
+    and post-local SGD's iteration), or None for states without one."""
     attr = _step_attr(state)
     return None if attr is None else getattr(state, attr)
 
@@ -316,4 +353,5 @@ def set_hook_step(state, step):
 
 __all__ = ["GradBucket", "HookContext", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
            "declare_eager", "powersgd_state", "powersgd_hook", "builtin", "BuiltinHook", "GossipHook",
+           "HierarchicalHook", "HierarchicalState", "hierarchical_hook",
            "identity", "hook_step", "set_hook_step"]

@@ -20,9 +20,6 @@ The hook works on a background thread, in bucket order, so communication overlap
 rest of backward; the future it returns completes when the bucket is mixed.
 """
 
-import queue
-import threading
-
 import torch
 
 from . import collectives, comm_hooks, subgroups
@@ -30,6 +27,7 @@ from . import group as _group
 from .checks import integer
 from .errors import InvalidArgument
 from .gossip_schedule import check_topology, peers
+from .hook_thread import HookThread
 
 
 def ranks_per_node_or_launchers(ranks_per_node):
@@ -75,9 +73,7 @@ class GossipState:
         self.step = 0
         self._params = []   # parameters seen this step (for sync_every)
         self._scratch = {}
-        self._jobs = queue.Queue()
-        self._worker = threading.Thread(target=self._run, name="pybridge-gossip", daemon=True)
-        self._worker.start()
+        self._worker = HookThread("pybridge-gossip")
 
     def peers(self, step=None):
         """(send to, receive from) node numbers at `step` (default: the current step)."""
@@ -86,22 +82,12 @@ class GossipState:
 
     def close(self):
         """Stop the hook's thread and free the node groups."""
-        if self._worker.is_alive():
-            self._jobs.put(None)
-            self._worker.join(timeout=30)
+        self._worker.close()
         for g in (self.intra, self.cross, self.everyone):
             if not g.closed:
                 g.close()
 
     # ---- the work, on the hook's thread ---------------------------------------------------
-
-    def _run(self):
-        while (job := self._jobs.get()) is not None:
-            fut, fn = job
-            try:
-                fut.set_result(fn())
-            except Exception as exc:  # noqa: BLE001 - handed to whoever waits on the future
-                fut.set_exception(exc)
 
     def _mix(self, index, buf, send_to, recv_from):
         if self.intra.size > 1:
@@ -154,9 +140,7 @@ class GossipState:
                 return self._mix(index, buf, send_to, recv_from)
         if bucket.is_last():
             self.step += 1
-        fut = torch.futures.Future()
-        self._jobs.put((fut, work))
-        return fut
+        return self._worker.submit(work)
 
 
 def gossip_hook(state, bucket):

@@ -20,6 +20,7 @@ pytest.importorskip("matplotlib")
     ("mnist", ["test accuracy", "go, 2 ranks"]),
     ("gossip", ["gossip, cube", "MiB sent per rank per step", "8 ranks, (b)"]),
     ("gossip-mnist", ["gossip-cube, sync every 4", "allreduce", "test accuracy"]),
+    ("hierarchical", ["hierarchical, fp16 wire", "MiB over node links", "4 ranks, (b)"]),
     ("federated", ["federated rounds", "seconds per round", "async"]),
 ])
 def test_each_result_draws_its_chart(tmp_path, monkeypatch, name, words):

@@ -332,7 +332,7 @@ def create_cases(rank, world):
         ffi, lib, hook=lib.PB_HOOK_FP16, gossip_topology=lib.PB_GOSSIP_CUBE)), "hook's place")
     refused("unknown hook", _create(ffi, lib, g, [3], options(ffi, lib, hook=9)), "hook code 9")
     refused("unknown topology", _create(ffi, lib, g, [3], options(ffi, lib, gossip_topology=5)), "topology 5")
-    refused("hook flags", _create(ffi, lib, g, [3], options(ffi, lib, hook_flags=4)), "hook flags")
+    refused("hook flags", _create(ffi, lib, g, [3], options(ffi, lib, hook_flags=64)), "hook flags")
     refused("PowerSGD rank 0", _create(ffi, lib, g, [3], options(ffi, lib, hook=lib.PB_HOOK_POWERSGD, hook_rank=0)),
             "PowerSGD rank")
     refused("size 0", _create(ffi, lib, g, [3], options(ffi, lib, size=0)), "size is 0")

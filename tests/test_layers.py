@@ -38,7 +38,8 @@ def test_checked_mode_issues_no_collective_itself():
 
 def test_group_state_has_owners():
     # only the watchdog's Progress and checked mode's State hold this state now
-    for name in ("collectives.py", "checked.py", "watchdog.py", "gossip.py", "subgroups.py"):
+    for name in ("collectives.py", "checked.py", "watchdog.py", "gossip.py", "subgroups.py", "hierarchical.py",
+                 "local_sgd.py", "hook_thread.py"):
         text = _source(name)
         for private in ("._children", "._world_store", ".issued =", ".inflight", ".fingerprint_buffer"):
             assert private not in text, (name, private)

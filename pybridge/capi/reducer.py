@@ -24,7 +24,10 @@ _TOPOLOGIES = {abi.PB_GOSSIP_CUBE: "cube", abi.PB_GOSSIP_DISSEMINATION: "dissemi
 _DEFAULTS = {"op": abi.PB_AVG, "bucket_cap_mb": 0.0, "first_bucket_cap_mb": 0.0, "flags": 0,
              "hook": abi.PB_HOOK_ALLREDUCE, "hook_rank": 1, "hook_flags": 0,
              "gossip_topology": abi.PB_GOSSIP_NONE, "gossip_ranks_per_node": 0, "gossip_seed": 0,
-             "gossip_sync_every": 0, "hook_start_iter": 2, "ndims": None, "dims": None}
+             "gossip_sync_every": 0, "hook_start_iter": 2, "ndims": None, "dims": None,
+             "hook_ranks_per_node": 0}
+_WIRES = {0: None, abi.PB_HOOK_WIRE_FP16: "fp16", abi.PB_HOOK_WIRE_BF16: "bf16"}
+_HOOK_FLAGS = abi.PB_HOOK_NO_WARM_START | abi.PB_HOOK_WIRE_FP16 | abi.PB_HOOK_WIRE_BF16
 _MAX_OPTIONS_SIZE = 1 << 16  # far past any future struct: a larger size is garbage, not a version
 
 
@@ -115,12 +118,21 @@ def _shape(i, ndims, dims, at):
 
 def _hook(o):
     """The built-in hook the options choose (comm_hooks.BuiltinHook or GossipHook)."""
-    if o["hook_flags"] & ~abi.PB_HOOK_NO_WARM_START:
-        raise InvalidArgument(f"unknown hook flags 0x{o['hook_flags']:x}; valid: PB_HOOK_NO_WARM_START (1)")
+    flags = o["hook_flags"]
+    if flags & ~_HOOK_FLAGS:
+        raise InvalidArgument(f"unknown hook flags 0x{flags:x}; valid: PB_HOOK_NO_WARM_START (1), "
+                              "PB_HOOK_WIRE_FP16 (2), PB_HOOK_WIRE_BF16 (4)")
+    wire = flags & (abi.PB_HOOK_WIRE_FP16 | abi.PB_HOOK_WIRE_BF16)
+    if wire not in _WIRES:
+        raise InvalidArgument("hook_flags has both PB_HOOK_WIRE_FP16 and PB_HOOK_WIRE_BF16; choose one")
+    if wire and o["hook"] != abi.PB_HOOK_HIERARCHICAL:
+        raise InvalidArgument(f"hook_flags PB_HOOK_WIRE_* go with PB_HOOK_HIERARCHICAL, but hook is {o['hook']}; "
+                              "for a plain allreduce on a half wire use PB_HOOK_FP16 or PB_HOOK_BF16")
     topology = o["gossip_topology"]
     if topology == abi.PB_GOSSIP_NONE:
         return comm_hooks.BuiltinHook(o["hook"], rank=o["hook_rank"], start_iter=o["hook_start_iter"],
-                                      warm_start=not o["hook_flags"] & abi.PB_HOOK_NO_WARM_START)
+                                      warm_start=not flags & abi.PB_HOOK_NO_WARM_START,
+                                      ranks_per_node=o["hook_ranks_per_node"], compression=_WIRES[wire])
     if topology not in _TOPOLOGIES:
         raise InvalidArgument(f"unknown gossip topology {topology}; use PB_GOSSIP_NONE (-1), PB_GOSSIP_CUBE (0) "
                               "or PB_GOSSIP_DISSEMINATION (1)")
