@@ -1,7 +1,7 @@
 """Step time (forward + backward + gradient sync) of pybridge's reducer beside torch DDP,
 a naive per-parameter allreduce and a flatten-then-one-allreduce, on 2 ranks over gloo.
 
-    python bench/reducer.py [--quick] [--models a,b] [--rounds N] [--no-go]
+    python bench/reducer.py [--quick] [--models a,b] [--rounds N] [--no-go] [--no-hooks] [--no-join]
 
 Prints a table with ratios against torch DDP measured in the same run and writes
 bench/results/reducer.json. Each method runs in its own pair of rank processes (so methods
@@ -10,7 +10,10 @@ machine noise hits all. A method whose pair dies, raises or hangs (--case-timeou
 and shown as failed with a one-line reason; the others go on. Progress lines go to stderr.
 The Go rows (model (a) only) come from bench/reducer_go, run as 2 Go ranks after the
 Python ranks: forward and backward in plain Go loops, the Go reducer (C ABI) marking each
-layer's gradients ready as backward produces them.
+layer's gradients ready as backward produces them. The Join rows run pybridge's wrapper and
+torch DDP inside a Join context (even steps): what uneven-input support costs the ranks
+still training; the Go "WithJoin" row is the reducer's per-iteration count beside its
+baseline, the same sync-only loop.
 """
 
 import argparse
@@ -35,6 +38,8 @@ METHODS = ["pybridge", "torch_ddp", "naive", "flat"]
 # Communication hooks, each beside torch DDP with the same hook: (hook, PowerSGD rank).
 HOOKS = {"fp16": ("fp16", 0), "powersgd1": ("powersgd", 1), "powersgd4": ("powersgd", 4)}
 HOOK_METHODS = [f"{who}_{h}" for h in HOOKS for who in ("pybridge", "torch_ddp")]
+# Inside a Join context (every rank has the same steps: what joining costs those training).
+JOIN_METHODS = ["pybridge_join", "torch_ddp_join"]
 LABELS = {
     "pybridge": "pybridge reducer (DDP wrapper)",
     "torch_ddp": "torch DDP (bucket_cap_mb=25)",
@@ -42,6 +47,8 @@ LABELS = {
     "flat": "flatten + one allreduce",
     **{f"pybridge_{h}": f"pybridge, {h} hook" for h in HOOKS},
     **{f"torch_ddp_{h}": f"torch DDP, {h} hook" for h in HOOKS},
+    "pybridge_join": "pybridge, in a Join context",
+    "torch_ddp_join": "torch DDP, in a Join context",
 }
 
 
@@ -70,7 +77,10 @@ def make_step(method, model, world):
         wrapped = TDDP(model, bucket_cap_mb=25)
     else:
         wrapped = model
-    if hook:  # torch's own hook on both wrappers, so the rows compare the reducers
+    if hook == "join":  # what torch's Join context sets up on entry; steps stay even
+        from torch.distributed.algorithms.join import Join
+        Join([wrapped])
+    elif hook:  # torch's own hook on both wrappers, so the rows compare the reducers
         wrapped.register_comm_hook(*torch_hook(*HOOKS[hook]))
 
     def step(x):
@@ -266,6 +276,7 @@ def main():
     ap.add_argument("--iters", type=int, default=0, help="timed steps per method per round (default a:10, b:5)")
     ap.add_argument("--no-go", action="store_true", help="skip the Go rows")
     ap.add_argument("--no-hooks", action="store_true", help="skip the fp16 and PowerSGD hook rows")
+    ap.add_argument("--no-join", action="store_true", help="skip the rows in a Join context")
     ap.add_argument("--case-timeout", type=float, default=30,
                     help="seconds a method's pair may take for one round before its row is recorded "
                          "as failed and its ranks killed (at least 10x its first step; default 30)")
@@ -282,7 +293,7 @@ def main():
 
     start = time.time()
     results, sent, failures = {}, {}, {}
-    methods = METHODS + ([] if args.no_hooks else HOOK_METHODS)
+    methods = METHODS + ([] if args.no_hooks else HOOK_METHODS) + ([] if args.no_join else JOIN_METHODS)
     for key in models:
         print(f"model ({key}): {len(methods)} methods, each in its own pair of ranks, taking turns "
               "(progress on stderr)...", flush=True)
@@ -337,7 +348,7 @@ def main():
               "step time mostly measures Go's matmul against torch's; 'exposed sync' is the time "
               "left in Wait after backward, 'sync only' marks all 100 gradients and waits, no compute.")
     # A partial run (--models, --no-go) or a smoke run (--quick) must not overwrite the full results.
-    partial = models != list(MODELS) or go_results is None or args.no_hooks
+    partial = models != list(MODELS) or go_results is None or args.no_hooks or args.no_join
     path = save("reducer" + ("-" + "".join(models) if partial else "") + ("-quick" if args.quick else ""), report)
     print(f"wrote {os.path.relpath(path)} in {time.time() - start:.0f} s")
 
@@ -348,7 +359,7 @@ def add_go_rows(go_results, med, rows, lines):
         lines.append(["Go reducer (C ABI), plain-Go fwd+bwd", go_results, "", "", ""])
         return
     gmed = {k: max(statistics.median(go_results[r][k]) for r in range(WORLD))
-            for k in ("step", "wait", "sync_only")}
+            for k in ("step", "wait", "sync_only", "sync_only_join")}
     ddp, naive = med.get("torch_ddp"), med.get("naive")  # None: that row failed
     vs = None if ddp is None else gmed["step"] / ddp
     naive_over = None if naive is None else naive / gmed["step"]
@@ -357,12 +368,14 @@ def add_go_rows(go_results, med, rows, lines):
         "naive_over_this": None if naive_over is None else round(naive_over, 3),
         "exposed_sync_wait_ms": round(gmed["wait"] * 1e3, 3),
         "sync_only_ms": round(gmed["sync_only"] * 1e3, 3),
+        "sync_only_join_ms": round(gmed["sync_only_join"] * 1e3, 3),
         "note": "forward/backward in plain scalar Go loops; the reducer marks each layer's "
                 "gradients ready as backward produces them"}
     lines.append(["Go reducer (C ABI), plain-Go fwd+bwd", f"{gmed['step'] * 1e3:.2f}",
                   "" if vs is None else f"{vs:.2f}x", "" if naive_over is None else f"{naive_over:.2f}x", ""])
     lines.append(["  of which exposed sync (Wait after backward)", f"{gmed['wait'] * 1e3:.2f}", "", "", ""])
     lines.append(["Go reducer, sync only (mark 100 grads + Wait)", f"{gmed['sync_only'] * 1e3:.2f}", "", "", ""])
+    lines.append(["  the same WithJoin (+ the count allreduce)", f"{gmed['sync_only_join'] * 1e3:.2f}", "", "", ""])
 
 
 if __name__ == "__main__":

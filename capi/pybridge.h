@@ -381,7 +381,10 @@ int pb_loader_open(pb_group *group, const char *const *files, int32_t nfiles, in
  * loader: copy what must live longer. After an error the pass ends and the next call
  * starts a new one. A batch holds 1 to batch_size records: the last one of a pass may be
  * short, and with skip_corrupt so may those that lost a skipped chunk's records. Under
- * PB_PARTITION_DYNAMIC every rank must call until the end of each pass. */
+ * PB_PARTITION_DYNAMIC every rank must call until the end of each pass. *has_batch == 0
+ * with PB_OK is the signal that this rank has no more batches this epoch: under
+ * PB_PARTITION_DYNAMIC the ranks' batch counts differ, and a rank that runs out joins its
+ * reducer (pb_reducer_join, with PB_REDUCER_JOIN) so the others finish without it. */
 int pb_loader_next(pb_loader *loader, const uint8_t **data, const int64_t **offsets,
                    int64_t *count, int32_t *has_batch);
 
@@ -449,6 +452,12 @@ typedef struct pb_reducer pb_reducer; /* buckets, views and in-flight allreduces
 #define PB_REDUCER_ALLOW_UNUSED 1 /* pb_reducer_wait accepts unmarked gradients and sends
                                      what their views hold (zero them for "no gradient") */
 #define PB_REDUCER_NO_REBUILD 2   /* keep the initial bucket order (reverse parameter order) */
+#define PB_REDUCER_JOIN 4         /* uneven inputs: each iteration starts with a count of the
+                                     ranks still training, so a rank with no more batches can
+                                     call pb_reducer_join (see there). Every rank sets it or none */
+#define PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE 8 /* with PB_REDUCER_JOIN and PB_AVG: average over the ranks
+                                     still training, not the world size (torch Join's
+                                     divide_by_initial_world_size=False) */
 
 /* Communication hooks (pb_reducer_options.hook): how a full bucket travels. The reducer
  * keeps readiness, launch order and rebuilds; the hook is torch's DDP comm-hook contract. */
@@ -647,6 +656,23 @@ int pb_reducer_zero(pb_reducer *reducer);
  * Errors: PB_ERR_INVALID_ARGUMENT naming the gradient whose count, dtype or device
  * differs, a count n other than 0 or nparams, or a call during an iteration. */
 int pb_reducer_bind_grads(pb_reducer *reducer, int32_t n, const pb_tensor *grads);
+
+/* Uneven inputs (torch's Join): this rank has no more batches (pb_loader_next said
+ * *has_batch == 0). Until every rank has joined, shadow the iterations of the ranks still
+ * training: take part in each of their collectives with zero gradients, so none of them
+ * waits for this rank. Every rank calls it once at the end of each epoch (the last to run
+ * out return at once); afterwards the reducer is ready for the next epoch. The ranks still
+ * training averaged over the world size (or, with PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE, over
+ * the ranks still training), and only they stepped: take the parameters of rank *root (the
+ * largest of those that joined last) on every rank, e.g. pb_broadcast_params(group, n,
+ * params, *root), as torch's join does. *shadowed gets the iterations this rank shadowed.
+ * Either out-pointer may be NULL. The views of this rank keep their values.
+ * COLLECTIVE over the reducer's group, between iterations; the reducer must have been
+ * created with PB_REDUCER_JOIN on every rank. Collectives the program issues itself inside
+ * an iteration (other than the reducer's) are not shadowed: issue them after the join.
+ * Errors: PB_ERR_INVALID_ARGUMENT (a reducer without PB_REDUCER_JOIN, gradients already
+ * marked in this iteration), PB_ERR_TIMEOUT or PB_ERR_COMM. */
+int pb_reducer_join(pb_reducer *reducer, int32_t *root, int64_t *shadowed);
 
 /* Release the reducer, its buckets and its hook's state (gossip: its thread and node
  * groups). Pointers from pb_reducer_grad must not be used afterwards. Waits for nothing:

@@ -15,6 +15,7 @@ import (
 
 func TestNilHandlesNameTheirType(t *testing.T) {
 	second := func(_ bool, err error) error { return err }
+	joinErr := func(_ pybridge.JoinResult, err error) error { return err }
 	asyncErr := func(_ *pybridge.Work, err error) error { return err }
 	var (
 		g *pybridge.Group
@@ -42,6 +43,7 @@ func TestNilHandlesNameTheirType(t *testing.T) {
 		{"Loader.Close", l.Close(), "nil *Loader"},
 		{"Reducer.Zero", r.Zero(), "nil *Reducer"},
 		{"Reducer.Close", r.Close(), "nil *Reducer"},
+		{"Reducer.Join", joinErr(r.Join()), "nil *Reducer"},
 		{"FedServer.Payload", s.Payload(nil), "nil *FedServer"},
 		{"FedServer.Close", s.Close(), "nil *FedServer"},
 		{"FedWorker.Fail", f.Fail("x"), "nil *FedWorker"},

@@ -211,6 +211,11 @@ func cbool(b bool) C.int32_t {
 // Next reads the next batch of the current pass; it returns false when the
 // pass ends or on an error (see Err). The Next after a false starts the next
 // pass: call SetEpoch before it to change the shuffle.
+//
+// A false with a nil Err says that this rank has no more batches this epoch.
+// Under DynamicPartition the ranks' batch counts then differ: a rank that runs
+// out joins its reducer (Reducer.Join, with WithJoin) so that the others
+// finish their steps without waiting for it.
 func (l *Loader) Next() bool {
 	const op = "Loader.Next"
 	if l == nil {

@@ -323,6 +323,11 @@ static inline int pbgo_reducer_bind_grads(pb_reducer *reducer, int32_t n, const 
 	return pbgo_status(pb_reducer_bind_grads(reducer, n, grads), msg);
 }
 
+static inline int pbgo_reducer_join(pb_reducer *reducer, int32_t *root, int64_t *shadowed,
+                                    char **msg) {
+	return pbgo_status(pb_reducer_join(reducer, root, shadowed), msg);
+}
+
 static inline int pbgo_reducer_close(pb_reducer *reducer, char **msg) {
 	return pbgo_status(pb_reducer_close(reducer), msg);
 }

@@ -18,12 +18,14 @@ import contextlib
 import warnings
 
 import torch
+from torch.distributed.algorithms.join import Join, Joinable, _JoinConfig
 from torch.distributed.utils import _to_kwargs
 from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
 from . import collectives
 from . import ddp_options as _opts
 from . import group as _group
+from . import join as _join
 from .ddp_stats import Stats
 from .errors import Closed, InvalidArgument, InvalidState, PyBridgeError
 from .reducer import Reducer, broadcast_parameters
@@ -35,7 +37,7 @@ _TRANSIENT = ("_pb_group", "process_group", "_reducer", "_views", "_generation",
               "_stats", "_queued")
 
 
-class DistributedDataParallel(torch.nn.Module):
+class DistributedDataParallel(torch.nn.Module, Joinable):
     """Wrap `module` for data-parallel training: torch's DistributedDataParallel over a
     pybridge group (torch's keywords, same order; see docs/python-api.md for each one's status).
 
@@ -73,6 +75,9 @@ class DistributedDataParallel(torch.nn.Module):
                  batched_grad_copy=False, forward_sync_buffers=None, *, group=None,
                  first_bucket_cap_mb=None, op="avg", compression=None, rebuild_buckets=True):
         super().__init__()
+        self._join_config = _JoinConfig.construct_disabled_join_config()  # Joinable's state (Join)
+        self._join_divide_by_initial = True
+        self._join_used = None  # the last reduced used-parameter map (unused detection)
         _opts.refuse(mixed_precision, delay_all_reduce_named_params, param_to_hook_all_reduce,
                      bucket_cap_mb_list, check_reduction)
         self.parameters_to_ignore = _opts.ignored(module)
@@ -177,12 +182,11 @@ class DistributedDataParallel(torch.nn.Module):
             raise Closed("DistributedDataParallel wrapper is closed")
         self._ensure()
         sync = torch.is_grad_enabled() and self._sync
+        root = self._join_pre_forward()  # Join: rank 0 may have joined with stale buffers
         if sync:
             self._stats.forward_start()
-            if self.forward_sync_buffers and self._pb_group.size > 1:
-                buffers = self._sync_buffers_list()
-                if buffers:
-                    broadcast_parameters(buffers, 0, group=self._pb_group)
+            if self._will_sync_buffers():
+                broadcast_parameters(self._sync_buffers_list(), root, group=self._pb_group)
         if self.device_ids:
             moved, moved_kwargs = _to_kwargs(inputs, kwargs, torch.device(self.device_type, self.device_ids[0]),
                                              False)
@@ -194,6 +198,10 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _sync_buffers_list(self):
         return [b for n, b in self.module.named_buffers() if n not in self.parameters_to_ignore]
+
+    def _will_sync_buffers(self):
+        return (torch.is_grad_enabled() and self._sync and self.forward_sync_buffers and self._pb_group.size > 1
+                and bool(self._sync_buffers_list()))
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -266,6 +274,62 @@ class DistributedDataParallel(torch.nn.Module):
     def _logged(self, err):
         self._stats.error(err)
         return err
+
+    # ---- Join: uneven inputs (torch's Joinable protocol; the logic is in pybridge/join.py) -----
+
+    def join(self, divide_by_initial_world_size=True, enable=True, throw_on_early_termination=False):
+        """torch DDP's join(): a context manager for ranks with different numbers of batches,
+        `torch.distributed.algorithms.join.Join([self], ...)`. A rank whose loop ends waits in
+        the context's exit, shadowing the forward and backward collectives of the ranks still
+        training with zero gradients, until all have joined; then every rank takes the
+        parameters (and buffers) of the last rank to join. divide_by_initial_world_size: average
+        over the world size (True) or over the ranks still training (False);
+        throw_on_early_termination: every rank raises RuntimeError once one runs out. Also
+        works as one of several joinables: `Join([ddp_model, ...])`."""
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs):
+        """The JoinHook that torch's Join context calls on a joined rank (kwargs:
+        divide_by_initial_world_size, default True)."""
+        return _join.DDPJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self):
+        return self._pb_group.device
+
+    @property
+    def join_process_group(self):
+        """The torch ProcessGroup torch's Join context counts the joined ranks on."""
+        pg = self._pb_group.pg
+        try:
+            torch.distributed.get_rank(pg)
+        except (RuntimeError, ValueError):
+            raise InvalidArgument("Join needs a group torch.distributed knows (the world group, or a torch "
+                                  "group given as process_group=): this wrapper's group is a subgroup "
+                                  "pybridge built, outside torch's registry") from None
+        return pg
+
+    def _join_pre_forward(self):
+        """Each forward in a Join context: tell the context this rank still trains (torch's
+        Join.notify_join_context), then tell joined ranks what to shadow (join.iteration_flags).
+        Returns the rank to broadcast buffers from: the largest still training, else 0."""
+        work = Join.notify_join_context(self)
+        if not self._join_config.enable:
+            return 0
+        sync = torch.is_grad_enabled() and self._sync
+        _, _, root = _join.iteration_flags(self._pb_group, sync, self._will_sync_buffers())
+        if sync and work is not None and not self._join_divide_by_initial:
+            self.reducer.set_divisor(_join.work_count(work))  # the ranks not yet joined
+        return root
+
+    def _join_broadcast(self, tensors, root):
+        broadcast_parameters(tensors, root, group=self._pb_group)
+
+    def _join_exchanges_used(self):
+        """Whether backward ends with the used-parameter exchange (_drop_unused): a joined
+        rank sends its part too."""
+        return self._reducer.allow_unused and not (self.static_graph and self._static_unused is not None)
 
     # ---- pickling (torch.save of the wrapper) ---------------------------------------------------
 
@@ -381,6 +445,7 @@ class DistributedDataParallel(torch.nn.Module):
             used = torch.tensor(list(self._used), dtype=torch.uint8, device=self._pb_group.device)
             if self._pb_group.size > 1:
                 collectives.all_reduce(used, collectives.MAX, group=self._pb_group)
+            self._join_used = used  # Join: what this rank contributes once joined, as torch's does
             unused = {k for k, u in enumerate(used.tolist()) if not u}
             if self.static_graph:
                 self._static_unused = unused

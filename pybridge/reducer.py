@@ -32,6 +32,7 @@ import time
 import torch
 
 from . import abi, agree, collectives, comm_hooks, dtypes, streams
+from . import join as _join
 from . import group as _group
 from . import watchdog as _watchdog
 from .buffers import check_extent
@@ -243,7 +244,11 @@ class Reducer:
     the first wait(), in the order gradients became ready on rank 0. `allow_unused`: wait()
     accepts gradients that were never marked and sends what their views hold (zero them
     first, e.g. with zero_grad(), if they should count as zero). `names`: used in error
-    messages.
+    messages. `join`: uneven inputs (pybridge/join.py): every iteration starts with a count
+    of the ranks still training (one small allreduce at its first mark_ready, set_grad or
+    wait), so that a rank with no more batches can call join() and shadow the others until
+    all have joined; `divide_by_initial_world_size` (with join): average over the world size
+    (True, torch's default) or over the ranks still training (False).
 
     Construction is a collective: every rank must create its reducers in the same order with
     the same specs and options; a mismatch in any of them (the hook and its settings
@@ -252,7 +257,8 @@ class Reducer:
 
     def __init__(self, params, *, group=None, bucket_cap_mb=None, first_bucket_cap_mb=None, op="avg",
                  compression=None, hook=None, hook_state=None,
-                 rebuild=True, allow_unused=False, names=None):
+                 rebuild=True, allow_unused=False, names=None, join=False,
+                 divide_by_initial_world_size=True):
         self._group = group or _group.current()
         self._group.check_open()
         params = list(params)
@@ -271,6 +277,8 @@ class Reducer:
         self.bucket_cap = _resolve_cap(bucket_cap_mb, "bucket_cap_mb")
         self.first_bucket_cap = _resolve_cap(first_bucket_cap_mb, "first_bucket_cap_mb")
         self.allow_unused = bool(allow_unused)
+        self.join_enabled = bool(join)
+        self.divide_by_initial_world_size = bool(divide_by_initial_world_size)
         self.rebuild = self._rebuild_pending = bool(rebuild)
         self._world = self._group.size
         self._params = params if params and all(isinstance(p, torch.Tensor) for p in params) else None
@@ -294,9 +302,11 @@ class Reducer:
         """Every setting the ranks must share, by name (_SETTINGS), as readable text."""
         specs = [(s.shape, str(s.dtype).replace("torch.", ""), s.device.type) for s in self.specs]
         params = f"{len(specs)} parameters, {sum(s.numel for s in self.specs)} elements: {specs}"
+        join = (f", join=True, divide_by_initial_world_size={self.divide_by_initial_world_size}"
+                if self.join_enabled else "")
         return (params, "avg" if self.op == AVG else "sum",
                 f"{self.bucket_cap} bytes, first bucket {self.first_bucket_cap} bytes",
-                f"allow_unused={self.allow_unused}, rebuild={self.rebuild}", self._hook_identity)
+                f"allow_unused={self.allow_unused}, rebuild={self.rebuild}{join}", self._hook_identity)
 
     def _agree(self):
         """One small allgather of (count, total elements, a hash per setting): a rank with
@@ -348,6 +358,9 @@ class Reducer:
         self._nscaled = [0] * len(self.buckets)
         self._next = 0  # next bucket to launch; buckets go out strictly in order
         self._works = []
+        self._begun = False  # _begin() ran for this iteration
+        self._count_work = None  # join's count of this iteration, still in flight
+        self._scale = self._base_scale  # set_divisor() may change it for one iteration
         if self._rebuild_pending:
             self._order = []
 
@@ -467,16 +480,16 @@ class Reducer:
         self._eager = comm_hooks.is_eager(hook)
         # pybridge's summing hooks let the 1/size of 'avg' be folded into the gradient copy
         # (set_grad); any other hook gets the plain local gradients and averages itself.
-        self._scale = 1.0 / self._world if self._builtin and self.op == AVG and self._world > 1 else None
+        self._base_scale = 1.0 / self._world if self._builtin and self.op == AVG and self._world > 1 else None
+        self._scale = self._base_scale
 
     def mark_ready(self, i):
         """Gradient `i` is written: once every gradient of its bucket is, and every earlier
         bucket has been launched, the bucket's allreduce starts (asynchronously). With
         gradients bound (bind_grads), gradient i is first copied from the program's tensor."""
         with self._lock, self._stream():
-            if self._stale:
-                self._check_open()
-                self._agree()
+            if not self._begun or self._stale:
+                self._begin()
             if self._bound is not None:
                 self._check_mark(i)
                 self._copy_in(i, self._bound[i])
@@ -487,9 +500,8 @@ class Reducer:
         mark it ready. For a gradient that lives elsewhere this is one pass instead of
         copy-then-mark: the averaging division is folded into the copy."""
         with self._lock, self._stream():
-            if self._stale:
-                self._check_open()
-                self._agree()
+            if not self._begun or self._stale:
+                self._begin()
             self._check_mark(i)
             view = self._views[i]
             if not isinstance(grad, torch.Tensor) or grad.numel() != view.numel():
@@ -565,8 +577,8 @@ class Reducer:
             self._check_open()
             if timeout is not None:
                 timeout = positive_seconds("timeout", timeout)
-            if self._stale:
-                self._agree()
+            if not self._begun or self._stale:
+                self._begin()
             missing = self.missing
             if missing and not self.allow_unused:
                 drained = self._drain()
@@ -578,6 +590,12 @@ class Reducer:
             self._launch_ready()
             works, self._works = self._works, []
             deadline = None if timeout is None else time.monotonic() + timeout
+            if self._count_work is not None:  # join's count went out before the buckets
+                try:
+                    self._count_work.wait(timeout)
+                except Exception:
+                    self._start_iteration()
+                    raise
             try:
                 for bucket, fut in works:
                     value = _wait(fut, deadline, f"bucket {bucket.index}")
@@ -621,6 +639,100 @@ class Reducer:
 
     # The older name of wait(), kept: "finalize" is also pybridge.finalize(), leaving the group.
     finalize = wait
+
+    # ---- uneven inputs (pybridge/join.py) ----------------------------------------------------
+
+    def _begin(self):
+        """The first mark_ready, set_grad or wait of an iteration: with join, count the ranks
+        still training (and raise nothing: joined ranks shadow us); then the settings check
+        after a change."""
+        self._check_open()
+        if not self._begun:
+            self._begun = True
+            if self.join_enabled and self.divide_by_initial_world_size:
+                # Only the joined ranks need the answer: wait for it in wait().
+                self._count_work = _join.count_active(self._group, True, async_op=True)
+            elif self.join_enabled:
+                self._set_divisor(_join.count_active(self._group, True))
+        if self._stale:  # until the ranks agree, every call of the iteration checks again
+            self._agree()
+
+    def set_divisor(self, n):
+        """Average this iteration's gradients over `n` ranks instead of the world size
+        (torch Join's divide_by_initial_world_size=False: the ranks not yet joined). Before
+        the iteration's first gradient is marked; wait() goes back to the world size. Only
+        the built-in summing hooks with op 'avg' divide; other hooks average themselves."""
+        n = integer("divisor", n, low=1)
+        with self._lock:
+            self._check_open()
+            if any(self._ready):
+                raise InvalidArgument("set_divisor() must be called before the iteration's first gradient")
+            self._set_divisor(n)
+
+    def _set_divisor(self, n):
+        if self._base_scale is not None:
+            self._scale = 1.0 / n
+
+    def shadow(self):
+        """One iteration of a rank that has joined (no more batches): the collectives the
+        ranks still training issue in theirs, with zeros for this rank's gradients, through
+        the same hook in bucket order; then the one rebuild if it is still to come. This
+        rank's own gradient views are left as they are (torch's joined ranks reduce zero
+        buckets of their own). Between iterations."""
+        with self._lock:
+            self._check_open()
+            if any(self._ready):
+                raise InvalidArgument("a rank joins between iterations, not after marking gradients")
+            if self._stale:
+                self._agree()
+            futs = []
+            for bucket in self.buckets:
+                if not bucket.flat.numel() or (self._world == 1 and self._builtin):
+                    continue
+                flat = torch.zeros_like(bucket.flat)
+                views, offset = [], 0
+                for i in bucket.members:
+                    n = self.specs[i].numel
+                    views.append(flat[offset:offset + n].view(self.specs[i].shape))
+                    offset += n
+                params = None if self._params is None else [self._params[i] for i in bucket.members]
+                grad_bucket = comm_hooks.GradBucket(bucket.index, flat, views, params,
+                                                    bucket.index == self._last, None)
+                try:
+                    fut = self._hook(self._hook_state, grad_bucket)
+                    if not self._eager:  # the next hook starts when this one is done, as in wait()
+                        _wait(fut, None, f"bucket {bucket.index}")
+                except Exception as exc:  # noqa: BLE001
+                    raise _bucket_error(exc, bucket, self._group) from exc
+                futs.append((bucket, fut))
+            for bucket, fut in futs:
+                try:
+                    _wait(fut, None, f"bucket {bucket.index}")
+                except Exception as exc:  # noqa: BLE001
+                    raise _bucket_error(exc, bucket, self._group) from exc
+            self.iterations += 1
+            if self._rebuild_pending:
+                self._rebuild_pending = False
+                self._rebuild([i for b in self.buckets for i in b.members])
+            self._start_iteration()
+
+    def join(self):
+        """This rank has no more batches: shadow the iterations of the ranks still training
+        until every rank has joined (their reducer must have been created with join=True,
+        like this one). Returns a join.JoinResult: `root`, the rank whose parameters every
+        rank should take now (the largest of those that joined last: broadcast them from it
+        with broadcast_parameters, as torch's join does), and `shadowed`, the iterations
+        this rank shadowed. Every rank calls join() once per epoch, the last ones to run out
+        included; afterwards the reducer is ready for the next epoch. Between iterations."""
+        with self._lock:
+            self._check_open()
+            if not self.join_enabled:
+                raise InvalidArgument("join() needs a reducer created with join=True (C: PB_REDUCER_JOIN, "
+                                      "Go: WithJoin) on every rank: the ranks still training must count "
+                                      "themselves each iteration")
+            if any(self._ready):
+                raise InvalidArgument("join() must be called between iterations, not after marking gradients")
+        return _join.join_reducer(self)
 
     def state_dict(self):
         """What a restart needs to continue the schedule: completed iterations and the hook's
@@ -681,6 +793,8 @@ class Reducer:
         works, self._works = self._works, []
         deadline = time.monotonic() + min(limit, self._group.timeout or limit)
         try:
+            if self._count_work is not None:
+                self._count_work.wait(max(deadline - time.monotonic(), 1e-3))
             for bucket, fut in works:
                 _wait(fut, deadline, f"bucket {bucket.index}")
         except Exception:  # noqa: BLE001 - reported as part of the caller's error

@@ -24,6 +24,7 @@ SLOW_FILES = (
     "test_capi_federated_faults.py",
     "test_mnist_federated_go.py",
     "test_capi.py",
+    "test_join.py",
 )
 
 

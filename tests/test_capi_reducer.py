@@ -178,7 +178,9 @@ def misuse(rank, world):
     check("unknown dtype", new(d=ffi.new("int32_t[]", [0, 99, 0])), INVALID, "99")
     check("op MAX", new(op=lib.PB_MAX), INVALID, "op")
     check("unknown compression", new(comp=7), INVALID, "compression")
-    check("unknown flags", new(flags=8), INVALID, "flags")
+    check("unknown flags", new(flags=16), INVALID, "flags")
+    check("join divisor without join", new(flags=lib.PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE), INVALID,
+          "PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE goes with PB_REDUCER_JOIN")
     check("NULL group handle", lib.pb_reducer_new(ffi.cast("pb_group *", 12345), 3, counts, dts, 0,
                                                   lib.PB_AVG, 0, 0, rp), INVALID, "group")
 
@@ -203,6 +205,7 @@ def misuse(rank, world):
     for i in (2, 1, 0):
         assert lib.pb_reducer_mark_ready(r, i) == 0, _err(ffi, lib)
     assert lib.pb_reducer_wait(r, 10.0) == 0, _err(ffi, lib)
+    check("join without PB_REDUCER_JOIN", lib.pb_reducer_join(r, ffi.NULL, ffi.NULL), INVALID, "PB_REDUCER_JOIN")
     cube = lib.PB_GOSSIP_CUBE
     check("gossip unknown topology", lib.pb_reducer_set_gossip(r, 7, 1, 0, 0), INVALID, "topology 7")
     check("gossip ranks_per_node -1", lib.pb_reducer_set_gossip(r, cube, -1, 0, 0), INVALID, "ranks_per_node")

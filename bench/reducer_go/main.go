@@ -180,6 +180,10 @@ func main() {
 	r, err := pybridge.NewReducer(g, specs, pybridge.WithBucketCapMB(25))
 	must(err)
 	defer r.Close()
+	// The same reducer with uneven inputs enabled: each iteration starts with a count.
+	rj, err := pybridge.NewReducer(g, specs, pybridge.WithBucketCapMB(25), pybridge.WithJoin())
+	must(err)
+	defer rj.Close()
 
 	rng := rand.New(rand.NewSource(int64(100 + g.Rank())))
 	x := make([]float32, batch*width)
@@ -205,13 +209,14 @@ func main() {
 		must(r.Wait(0))
 		waitTime += time.Since(t)
 	}
-	syncOnly := func() {
+	syncOnlyOn := func(r *pybridge.Reducer) {
 		for l := depth - 1; l >= 0; l-- {
 			must(r.MarkReady(2*l + 1))
 			must(r.MarkReady(2 * l))
 		}
 		must(r.Wait(0))
 	}
+	syncOnly := func() { syncOnlyOn(r) }
 	results := map[string][]float64{}
 	for i := 0; i < 2; i++ { // warm-up; the first Wait rebuilds the buckets
 		step()
@@ -231,6 +236,13 @@ func main() {
 			t := time.Now()
 			syncOnly()
 			results["sync_only"] = append(results["sync_only"], time.Since(t).Seconds())
+		}
+		syncOnlyOn(rj)
+		must(g.Barrier())
+		for i := 0; i < iters; i++ {
+			t := time.Now()
+			syncOnlyOn(rj)
+			results["sync_only_join"] = append(results["sync_only_join"], time.Since(t).Seconds())
 		}
 	}
 	// Sanity: every rank holds the same averaged gradient.

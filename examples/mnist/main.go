@@ -5,8 +5,10 @@
 //	pybridge-launch --nproc-per-node 2 ./mnist --data data/mnist --epochs 5
 //
 // Each rank reads its static share of the training shards through the RecordIO
-// loader, computes gradients in plain Go straight into the reducer's buckets
-// (last layer first, each marked ready as soon as it is complete, so its
+// loader (or, with --partition dynamic, claims chunks as it goes, so ranks run
+// different numbers of steps and each joins the reducer when its loader has no
+// more: Reducer.Join), computes gradients in plain Go straight into the reducer's
+// buckets (last layer first, each marked ready as soon as it is complete, so its
 // allreduce overlaps the rest of the backward pass), and steps SGD with momentum.
 // With -federated it is instead a worker of federated_go.py's federated server
 // (federated.go).
@@ -31,9 +33,9 @@ const (
 
 type options struct {
 	mnistdata.Training
-	checkpoint, initWeights, metrics, reduce string
-	syncEvery, localEpochs                   int
-	resume, federated                        bool
+	checkpoint, initWeights, metrics, reduce, partition string
+	syncEvery, localEpochs, slowRank, slowMS            int
+	resume, federated                                   bool
 }
 
 func parseFlags(args []string) (options, error) {
@@ -48,6 +50,9 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.syncEvery, "sync-every", 0, "gossip: average the parameters over all ranks every N steps (0: only before evaluating)")
 	fs.BoolVar(&o.federated, "federated", false, "run as a federated worker of federated_go.py's server (--batch-size is then the local batch)")
 	fs.IntVar(&o.localEpochs, "local-epochs", 1, "federated: passes over a client's data per task")
+	fs.StringVar(&o.partition, "partition", "static", "training data: static (equal shares) or dynamic (ranks claim chunks as they go; uneven steps, joined by Reducer.Join)")
+	fs.IntVar(&o.slowRank, "slow-rank", -1, "this rank sleeps --slow-ms before each training step (-1: none)")
+	fs.IntVar(&o.slowMS, "slow-ms", 0, "milliseconds --slow-rank sleeps before each step")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -56,6 +61,15 @@ func parseFlags(args []string) (options, error) {
 	}
 	if _, ok := reductions[o.reduce]; !ok {
 		return o, fmt.Errorf("--reduce %q: choose allreduce, gossip-cube or gossip-dissemination", o.reduce)
+	}
+	if o.partition != "static" && o.partition != "dynamic" {
+		return o, fmt.Errorf("--partition %q: choose static or dynamic", o.partition)
+	}
+	if o.partition == "dynamic" && o.reduce != "allreduce" {
+		return o, errors.New("--partition dynamic goes with --reduce allreduce (gossip has no join)")
+	}
+	if o.slowMS < 0 {
+		return o, errors.New("--slow-ms must be >= 0")
 	}
 	if o.localEpochs < 1 {
 		return o, errors.New("--local-epochs must be positive")
@@ -151,12 +165,17 @@ func run(opts options) error {
 	if topo := reductions[opts.reduce]; topo >= 0 {
 		reduceOpts = append(reduceOpts, pybridge.WithGossip(topo, 1, opts.Seed, opts.syncEvery))
 	}
+	part := pybridge.StaticPartition
+	if opts.partition == "dynamic" {
+		part = pybridge.DynamicPartition
+		reduceOpts = append(reduceOpts, pybridge.WithJoin()) // uneven steps: see the end of the epoch
+	}
 	if t.reducer, err = pybridge.NewReducer(g, specs, reduceOpts...); err != nil {
 		return err
 	}
 	defer t.reducer.Close()
 
-	data, err := mnistdata.Open(g, opts.Data, perRank, opts.BatchSize, opts.Seed)
+	data, err := mnistdata.OpenPartition(g, opts.Data, perRank, opts.BatchSize, opts.Seed, part)
 	if err != nil {
 		return err
 	}
@@ -183,6 +202,9 @@ func run(opts options) error {
 				continue // finish the pass so the loader is ready for the next one
 			}
 			maybeFail(step, rank)
+			if rank == opts.slowRank {
+				time.Sleep(time.Duration(opts.slowMS) * time.Millisecond)
+			}
 			loss, err := t.step(train.Batch())
 			if err != nil {
 				return err
@@ -199,6 +221,13 @@ func run(opts options) error {
 		if err := train.Err(); err != nil {
 			return err
 		}
+		if data.Dynamic { // this rank has no more batches: shadow the others until all are done
+			shadowed, err := t.join()
+			if err != nil {
+				return err
+			}
+			step += shadowed // the group's step count, the same on every rank again
+		}
 		elapsed := time.Since(start).Seconds()
 		if reductions[opts.reduce] >= 0 { // gossip replicas drift: evaluate their average
 			if err := averageParams(g, t.model.Params()); err != nil {
@@ -209,9 +238,13 @@ func run(opts options) error {
 		if err != nil {
 			return err
 		}
-		totals := []float64{lossSum, float64(done), float64(correct), float64(counted)}
+		totals := make([]float64, 4+world) // loss, steps, correct, counted, then each rank's steps
+		totals[0], totals[1], totals[2], totals[3], totals[4+rank] = lossSum, float64(done), float64(correct), float64(counted), float64(done)
 		if err := pybridge.AllReduce(g, totals, pybridge.Sum); err != nil {
 			return err
+		}
+		if data.Dynamic {
+			say("steps per rank: %v", totals[4:])
 		}
 		acc = totals[2] / max(totals[3], 1)
 		epoch++
@@ -220,7 +253,7 @@ func run(opts options) error {
 				return err
 			}
 		}
-		loss, rate := totals[0]/max(totals[1], 1), float64(done*opts.BatchSize)/max(elapsed, 1e-9)
+		loss, rate := totals[0]/max(totals[1], 1), totals[1]*float64(perRank)/max(elapsed, 1e-9)
 		say("%s", mnistdata.EpochLine(epoch, opts.Epochs, loss, acc, rate, rank, world))
 		if err := metrics.Write(epochMetrics{Epoch: epoch, Step: step, Loss: loss, TestAccuracy: acc,
 			SamplesPerSecond: rate, Seconds: time.Since(runStart).Seconds(), Ranks: world}); err != nil {
@@ -275,6 +308,22 @@ func (t *trainer) step(b *pybridge.Batch) (float64, error) {
 	}
 	t.opt.Step(t.model.Params(), grads)
 	return loss, nil
+}
+
+// join is the end of a dynamic epoch: shadow the ranks still training until all
+// have joined, then take the parameters and momentum of the rank that trained
+// longest (the join's root; torch's join syncs the module, momentum is ours to
+// sync). Returns the steps this rank shadowed.
+func (t *trainer) join() (int, error) {
+	res, err := t.reducer.Join()
+	if err != nil {
+		return 0, err
+	}
+	t.opt.ensureBufs(t.model.Params()) // a rank that has not stepped yet: room for the root's momentum
+	if err := pybridge.BroadcastParams(t.g, t.model.Params(), res.Root); err != nil {
+		return 0, err
+	}
+	return int(res.Shadowed), pybridge.BroadcastParams(t.g, t.opt.bufs, res.Root)
 }
 
 // evaluate counts correct predictions over this rank's share of the test set.

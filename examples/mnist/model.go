@@ -182,17 +182,22 @@ type SGD struct {
 }
 
 func (o *SGD) Step(params [][]float32, grads Grads) {
-	if o.bufs == nil {
-		o.bufs = make([][]float32, len(params))
-		for i, p := range params {
-			o.bufs[i] = make([]float32, len(p))
-		}
-	}
+	o.ensureBufs(params)
 	for i, p := range params {
 		buf, g := o.bufs[i], grads[i]
 		for k := range p {
 			buf[k] = o.Momentum*buf[k] + g[k]
 			p[k] -= o.LR * buf[k]
+		}
+	}
+}
+
+// ensureBufs allocates zero momentum buffers for params unless they exist.
+func (o *SGD) ensureBufs(params [][]float32) {
+	if o.bufs == nil {
+		o.bufs = make([][]float32, len(params))
+		for i, p := range params {
+			o.bufs[i] = make([]float32, len(p))
 		}
 	}
 }

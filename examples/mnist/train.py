@@ -8,7 +8,11 @@ buf = momentum * buf + grad; w -= lr * buf), pixels scaled by /255. Initial para
 from --seed (torch's nn.Linear init) or --init-weights, and rank 0's are broadcast to all.
 Data: each rank reads its static partition of DATA/train-*.recordio (shuffled by chunk with
 --seed and the epoch, drop_last), --batch-size is the GLOBAL batch (each of W ranks takes
-batch-size / W records per step; it must divide). Gradients are averaged across ranks by
+batch-size / W records per step; it must divide). With --partition dynamic the ranks claim
+chunks as they go, so they run different numbers of steps: the epoch's loop runs inside
+ddp.join() (torch's Join), where a rank that has no more batches shadows the others, and
+afterwards every rank takes the momentum of the rank that trained longest (the join itself
+syncs the parameters). --slow-rank R --slow-ms MS slows rank R before each step. Gradients are averaged across ranks by
 pybridge.DistributedDataParallel, so W ranks compute what one process computes on the
 global batch. Evaluation: every test record exactly once (static partition, padding ignored),
 correct/total summed across ranks by allreduce.
@@ -30,6 +34,7 @@ PYBRIDGE_TEST_FAIL_MARKER=PATH only when PATH does not exist yet (it is created)
 """
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -44,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mnist_format as fmt  # noqa: E402
 
 import pybridge  # noqa: E402
-from pybridge import recordio  # noqa: E402
+from pybridge import join, recordio  # noqa: E402
 
 EVAL_BATCH = 500  # test records per rank and batch
 
@@ -72,6 +77,11 @@ def parse_args(argv=None):
                         "(the baseline of bench/gotorch.py)")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP bucket size in MiB (default: torch DDP's 25, the first bucket 1)")
+    p.add_argument("--partition", choices=["static", "dynamic"], default="static",
+                   help="training data: static (equal shares) or dynamic (claimed as ranks go; uneven "
+                        "steps, trained under Join)")
+    p.add_argument("--slow-rank", type=int, default=-1, help="this rank sleeps --slow-ms before each step")
+    p.add_argument("--slow-ms", type=float, default=0.0, help="milliseconds --slow-rank sleeps before each step")
     p.add_argument("--device", default=None,
                    help="cpu or cuda[:N] (default: env PYBRIDGE_DEVICE set by pybridge-launch, else cpu)")
     opts = p.parse_args(argv)
@@ -79,6 +89,8 @@ def parse_args(argv=None):
         p.error("--epochs and --batch-size must be positive, --steps non-negative")
     if opts.resume and not opts.checkpoint:
         p.error("--resume needs --checkpoint")
+    if opts.slow_ms < 0:
+        p.error("--slow-ms must be >= 0")
     return opts
 
 
@@ -182,6 +194,22 @@ def evaluate(model, test, device, group):
     return correct, counted
 
 
+def sync_after_join(model, opt, group, device, done):
+    """After a dynamic epoch's join: every rank takes the momentum of the rank that trained
+    longest (the largest such rank, whose parameters the join already gave everyone).
+    Returns the steps this rank sat out, so every rank counts the group's steps."""
+    longest = torch.tensor([done], dtype=torch.int64, device=device)
+    pybridge.all_reduce(longest, pybridge.MAX)
+    longest = int(longest.item())
+    root = join.common_rank(group, done == longest)
+    for p in params_of(model):
+        buf = opt.state[p].get("momentum_buffer")
+        if buf is None:  # this rank has not stepped yet
+            buf = opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        pybridge.broadcast(buf, root)
+    return longest - done
+
+
 def data_kind(folder):
     try:
         with open(os.path.join(folder, fmt.MANIFEST)) as f:
@@ -226,17 +254,18 @@ def main(argv=None):
             say(f"no checkpoint at {opts.checkpoint}: starting from scratch")
     ddp = make_ddp(opts, model, device)  # broadcasts rank 0's parameters
 
-    train = recordio.Loader(os.path.join(opts.data, fmt.TRAIN_GLOB), per_rank, partition="static",
+    dynamic = opts.partition == "dynamic"
+    train = recordio.Loader(os.path.join(opts.data, fmt.TRAIN_GLOB), per_rank, partition=opts.partition,
                             shuffle=True, seed=opts.seed, drop_last=True)
     test = recordio.Loader(os.path.join(opts.data, fmt.TEST_GLOB), EVAL_BATCH, partition="static",
                            shuffle=False, drop_last=False)
-    steps_per_epoch = train.num_batches
+    steps_per_epoch = train.num_records // opts.batch_size if dynamic else train.num_batches
     if steps_per_epoch == 0:
         raise SystemExit(f"{train.num_records} training records are too few for a global batch of "
                          f"{opts.batch_size}")
     say(f"data: {data_kind(opts.data)}, train {train.num_records}, test {test.num_records} | "
         f"{world} ranks, global batch {opts.batch_size} ({per_rank} per rank), "
-        f"{steps_per_epoch} steps/epoch, lr {opts.lr}, momentum {opts.momentum}")
+        f"{'~' if dynamic else ''}{steps_per_epoch} steps/epoch, lr {opts.lr}, momentum {opts.momentum}")
 
     metrics = open(opts.metrics, "w", buffering=1) if opts.metrics and rank == 0 else None
     run_start = time.perf_counter()
@@ -246,29 +275,40 @@ def main(argv=None):
         train.set_epoch(epoch)
         loss_sum, loss_n, done = 0.0, 0, 0
         t0 = time.perf_counter()
-        for batch in train:
-            if opts.steps is not None and step >= opts.steps:
-                break
-            maybe_fail(step, rank)
-            x, y = to_inputs(batch, device)
-            opt.zero_grad(set_to_none=False)
-            loss = F.cross_entropy(ddp(x), y)
-            loss.backward()
-            opt.step()
-            loss_sum += loss.item()
-            loss_n += 1
-            done += 1
-            step += 1
+        with ddp.join() if dynamic else contextlib.nullcontext():
+            for batch in train:
+                if opts.steps is not None and step >= opts.steps:
+                    if dynamic:
+                        continue  # a dynamic pass must be read to its end on every rank
+                    break
+                maybe_fail(step, rank)
+                if rank == opts.slow_rank:
+                    time.sleep(opts.slow_ms / 1000)
+                x, y = to_inputs(batch, device)
+                opt.zero_grad(set_to_none=False)
+                loss = F.cross_entropy(ddp(x), y)
+                loss.backward()
+                opt.step()
+                loss_sum += loss.item()
+                loss_n += 1
+                done += 1
+                step += 1
+        if dynamic:
+            step += sync_after_join(model, opt, group, device, done)
         train_time = time.perf_counter() - t0
         correct, counted = evaluate(model, test, device, group)
-        totals = torch.tensor([loss_sum, loss_n, correct, counted], dtype=torch.float64, device=device)
+        totals = torch.zeros(4 + world, dtype=torch.float64, device=device)  # then each rank's steps
+        totals[:4] = torch.tensor([loss_sum, loss_n, correct, counted], dtype=torch.float64)
+        totals[4 + rank] = done
         pybridge.all_reduce(totals)
-        loss_sum, loss_n, correct, counted = totals.tolist()
+        loss_sum, loss_n, correct, counted = totals[:4].tolist()
+        if dynamic:
+            say(f"steps per rank: {[int(v) for v in totals[4:].tolist()]}")
         acc = correct / max(counted, 1)
         epoch += 1
         if rank == 0 and opts.checkpoint:
             fmt.write_checkpoint(opts.checkpoint, epoch, step, state_arrays(model, opt))
-        loss, rate = loss_sum / max(loss_n, 1), done * opts.batch_size / max(train_time, 1e-9)
+        loss, rate = loss_sum / max(loss_n, 1), loss_n * per_rank / max(train_time, 1e-9)
         say(f"epoch {epoch}/{opts.epochs}  loss {loss:.4f}  test-acc {acc:.4f}  "
             f"samples/s {rate:.0f}  (rank {rank} of {world})")
         if metrics:  # the same fields as the Go trainer's --metrics lines

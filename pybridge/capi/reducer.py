@@ -15,6 +15,8 @@ from ..errors import InvalidArgument
 from . import handles, live_group, put, tensor
 
 ALLOW_UNUSED, NO_REBUILD = abi.PB_REDUCER_ALLOW_UNUSED, abi.PB_REDUCER_NO_REBUILD
+JOIN, JOIN_BY_ACTIVE = abi.PB_REDUCER_JOIN, abi.PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE
+_FLAGS = ALLOW_UNUSED | NO_REBUILD | JOIN | JOIN_BY_ACTIVE
 _TOPOLOGIES = {abi.PB_GOSSIP_CUBE: "cube", abi.PB_GOSSIP_DISSEMINATION: "dissemination"}
 
 # pb_reducer_options: each field and the default pb_reducer_options_init gives it, in
@@ -149,13 +151,16 @@ def _create(group, nparams, counts, dtype_codes, o, out, cap_mb):
         raise InvalidArgument("out (the pointer to store the reducer handle in) is NULL")
     specs = _specs(nparams, counts, dtype_codes, o["ndims"], o["dims"])
     flags = o["flags"]
-    if flags & ~(ALLOW_UNUSED | NO_REBUILD):
+    if flags & ~_FLAGS:
         raise InvalidArgument(f"unknown reducer flags 0x{flags:x}; valid: PB_REDUCER_ALLOW_UNUSED (1), "
-                              "PB_REDUCER_NO_REBUILD (2)")
+                              "PB_REDUCER_NO_REBUILD (2), PB_REDUCER_JOIN (4), PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE (8)")
+    if flags & JOIN_BY_ACTIVE and not flags & JOIN:
+        raise InvalidArgument("flags: PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE goes with PB_REDUCER_JOIN")
     first = o["first_bucket_cap_mb"]
     r = _reducer.Reducer(specs, group=g, bucket_cap_mb=cap_mb, first_bucket_cap_mb=None if first == 0 else first,
                          op=o["op"], hook=_hook(o), rebuild=not flags & NO_REBUILD,
-                         allow_unused=bool(flags & ALLOW_UNUSED))
+                         allow_unused=bool(flags & ALLOW_UNUSED), join=bool(flags & JOIN),
+                         divide_by_initial_world_size=not flags & JOIN_BY_ACTIVE)
     handles.add(CReducer(r), "pb_reducer *", out)
 
 
@@ -211,6 +216,21 @@ def pb_reducer_wait(reducer, timeout):
     finally:
         if r.generation != before:
             c.retired.extend(flats)
+
+
+def pb_reducer_join(reducer, root, shadowed):
+    c = _get(reducer)
+    r = c.reducer
+    before, flats = r.generation, [b.flat for b in r.buckets]
+    try:
+        got_root, got_shadowed = r.join()
+    finally:
+        if r.generation != before:  # a rank that joined before its first wait rebuilds here
+            c.retired.extend(flats)
+    if root != capi.ffi.NULL:
+        put(root, got_root)
+    if shadowed != capi.ffi.NULL:
+        put(shadowed, got_shadowed)
 
 
 def pb_reducer_set_hook(reducer, hook, rank, flags):

@@ -406,7 +406,11 @@ class Loader:
     def next_batch(self):
         """Scanner-style: the next Batch of the current pass, or None when it ends.
 
-        The call after None starts the next pass (call set_epoch before it).
+        The call after None starts the next pass (call set_epoch before it). None (or the
+        end of `for batch in loader`) is the signal that this rank has no more batches this
+        epoch: under the dynamic partition the ranks' counts differ, and a rank that runs
+        out joins (DistributedDataParallel.join(), Reducer.join()) so that the others
+        finish without waiting for it.
         """
         self._check_usable()
         if self._pass is None or self._pass._done:

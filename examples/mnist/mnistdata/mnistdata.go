@@ -106,17 +106,27 @@ func PerRank(global, world int) (int, error) {
 	return global / world, nil
 }
 
-// Data is a rank's view of a prepared folder: its static share of the training
-// shards (shuffled by chunk with the seed and the epoch, last partial batch dropped)
-// and of the test shards.
+// Data is a rank's view of a prepared folder: its share of the training shards
+// (shuffled by chunk with the seed and the epoch, last partial batch dropped) and
+// its static share of the test shards.
 type Data struct {
 	Folder        string
 	Train, Test   *pybridge.Loader
-	StepsPerEpoch int
+	StepsPerEpoch int  // per rank; under the dynamic partition the average
+	Dynamic       bool // the training partition is dynamic: batch counts differ by rank
 }
 
-// Open opens the loaders: perRank training records a step, global the batch over all ranks.
+// Open opens the loaders with the static training partition: perRank training
+// records a step, global the batch over all ranks.
 func Open(g *pybridge.Group, folder string, perRank, global int, seed int64) (*Data, error) {
+	return OpenPartition(g, folder, perRank, global, seed, pybridge.StaticPartition)
+}
+
+// OpenPartition is Open with the training partition chosen: under
+// DynamicPartition the ranks claim chunks as they go, so a faster rank reads
+// more batches, and every rank must join (Reducer.Join) when its loader has no
+// more.
+func OpenPartition(g *pybridge.Group, folder string, perRank, global int, seed int64, part pybridge.Partition) (*Data, error) {
 	trainFiles, err := Shards(folder, "train-*.recordio")
 	if err != nil {
 		return nil, err
@@ -125,15 +135,19 @@ func Open(g *pybridge.Group, folder string, perRank, global int, seed int64) (*D
 	if err != nil {
 		return nil, err
 	}
-	d := &Data{Folder: folder}
-	if d.Train, err = pybridge.OpenLoader(g, trainFiles, perRank, pybridge.WithShuffle(seed), pybridge.WithDropLast()); err != nil {
+	d := &Data{Folder: folder, Dynamic: part == pybridge.DynamicPartition}
+	if d.Train, err = pybridge.OpenLoader(g, trainFiles, perRank, pybridge.WithShuffle(seed), pybridge.WithDropLast(),
+		pybridge.WithPartition(part)); err != nil {
 		return nil, err
 	}
 	if d.Test, err = pybridge.OpenLoader(g, testFiles, EvalBatch); err != nil {
 		d.Train.Close()
 		return nil, err
 	}
-	if d.StepsPerEpoch, err = d.Train.NumBatches(); err == nil && d.StepsPerEpoch == 0 {
+	if d.StepsPerEpoch, err = d.Train.NumBatches(); d.Dynamic {
+		d.StepsPerEpoch = d.Train.NumRecords() / global
+	}
+	if err == nil && d.StepsPerEpoch == 0 {
 		err = fmt.Errorf("%d training records are too few for a global batch of %d", d.Train.NumRecords(), global)
 	}
 	if err != nil {
@@ -151,8 +165,12 @@ func (d *Data) Close() {
 
 // Header is the first line the trainers print.
 func (d *Data) Header(world, global int, lr, momentum float64) string {
-	return fmt.Sprintf("data: %s, train %d, test %d | %d ranks, global batch %d (%d per rank), %d steps/epoch, lr %g, momentum %g",
-		Kind(d.Folder), d.Train.NumRecords(), d.Test.NumRecords(), world, global, global/world, d.StepsPerEpoch, lr, momentum)
+	about := ""
+	if d.Dynamic {
+		about = "~" // a rank's steps depend on its pace
+	}
+	return fmt.Sprintf("data: %s, train %d, test %d | %d ranks, global batch %d (%d per rank), %s%d steps/epoch, lr %g, momentum %g",
+		Kind(d.Folder), d.Train.NumRecords(), d.Test.NumRecords(), world, global, global/world, about, d.StepsPerEpoch, lr, momentum)
 }
 
 // EpochLine is the line printed after each epoch (train.py prints the same).

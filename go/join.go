@@ -1,0 +1,74 @@
+package pybridge
+
+/*
+#include "pbgo_reducer.h"
+*/
+import "C"
+
+// Uneven inputs (torch's Join): ranks with different numbers of batches, as the
+// dynamic partition gives them, train together without waiting on each other.
+
+// WithJoin lets ranks run different numbers of iterations: each iteration then
+// starts with one small allreduce counting the ranks still training (at its
+// first MarkReady or Wait), so that a rank whose loader has no more batches can
+// call Join and shadow the others until all have joined. Gradients are averaged
+// over the world size, as torch's Join does by default: every sample weighs
+// the same. Every rank creates its reducer with it, or none does.
+func WithJoin() ReducerOption {
+	return func(c *reducerConfig) { c.flags |= C.PB_REDUCER_JOIN }
+}
+
+// WithJoinDivideByActive is WithJoin with gradients averaged over the ranks
+// still training instead of the world size (torch's
+// divide_by_initial_world_size=False): the last batches of an epoch, reduced
+// by fewer ranks, then weigh more.
+func WithJoinDivideByActive() ReducerOption {
+	return func(c *reducerConfig) { c.flags |= C.PB_REDUCER_JOIN | C.PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE }
+}
+
+// JoinResult is what Join reports.
+type JoinResult struct {
+	// Root is the rank whose parameters every rank should take (the largest of
+	// the ranks that joined last, which stepped in every iteration):
+	// BroadcastParams(g, params, res.Root).
+	Root int
+	// Shadowed is the number of iterations this rank took part in with zero
+	// gradients after running out of batches.
+	Shadowed int64
+}
+
+// Join is called by a rank with no more batches (its Loader's Next returned
+// false) between iterations: until every rank has joined, it takes part in the
+// iterations of the ranks still training with zero gradients, so none of them
+// waits for it. Every rank calls it once at the end of each epoch (the last to
+// run out return at once), then broadcasts the parameters from Root:
+//
+//	for loader.Next() { ...MarkReady...; r.Wait(0); step }
+//	res, err := r.Join()
+//	err = pybridge.BroadcastParams(g, params, res.Root)
+//
+// The reducer is then ready for the next epoch. The reducer must have been
+// created WithJoin (or WithJoinDivideByActive) on every rank, else Join is
+// ErrInvalidArgument. Collectives the program issues itself during an
+// iteration are not shadowed: issue them after the join. This rank's Grad
+// slices keep their values.
+func (r *Reducer) Join() (JoinResult, error) {
+	const op = "Reducer.Join"
+	if r == nil {
+		return JoinResult{}, nilError(op, "Reducer")
+	}
+	h, err := r.acquire(op, "reducer is closed")
+	if err != nil {
+		return JoinResult{}, err
+	}
+	defer r.mu.Unlock()
+	var root C.int32_t
+	var shadowed C.int64_t
+	var msg *C.char
+	err = check(op, C.pbgo_reducer_join(h, &root, &shadowed, &msg), msg)
+	// A rank that joined before its first Wait takes part in the one rebuild.
+	if rerr := r.refresh(op); rerr != nil && err == nil {
+		err = rerr
+	}
+	return JoinResult{Root: int(root), Shadowed: int64(shadowed)}, err
+}
