@@ -66,7 +66,7 @@ def wrap(method, model):
     elif method in ("hierarchical", "hierarchical_fp16"):
         spec = comm_hooks.HierarchicalHook(0, compression="fp16" if method.endswith("fp16") else None)
         ddp.register_comm_hook(*spec.build(pybridge.current()))
-    elif method != "pybridge":
+    elif method not in ("pybridge", "fp16"):
         raise SystemExit(f"unknown method {method}")
     return ddp
 

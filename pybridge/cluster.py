@@ -88,6 +88,7 @@ def remove_stale():
             continue
         digits = name[len(PREFIX):].split("x", 1)[0]
         if digits.isdigit() and not _pid_alive(int(digits)):
+            _kill_namespace(name)
             _ip("netns", "del", name, check=False)
             shutil.rmtree(os.path.join(ETC_NETNS, name), ignore_errors=True)
 
@@ -133,14 +134,17 @@ class Node:
     def kill(self):
         """Kill every process in this node, at once (a node lost): those started here and
         any they started in sessions of their own (torchrun's workers), found by namespace."""
-        pids = _ip("netns", "pids", self.ns, check=False).stdout.split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
+        _kill_namespace(self.ns)
         for p in self._procs:
             _kill(p)
+
+
+def _kill_namespace(ns):
+    for pid in _ip("netns", "pids", ns, check=False).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
 
 
 def _kill(p):
