@@ -157,8 +157,9 @@ def cluster(plt, data):
                     ys.append(base["step_s"] / row["step_s"] if "step_s" in row and "step_s" in base else 0)
                 else:
                     ys.append(row.get("link_mb_per_step", 0))
-            ax.bar([i + j * width for i in range(len(rates))], ys, width, label=m,
-                   color=COLORS.get("torch DDP") if m == "torch_ddp" else None)
+            ours = [k for k in range(10) if k != 7]  # tab10 without its gray, which is torch DDP's
+            color = COLORS["torch DDP"] if m == "torch_ddp" else plt.cm.tab10(ours[j % len(ours)])
+            ax.bar([i + j * width for i in range(len(rates))], ys, width, label=m, color=color)
         ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(rates))])
         ax.set_xticklabels([f"{r} Mbit/s" if r != "0" else "unlimited" for r in rates])
         ax.set_ylabel(ylabel)
