@@ -2,9 +2,15 @@
 the other ranks are workers holding the clients' data (see docs/federated.md)."""
 
 from .aggregate import FedAvg
+from .buffered import StaleUpdate
+from .fedprox import add_proximal_grad, proximal_loss
 from .protocol import EVALUATE, TRAIN, Header
 from .rounds import FedAvgRounds
 from .server import Result, Server
+from .staleness import Staleness
+from .strategies import CentralDP, FedAdagrad, FedAdam, FedYogi, ServerSGD
 from .worker import Task, Worker
 
-__all__ = ["FedAvg", "FedAvgRounds", "Server", "Result", "Worker", "Task", "Header", "TRAIN", "EVALUATE"]
+__all__ = ["FedAvg", "FedAvgRounds", "Server", "Result", "Worker", "Task", "Header", "TRAIN", "EVALUATE",
+           "ServerSGD", "FedAdam", "FedYogi", "FedAdagrad", "CentralDP", "Staleness", "StaleUpdate",
+           "proximal_loss", "add_proximal_grad"]

@@ -22,10 +22,11 @@ from .. import dtypes
 from .. import group as _group
 from ..checks import positive_seconds
 from ..errors import Closed, InvalidArgument, PyBridgeError, WorkerFailed, WorkerTimeout, classify
+from . import buffered
 from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN,
                        UPDATE, Header, Links, decode_message, flat)
 
-MODES = ("async", "sync")
+MODES = ("async", "sync") + buffered.MODES  # the last two: FedBuff / FedAsync (buffered.py)
 
 
 @dataclass
@@ -58,7 +59,9 @@ class Server:
 
     mode: "async" gives a worker its next client as soon as it returns one; "sync" hands
     clients out in waves of one per worker and waits for the whole wave (FLUTE's gloo
-    fallback, kept for comparison).
+    fallback, kept for comparison). "fedbuff" and "fedasync": no rounds for the workers, the
+    model advances every K results (K = 1 for fedasync) and stragglers' results are applied
+    late, weighted by their staleness; drive them with FedAvgRounds (buffered.py).
     timeout: seconds a worker may hold a client (default: the group's timeout).
     requeue: a worker lost while holding a client (dead, or past the timeout) has its client
     handed to the remaining workers, so the round completes; otherwise run_round raises
@@ -104,6 +107,9 @@ class Server:
         iterator over the Results in completion order; the round is over when it ends.
         A round left unfinished is drained (its results dropped) when the next one starts."""
         self._check_open()
+        if self.mode in buffered.MODES:  # FedBuff / FedAsync dispatch: no rounds there
+            raise InvalidArgument(f"mode {self.mode} hands clients out across model versions, not in rounds: "
+                                  "drive it with FedAvgRounds (or server.stream)")
         clients = _client_list(clients)
         model = flat(model, "model").to(self._links.device)
         self._settle()
@@ -160,6 +166,21 @@ class Server:
                 pending.appendleft(a.client)
             else:
                 raise value
+
+    # ---- FedBuff / FedAsync (buffered.py): the one entry into the buffered modes ---------------
+
+    def stream(self, model):
+        """Mode fedbuff or fedasync: a buffered.Stream handing clients out on `model` (the
+        server's flat model, read at each send) across versions. FedAvgRounds uses it."""
+        self._check_open()
+        if self.mode not in buffered.MODES:
+            raise InvalidArgument(f"stream is for the fedbuff and fedasync modes; this server's mode is {self.mode}")
+        self._settle()
+        if not self._live:
+            raise WorkerFailed(f"no federated workers are left (lost: {self._lost_text()})")
+        return buffered.Stream(self, model)
+
+    # ---------------------------------------------------------------------------------------------
 
     def _idle(self):
         return [w for w in self.workers if w in self._live and w not in self._busy]
