@@ -404,4 +404,14 @@ static inline int pbgo_fed_worker_free(pb_fed_worker *worker, char **msg) {
 	return pbgo_status(pb_fed_worker_free(worker), msg);
 }
 
+static inline int pbgo_fed_server_configure(pb_fed_server *server, const pb_fed_options *options,
+                                            char **msg) {
+	return pbgo_status(pb_fed_server_configure(server, options), msg);
+}
+
+static inline int pbgo_fed_server_last_step(pb_fed_server *server, pb_fed_step *out,
+                                            int32_t *has_step, int64_t *refused, char **msg) {
+	return pbgo_status(pb_fed_server_last_step(server, out, has_step, refused), msg);
+}
+
 #endif /* PBGO_GEN_H */
