@@ -64,6 +64,7 @@ type fedConfig struct {
 	mode    FedMode
 	timeout time.Duration
 	requeue bool
+	agg     *C.pb_fed_options // strategies, FedBuff, DP (federated_strategy.go); nil: the defaults
 }
 
 // FedOption configures NewFedServer.
@@ -134,6 +135,9 @@ func NewFedServer[T Float](g *Group, opts ...FedOption) (*FedServer[T], error) {
 	var msg *C.char
 	st := C.pbgo_fed_server_new(gh, C.int32_t(c.mode), C.double(secs), cbool(c.requeue), &h, &msg)
 	if err := check(op, st, msg); err != nil {
+		return nil, err
+	}
+	if err := c.configure(op, h); err != nil { // federated_strategy.go
 		return nil, err
 	}
 	s := &FedServer[T]{}
