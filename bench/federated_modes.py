@@ -51,9 +51,13 @@ def case_args(data, preset, profile, mode, metrics):
 
 
 def ranks(data, preset, out_dir):
-    """Every case on this rank (a launched process, or tests/ranks.py's)."""
+    """Every case on this rank (a launched process, or tests/ranks.py's), after one round
+    not measured: the first training in a process pays for imports and first calls."""
     import pybridge
     g = pybridge.init(backend="gloo", timeout=120)
+    federated, opts = case_args(data, {**preset, "rounds": 1}, "1x, 1x, 4x", "async",
+                                os.path.join(out_dir, "warm-up.jsonl"))
+    (federated.serve if g.rank == 0 else federated.work)(opts, g)
     for i, (profile, mode) in enumerate(plan()):
         federated, opts = case_args(data, preset, profile, mode, os.path.join(out_dir, f"case{i}.jsonl"))
         (federated.serve if g.rank == 0 else federated.work)(opts, g)
