@@ -5,16 +5,14 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	pybridge "github.com/pybridge/pybridge/go"
 )
 
-// A Go server in FedBuff mode with FedAdam over a Go worker (rank 1) and a
-// Python worker (rank 2): its model is checked against FedAdam over the
+// A Go server in FedBuff mode with FedAdam over Go workers (ranks 1, 2) and a
+// Python worker (rank 3): its model is checked against FedAdam over the
 // staleness-weighted steps, computed here in float64 from the results' order.
 
 func init() {
@@ -100,28 +98,7 @@ func roleFedBuffServer() error {
 }
 
 func TestFederatedGoFedBuffServerWithFedAdam(t *testing.T) {
-	exe := os.Getenv("PYBRIDGE_PYTHON")
-	if exe == "" {
-		var err error
-		if exe, err = exec.LookPath("python3"); err != nil {
-			t.Skip("python3 not found")
-		}
-	}
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	procs := runRanks(t, &launch{
-		role: "fedbuffserver", world: 3, limit: 120 * time.Second,
-		env: []string{"PYTHONPATH=" + root + string(os.PathListSeparator) + os.Getenv("PYTHONPATH")},
-		argv: func(r int) []string {
-			if r == 2 {
-				return []string{exe, filepath.Join(root, "tests", "federated_peer.py"), "worker"}
-			}
-			return nil
-		},
-	})
-	expectPass(t, procs)
+	fedLaunch(t, "fedbuffserver", map[int]string{3: "worker"})
 }
 
 func TestFedProxGrad(t *testing.T) {
