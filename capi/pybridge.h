@@ -688,6 +688,8 @@ typedef struct pb_fed_worker pb_fed_worker; /* ranks 1 ..: trains the clients ha
 #define PB_FED_TRAIN 2    /* train the client; the result is its trained weights */
 #define PB_FED_EVALUATE 3 /* evaluate the client; the result is the worker's metrics */
 
+#define PB_FED_MAX_METRICS 32 /* metrics per result (pb_fed_worker_submit_metrics) */
+
 /* One result pulled by the server (pb_fed_server_next_result). */
 typedef struct pb_fed_result {
     int32_t command; /* PB_FED_TRAIN or PB_FED_EVALUATE; 0 when a worker failure is described */
@@ -722,13 +724,30 @@ typedef struct pb_fed_task {
 int pb_fed_server_new(pb_group *group, int32_t mode, double timeout_seconds, int32_t requeue,
                       pb_fed_server **out);
 
+/* Refuse, from the next result on, training updates (pseudo-gradients) whose L2 norm is
+ * above `max_norm`; 0 removes the bound (the default). Updates with NaN or Inf elements are
+ * always refused. A refused update ends the round like a worker's failure
+ * (pb_fed_server_next_result: PB_ERR_CORRUPT, naming worker, client and round); with
+ * requeue its client is handed out once more first. Errors: PB_ERR_INVALID_ARGUMENT when
+ * max_norm is negative or not finite. */
+int pb_fed_server_set_max_norm(pb_fed_server *server, double max_norm);
+
+/* Client-to-worker affinity: hand `client` only to the `n` workers (ranks in the
+ * federated group) in `workers`, those that hold its data, from the next assignment on;
+ * n = 0 lifts it (any worker). A round whose remaining clients can go only to lost workers
+ * fails with PB_ERR_COMM. Errors: PB_ERR_INVALID_ARGUMENT for a negative client, a rank
+ * that is not a worker's, or NULL workers with n > 0. */
+int pb_fed_server_set_affinity(pb_fed_server *server, int64_t client, const int32_t *workers, int32_t n);
+
 /* Start a round: send `model` (any count, a floating-point dtype, read during the call
- * only) to the workers, then hand out the `n` client ids (each >= 0, each once) with
- * `command` (PB_FED_TRAIN or PB_FED_EVALUATE). The server keeps its own copy of the model
- * for aggregation. Results are then pulled with pb_fed_server_next_result. A round left
- * unfinished is drained (its results dropped) when the next one starts.
- * Errors: PB_ERR_INVALID_ARGUMENT (NULL arrays, duplicate or negative ids, an unknown
- * command); PB_ERR_COMM when no worker is left. */
+ * only) to the workers, then hand out the `n` client ids (each >= 0, each once, n >= 1)
+ * with `command` (PB_FED_TRAIN or PB_FED_EVALUATE). The server keeps its own copy of the
+ * model for aggregation. Results are then pulled with pb_fed_server_next_result. A round
+ * may be left unfinished (over-selection): its clients still out are not waited for, their
+ * late results are dropped by round number, and their workers get the new round's model
+ * once they are back.
+ * Errors: PB_ERR_INVALID_ARGUMENT (NULL arrays, n = 0, duplicate or negative ids, an
+ * unknown command); PB_ERR_COMM when no worker is left. */
 int pb_fed_server_start_round(pb_fed_server *server, const int64_t *clients, int64_t n,
                               const pb_tensor *model, int32_t command);
 
@@ -736,14 +755,16 @@ int pb_fed_server_start_round(pb_fed_server *server, const int64_t *clients, int
  * *out describes it, or *has_result is 0 when every client of the round is done. A
  * PB_FED_TRAIN result of the current round is added to the round's FedAvg sum here (see
  * pb_fed_server_aggregate); its payload is the client's pseudo-gradient (round model -
- * trained weights). The payload stays available (pb_fed_server_result_payload) until the
- * next call. Errors: PB_ERR_COMM when a worker died, lost its connection or reported a
- * failure (pb_fed_worker_fail) while holding a client; PB_ERR_TIMEOUT when it held the
- * client past the timeout. Then the message names the worker and the client, and *out
- * holds them too (command 0, worker, client); with requeue a lost worker's client is
- * handed out again instead, but a reported failure is still returned. An error ends the
- * round: later calls report *has_result 0, the clients not yet handed out are not, and
- * those still out are waited for (their results dropped) when the next round starts. */
+ * trained weights). The payload and the result's metrics (pb_fed_server_result_metric)
+ * stay available until the next call. Errors: PB_ERR_COMM when a worker died, lost its
+ * connection or reported a failure (pb_fed_worker_fail) while holding a client;
+ * PB_ERR_TIMEOUT when it held the client past the timeout (it is taken back once it
+ * answers); PB_ERR_CORRUPT when its update was refused (NaN or Inf elements, or a norm past
+ * pb_fed_server_set_max_norm's bound). Then the message names the worker, the client and
+ * the round, and *out holds them too (command 0, worker, client, round); with requeue a
+ * lost worker's client is handed out again instead (a refused one once), but a reported
+ * failure is still returned. An error ends the round: later calls report *has_result 0,
+ * the clients not yet handed out are not, and the results of those still out are dropped. */
 int pb_fed_server_next_result(pb_fed_server *server, pb_fed_result *out, int32_t *has_result);
 
 /* Copy the last result's payload into `out`: out->count must equal the result's length
@@ -762,9 +783,24 @@ int pb_fed_server_result_payload(pb_fed_server *server, const pb_tensor *out);
 int pb_fed_server_aggregate(pb_fed_server *server, double lr, const pb_tensor *model,
                             int32_t *clients);
 
-/* Terminate the workers (after the clients still out are back) and stop the server's
- * threads, waiting the server's timeout at most. The handle is released, also when an
- * error is returned; later use returns PB_ERR_INVALID_ARGUMENT. */
+/* The last pulled result's metric `name` (as the worker sent it): *found is 1 and *value
+ * holds it, or *found is 0 when the result has no metric of that name.
+ * Errors: PB_ERR_INVALID_ARGUMENT when no result was pulled since the last call to
+ * pb_fed_server_next_result, or a pointer is NULL. */
+int pb_fed_server_result_metric(pb_fed_server *server, const char *name, double *value, int32_t *found);
+
+/* The current round's sample-weighted mean of metric `name` over the results pulled so
+ * far (sum(samples_i * value_i) / sum(samples_i) over those that sent it; their plain mean
+ * when they all have 0 samples): *found 0 when none sent it.
+ * Errors: PB_ERR_INVALID_ARGUMENT before the first round, or a pointer is NULL. */
+int pb_fed_server_round_metric(pb_fed_server *server, const char *name, double *value, int32_t *found);
+
+/* Terminate the workers and stop the server's threads. A worker still holding a client is
+ * waited for until that client's deadline (hand-out + the server's timeout); one past it
+ * (stalled or hung) is cut off at once, so no thread is left and the call never waits for
+ * it (that worker's next call fails with PB_ERR_COMM naming the lost server, rank 0). The
+ * handle is released, also when an error is returned; later use returns
+ * PB_ERR_INVALID_ARGUMENT. */
 int pb_fed_server_close(pb_fed_server *server);
 
 /* Create a worker on a rank other than 0 of `group` and store its handle in *out.
@@ -793,6 +829,16 @@ int pb_fed_worker_task_model(pb_fed_worker *worker, const pb_tensor *out);
  * not match the model (the task stays open: submit again or fail it). */
 int pb_fed_worker_submit(pb_fed_worker *worker, const pb_tensor *result, int64_t samples);
 
+/* pb_fed_worker_submit with `n` metrics (0 to PB_FED_MAX_METRICS): names[i] (identifiers
+ * of at most 64 characters: letters, digits, _ . : / -) has values[i], e.g. "loss" and
+ * "accuracy". The server returns them with the result and averages each over the round,
+ * weighted by samples (pb_fed_server_result_metric, pb_fed_server_round_metric).
+ * Errors: those of pb_fed_worker_submit; PB_ERR_INVALID_ARGUMENT for a bad name, n out of
+ * range, or NULL arrays with n > 0 (the task stays open). PB_ERR_COMM when the server is
+ * lost (the message names rank 0). */
+int pb_fed_worker_submit_metrics(pb_fed_worker *worker, const pb_tensor *result, int64_t samples, int32_t n,
+                                 const char *const *names, const double *values);
+
 /* Tell the server that the open task could not be done; `message` (UTF-8, may be NULL)
  * is part of the server's error. */
 int pb_fed_worker_fail(pb_fed_worker *worker, const char *message);
@@ -803,6 +849,14 @@ int pb_fed_worker_close(pb_fed_worker *worker);
 
 /* Deprecated: use pb_fed_worker_close (the same function). */
 int pb_fed_worker_free(pb_fed_worker *worker);
+
+/* Seeded client sampling: the `per_round` distinct client ids of 0 .. num_clients-1 drawn
+ * for `round` of a run seeded `seed`, sorted, into out[0 .. per_round-1]. The same for a
+ * given (seed, round) on every run and from Python, C and Go (one implementation), so a
+ * resumed run draws its remaining rounds as an uninterrupted one would. Not collective.
+ * Errors: PB_ERR_INVALID_ARGUMENT unless 1 <= per_round <= num_clients and round >= 0, or
+ * out is NULL. */
+int pb_fed_sample_clients(int64_t num_clients, int64_t per_round, int64_t seed, int64_t round, int64_t *out);
 
 /* ---- Federated server strategies, FedBuff / FedAsync, central DP ------------------ */
 /* (docs/federated.md "Modes" and "Strategies"; pybridge/federated/strategies.py,

@@ -6,6 +6,7 @@ package pybridge
 import "C"
 
 import (
+	"sort"
 	"strconv"
 	"time"
 	"unsafe"
@@ -64,6 +65,7 @@ type fedConfig struct {
 	mode    FedMode
 	timeout time.Duration
 	requeue bool
+	maxNorm float64
 	agg     *C.pb_fed_options // strategies, FedBuff, DP (federated_strategy.go); nil: the defaults
 }
 
@@ -81,12 +83,20 @@ func WithClientTimeout(d time.Duration) FedOption { return func(c *fedConfig) { 
 // the client timeout) to the remaining workers, so that the round completes.
 func WithRequeue() FedOption { return func(c *fedConfig) { c.requeue = true } }
 
+// WithMaxNorm refuses training updates (pseudo-gradients) whose L2 norm is
+// above maxNorm (default: no bound). Updates with NaN or Inf elements are always
+// refused: Next returns a *FedWorkerError wrapping ErrCorrupt that names the
+// worker, the client and the round (with WithRequeue the client is handed out
+// once more first).
+func WithMaxNorm(maxNorm float64) FedOption { return func(c *fedConfig) { c.maxNorm = maxNorm } }
+
 // FedWorkerError is the server's error for a worker that died, timed out or
 // reported a failure while holding a client. It wraps the library's *Error, so
 // errors.Is(err, ErrComm) or errors.Is(err, ErrTimeout) hold.
 type FedWorkerError struct {
 	Worker int // the worker's rank in the federated group
 	Client int // the client it held, or -1
+	Round  int // the round it happened in
 	Err    error
 }
 
@@ -137,6 +147,12 @@ func NewFedServer[T Float](g *Group, opts ...FedOption) (*FedServer[T], error) {
 	if err := check(op, st, msg); err != nil {
 		return nil, err
 	}
+	if c.maxNorm != 0 {
+		if err := check(op, C.pbgo_fed_server_set_max_norm(h, C.double(c.maxNorm), &msg), msg); err != nil {
+			C.pbgo_fed_server_close(h, nil)
+			return nil, err
+		}
+	}
 	if err := c.configure(op, h); err != nil { // federated_strategy.go
 		return nil, err
 	}
@@ -154,8 +170,32 @@ func (s *FedServer[T]) lock(op string) (*C.pb_fed_server, error) {
 	return s.acquire(op, "federated server is closed")
 }
 
+// SetAffinity hands client only to workers (their ranks), those that hold its
+// data, from the next assignment on; no workers lifts it. A round whose
+// remaining clients can go only to lost workers fails with ErrComm.
+func (s *FedServer[T]) SetAffinity(client int, workers []int) error {
+	const op = "FedServer.SetAffinity"
+	h, err := s.lock(op)
+	if err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	ranks := make([]C.int32_t, len(workers))
+	for i, w := range workers {
+		ranks[i] = C.int32_t(w)
+	}
+	var rp *C.int32_t
+	if len(ranks) > 0 {
+		rp = &ranks[0]
+	}
+	var msg *C.char
+	return check(op, C.pbgo_fed_server_set_affinity(h, C.int64_t(client), rp, C.int32_t(len(ranks)), &msg), msg)
+}
+
 // StartRound sends model to the workers and hands out clients (ids >= 0, each
-// once) to train. Pull the results with Next, then Aggregate.
+// once, at least one) to train. Pull the results with Next, then Aggregate. A
+// round may be left before all its results are pulled (over-selection): its
+// clients still out are not waited for and their late results are dropped.
 func (s *FedServer[T]) StartRound(clients []int, model []T) error {
 	return s.start("FedServer.StartRound", clients, model, FedTrain)
 }
@@ -190,7 +230,8 @@ func (s *FedServer[T]) start(op string, clients []int, model []T, cmd FedCommand
 // when every client of the round is done. A worker that died, timed out or
 // failed its client gives a *FedWorkerError and ends the round: ErrComm, or
 // ErrTimeout past the client timeout (WithRequeue hands a dead or timed-out
-// worker's client to the others instead).
+// worker's client to the others instead). A refused update (NaN or Inf, or past
+// WithMaxNorm) gives a *FedWorkerError wrapping ErrCorrupt.
 func (s *FedServer[T]) Next() (r FedResult, ok bool, err error) {
 	const op = "FedServer.Next"
 	h, err := s.lock(op)
@@ -203,7 +244,8 @@ func (s *FedServer[T]) Next() (r FedResult, ok bool, err error) {
 	var msg *C.char
 	if err := check(op, C.pbgo_fed_server_next_result(h, &res, &has, &msg), msg); err != nil {
 		if res.worker >= 0 {
-			return r, false, &FedWorkerError{Worker: int(res.worker), Client: int(res.client), Err: err}
+			return r, false, &FedWorkerError{Worker: int(res.worker), Client: int(res.client), Round: int(res.round),
+				Err: err}
 		}
 		return r, false, err
 	}
@@ -230,6 +272,41 @@ func (s *FedServer[T]) Payload(dst []T) error {
 	data, n := dataOf(dst)
 	var msg *C.char
 	return check(op, C.pbgo_fed_server_result_payload_slice(h, data, n, dtypeOf[T](), &msg), msg)
+}
+
+// ResultMetric returns the last result's metric name as its worker sent it
+// (SubmitMetrics); ok is false when the result has none of that name.
+func (s *FedServer[T]) ResultMetric(name string) (value float64, ok bool, err error) {
+	return s.metric("FedServer.ResultMetric", name, false)
+}
+
+// RoundMetric returns the current round's sample-weighted mean of metric name
+// over the results pulled so far; ok is false when none of them sent it.
+func (s *FedServer[T]) RoundMetric(name string) (value float64, ok bool, err error) {
+	return s.metric("FedServer.RoundMetric", name, true)
+}
+
+func (s *FedServer[T]) metric(op, name string, round bool) (float64, bool, error) {
+	h, err := s.lock(op)
+	if err != nil {
+		return 0, false, err
+	}
+	defer s.mu.Unlock()
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var value C.double
+	var found C.int32_t
+	var msg *C.char
+	var st C.int
+	if round {
+		st = C.pbgo_fed_server_round_metric(h, cname, &value, &found, &msg)
+	} else {
+		st = C.pbgo_fed_server_result_metric(h, cname, &value, &found, &msg)
+	}
+	if err := check(op, st, msg); err != nil {
+		return 0, false, err
+	}
+	return float64(value), found != 0, nil
 }
 
 // Aggregate applies FedAvg to the training results pulled this round and
@@ -349,6 +426,44 @@ func (w *FedWorker[T]) Submit(result []T, samples int) error {
 	return check(op, C.pbgo_fed_worker_submit_slice(h, data, n, dtypeOf[T](), C.int64_t(samples), &msg), msg)
 }
 
+// SubmitMetrics is Submit with per-client metrics (loss, accuracy, ...; at most
+// 32, names of letters, digits and _ . : / -), which the server returns with the
+// result and averages over the round weighted by samples (FedServer.ResultMetric,
+// FedServer.RoundMetric).
+func (w *FedWorker[T]) SubmitMetrics(result []T, samples int, metrics map[string]float64) error {
+	const op = "FedWorker.SubmitMetrics"
+	h, err := w.lock(op)
+	if err != nil {
+		return err
+	}
+	defer w.mu.Unlock()
+	keys := make([]string, 0, len(metrics))
+	for k := range metrics {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // the same order on every call
+	values := make([]C.double, len(keys))
+	var names **C.char
+	if len(keys) > 0 {
+		names = (**C.char)(C.malloc(C.size_t(len(keys)) * C.size_t(unsafe.Sizeof((*C.char)(nil)))))
+		defer C.free(unsafe.Pointer(names))
+		cnames := unsafe.Slice(names, len(keys))
+		for i, k := range keys {
+			cnames[i] = C.CString(k)
+			defer C.free(unsafe.Pointer(cnames[i]))
+			values[i] = C.double(metrics[k])
+		}
+	}
+	var vp *C.double
+	if len(values) > 0 {
+		vp = &values[0]
+	}
+	data, n := dataOf(result)
+	var msg *C.char
+	return check(op, C.pbgo_fed_worker_submit_metrics_slice(h, data, n, dtypeOf[T](), C.int64_t(samples),
+		C.int32_t(len(keys)), names, vp, &msg), msg)
+}
+
 // Fail tells the server that the open task could not be done; message is
 // part of the server's error.
 func (w *FedWorker[T]) Fail(message string) error {
@@ -372,4 +487,27 @@ func (w *FedWorker[T]) Close() error {
 		return nilError(op, "FedWorker")
 	}
 	return w.close(op, func(h *C.pb_fed_worker, msg **C.char) C.int { return C.pbgo_fed_worker_close(h, msg) })
+}
+
+// SampleClients draws perRound distinct client ids of 0 .. numClients-1 for
+// round of a run seeded seed, sorted: the same draw for a given (seed, round)
+// on every run and from Python, C and Go (the core's sample_clients).
+func SampleClients(numClients, perRound int, seed int64, round int) ([]int, error) {
+	const op = "SampleClients"
+	if perRound < 1 || perRound > numClients {
+		return nil, newError(statusInvalidArgument, op, "perRound must be in [1, numClients = %d], got %d",
+			numClients, perRound)
+	}
+	out := make([]C.int64_t, perRound)
+	var msg *C.char
+	st := C.pbgo_fed_sample_clients(C.int64_t(numClients), C.int64_t(perRound), C.int64_t(seed), C.int64_t(round),
+		&out[0], &msg)
+	if err := check(op, st, msg); err != nil {
+		return nil, err
+	}
+	ids := make([]int, perRound)
+	for i, c := range out {
+		ids[i] = int(c)
+	}
+	return ids, nil
 }

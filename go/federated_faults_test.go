@@ -152,6 +152,11 @@ func fedFaultWorker(g *pybridge.Group, key string) (tasks [][2]int, err error) {
 		if err := w.Submit(task.Model, task.Client+1); err != nil {
 			return tasks, err
 		}
+		if g.Rank() == fedFaulty && len(tasks) == 2 { // its late answer is with the server
+			if err := os.WriteFile(fedFile("late-"+key), nil, 0o644); err != nil {
+				return tasks, err
+			}
+		}
 	}
 }
 
@@ -281,15 +286,22 @@ func fedFaultServer(g *pybridge.Group, key string, requeue bool, timeout time.Du
 	if err := os.WriteFile(fedFile("release-"+key), nil, 0o644); err != nil {
 		return err
 	}
-	if !strings.HasPrefix(key, "kill") {
-		// The stalled worker stops after its late answer, at the terminate the timeout
-		// sent it: wait for that, as Close waits only the client timeout for it.
-		if err := fedWaitFile("done-" + key); err != nil {
+	stalled := !strings.HasPrefix(key, "kill")
+	if stalled {
+		// The stalled worker is taken back once its late answer is in, then terminated
+		// by Close (which would cut it off, past its deadline, before that).
+		if err := fedWaitFile("late-" + key); err != nil {
 			return err
 		}
+		time.Sleep(300 * time.Millisecond)
 	}
 	if err := s.Close(); err != nil {
 		return fmt.Errorf("%s: Close after the loss: %v", key, err)
+	}
+	if stalled {
+		if err := fedWaitFile("done-" + key); err != nil {
+			return err
+		}
 	}
 	if n := runtime.NumGoroutine(); n > goroutines {
 		return fmt.Errorf("%s: %d goroutines after Close, %d before the server", key, n, goroutines)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,7 +34,16 @@ func init() {
 
 var fedV = []float32{39, 78, 117, 156, 195}
 
-const fedFailing = 100 // a client whose training fails on every worker
+const (
+	fedFailing   = 100 // a client whose training fails on every worker
+	fedPoisoned  = 101 // a client whose training gives NaN weights on every worker
+	fedStraggler = 102 // held by its worker until the server writes the file "go"
+)
+
+// fedMetrics are client c's metrics, as every worker (Go or Python) sends them.
+func fedMetrics(c int) map[string]float64 {
+	return map[string]float64{"loss": float64(c) / 8, "acc": 1 / float64(c+1)}
+}
 
 func fedStep(rounds float32) []float32 {
 	out := make([]float32, len(fedV))
@@ -79,6 +89,11 @@ func roleFedWorker() error {
 			err = w.Fail(fmt.Sprintf("client %d has no data", task.Client))
 		case task.Command == pybridge.FedEvaluate:
 			err = w.Submit([]float32{2 * float32(task.Client), float32(g.Rank())}, 3)
+		case task.Client == fedPoisoned:
+			for i := range task.Model {
+				task.Model[i] = float32(math.NaN())
+			}
+			err = w.Submit(task.Model, 1)
 		default:
 			if !checked { // weights of the wrong length are refused and the task stays open
 				checked = true
@@ -86,10 +101,15 @@ func roleFedWorker() error {
 					return fmt.Errorf("short weights: want ErrInvalidArgument, got %v", err)
 				}
 			}
+			if task.Client == fedStraggler {
+				if err := fedWaitFile("go"); err != nil {
+					return err
+				}
+			}
 			for i := range task.Model {
 				task.Model[i] += float32(task.Client+1) * fedV[i]
 			}
-			err = w.Submit(task.Model, task.Client+1)
+			err = w.SubmitMetrics(task.Model, task.Client+1, fedMetrics(task.Client))
 		}
 		if err != nil {
 			return err
@@ -157,8 +177,24 @@ func roleFedServer() error {
 					return fmt.Errorf("client %d's pseudo-gradient is %v", r.Client, grad)
 				}
 			}
+			for name, want := range fedMetrics(r.Client) {
+				if v, ok, err := s.ResultMetric(name); err != nil || !ok || v != want {
+					return fmt.Errorf("client %d's metric %s: %v %v %v, want %v", r.Client, name, v, ok, err, want)
+				}
+			}
+			if _, ok, err := s.ResultMetric("none"); ok || err != nil {
+				return fmt.Errorf("a metric nobody sent: ok %v, err %v", ok, err)
+			}
 			got = append(got, r.Client)
 			workers[r.Worker] = true
+		}
+		var sum, weights float64
+		for _, c := range clients {
+			sum += float64(c+1) * fedMetrics(c)["acc"]
+			weights += float64(c + 1)
+		}
+		if v, ok, err := s.RoundMetric("acc"); err != nil || !ok || math.Abs(v-sum/weights) > 1e-12 {
+			return fmt.Errorf("round %d's mean acc: %v %v %v, want %v", round, v, ok, err, sum/weights)
 		}
 		slices.Sort(got)
 		if !slices.Equal(got, clients) || len(workers) != 3 {
@@ -215,6 +251,9 @@ func roleFedServer() error {
 	if _, ok, err := s.Next(); ok || err != nil {
 		return fmt.Errorf("after the failure: ok %v, err %v; want the round over", ok, err)
 	}
+	if err := fedIntegrity(s, model); err != nil {
+		return err
+	}
 	if err := s.Close(); err != nil {
 		return err
 	}
@@ -223,6 +262,79 @@ func roleFedServer() error {
 	}
 	if _, _, err := s.Next(); !errors.Is(err, pybridge.ErrClosed) {
 		return fmt.Errorf("Next after Close: want ErrClosed, got %v", err)
+	}
+	return nil
+}
+
+// fedIntegrity: an empty round and a NaN update are refused by name; a round left
+// before its straggler is back does not hold up the next, whose FedAvg is exact.
+func fedIntegrity(s *pybridge.FedServer[float32], model []float32) error {
+	if err := s.StartRound(nil, model); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		return fmt.Errorf("an empty round: want ErrInvalidArgument, got %v", err)
+	}
+	if err := s.StartRound([]int{fedPoisoned}, model); err != nil {
+		return err
+	}
+	_, _, err := s.Next()
+	var fe *pybridge.FedWorkerError
+	if !errors.As(err, &fe) || !errors.Is(err, pybridge.ErrCorrupt) || fe.Client != fedPoisoned || fe.Round != 5 ||
+		!strings.Contains(err.Error(), "NaN or Inf") || !strings.Contains(err.Error(), "round 5") {
+		return fmt.Errorf("a NaN update: want a FedWorkerError (ErrCorrupt) naming client %d and round 5, got %#v",
+			fedPoisoned, err)
+	}
+	logf("refused: %v", err)
+	if err := s.StartRound([]int{fedStraggler, 0, 1, 2, 3, 4, 5}, model); err != nil {
+		return err
+	}
+	for range 6 { // leave the round with its straggler still out
+		if r, ok, err := s.Next(); err != nil || !ok || r.Client == fedStraggler {
+			return fmt.Errorf("over-selection: %+v %v %v", r, ok, err)
+		}
+	}
+	before := slices.Clone(model)
+	start := time.Now()
+	clients := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
+	if err := s.SetAffinity(3, []int{9}); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		return fmt.Errorf("affinity to rank 9: want ErrInvalidArgument, got %v", err)
+	}
+	for _, c := range []int{0, 1} { // their data lives on worker 3 only
+		if err := s.SetAffinity(c, []int{3}); err != nil {
+			return err
+		}
+	}
+	if err := s.StartRound(clients, model); err != nil {
+		return err
+	}
+	for {
+		r, ok, err := s.Next()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		if r.Round != 7 {
+			return fmt.Errorf("a result of round %d in round 7", r.Round)
+		}
+		if r.Client <= 1 && r.Worker != 3 {
+			return fmt.Errorf("client %d (affinity: worker 3) trained by worker %d", r.Client, r.Worker)
+		}
+	}
+	if n, err := s.Aggregate(1.0, model); err != nil || n != len(clients) {
+		return fmt.Errorf("Aggregate after over-selection: %d, %v", n, err)
+	}
+	elapsed := time.Since(start)
+	if err := os.WriteFile(fedFile("go"), nil, 0o644); err != nil {
+		return err
+	}
+	step := fedStep(1)
+	for i := range model {
+		if model[i]-before[i] != step[i] {
+			return fmt.Errorf("after over-selection the model moved by %v - %v, want %v", model, before, step)
+		}
+	}
+	if elapsed > 20*time.Second { // the straggler waits 60 s for "go"
+		return fmt.Errorf("the round after over-selection took %v: it waited for the straggler", elapsed)
 	}
 	return nil
 }
@@ -245,7 +357,8 @@ func fedLaunch(t *testing.T, role string, python map[int]string) []*rankProc {
 	peer := filepath.Join(root, "tests", "federated_peer.py")
 	procs := runRanks(t, &launch{
 		role: role, world: 4, limit: 150 * time.Second,
-		env: []string{"PYTHONPATH=" + root + string(os.PathListSeparator) + os.Getenv("PYTHONPATH")},
+		env: []string{"PYTHONPATH=" + root + string(os.PathListSeparator) + os.Getenv("PYTHONPATH"),
+			"PB_TEST_DIR=" + t.TempDir()},
 		argv: func(r int) []string {
 			if p, ok := python[r]; ok {
 				return []string{exe, peer, p}
@@ -329,5 +442,18 @@ func TestFederatedNilValuesAreErrors(t *testing.T) {
 	}
 	if err := w.Fail("x"); !errors.Is(err, pybridge.ErrInvalidArgument) {
 		t.Errorf("nil worker Fail: %v", err)
+	}
+}
+
+func TestFedSampleClientsIsTheCoresDraw(t *testing.T) {
+	got, err := pybridge.SampleClients(20, 4, 1, 1)
+	if err != nil || !slices.Equal(got, []int{0, 3, 11, 13}) { // tests/test_federated_units.py pins it
+		t.Fatalf("SampleClients(20, 4, 1, 1) = %v, %v", got, err)
+	}
+	if _, err := pybridge.SampleClients(3, 4, 1, 1); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		t.Errorf("4 of 3 clients: want ErrInvalidArgument, got %v", err)
+	}
+	if _, err := pybridge.SampleClients(3, 2, 1, -1); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		t.Errorf("round -1: want ErrInvalidArgument, got %v", err)
 	}
 }

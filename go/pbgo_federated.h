@@ -40,4 +40,12 @@ static inline int pbgo_fed_worker_submit_slice(pb_fed_worker *w, void *data, int
 	return pbgo_status(pb_fed_worker_submit(w, &t, samples), msg);
 }
 
+static inline int pbgo_fed_worker_submit_metrics_slice(pb_fed_worker *w, void *data, int64_t count,
+                                                       int32_t dtype, int64_t samples, int32_t n,
+                                                       const char *const *names, const double *values,
+                                                       char **msg) {
+	pb_tensor t = pbgo_tensor(data, count, dtype);
+	return pbgo_status(pb_fed_worker_submit_metrics(w, &t, samples, n, names, values), msg);
+}
+
 #endif /* PBGO_FEDERATED_H */

@@ -348,6 +348,15 @@ static inline int pbgo_fed_server_new(pb_group *group, int32_t mode, double time
 	return pbgo_status(pb_fed_server_new(group, mode, timeout_seconds, requeue, out), msg);
 }
 
+static inline int pbgo_fed_server_set_max_norm(pb_fed_server *server, double max_norm, char **msg) {
+	return pbgo_status(pb_fed_server_set_max_norm(server, max_norm), msg);
+}
+
+static inline int pbgo_fed_server_set_affinity(pb_fed_server *server, int64_t client,
+                                               const int32_t *workers, int32_t n, char **msg) {
+	return pbgo_status(pb_fed_server_set_affinity(server, client, workers, n), msg);
+}
+
 static inline int pbgo_fed_server_start_round(pb_fed_server *server, const int64_t *clients,
                                               int64_t n, const pb_tensor *model, int32_t command,
                                               char **msg) {
@@ -367,6 +376,16 @@ static inline int pbgo_fed_server_result_payload(pb_fed_server *server, const pb
 static inline int pbgo_fed_server_aggregate(pb_fed_server *server, double lr,
                                             const pb_tensor *model, int32_t *clients, char **msg) {
 	return pbgo_status(pb_fed_server_aggregate(server, lr, model, clients), msg);
+}
+
+static inline int pbgo_fed_server_result_metric(pb_fed_server *server, const char *name,
+                                                double *value, int32_t *found, char **msg) {
+	return pbgo_status(pb_fed_server_result_metric(server, name, value, found), msg);
+}
+
+static inline int pbgo_fed_server_round_metric(pb_fed_server *server, const char *name,
+                                               double *value, int32_t *found, char **msg) {
+	return pbgo_status(pb_fed_server_round_metric(server, name, value, found), msg);
 }
 
 static inline int pbgo_fed_server_close(pb_fed_server *server, char **msg) {
@@ -392,6 +411,14 @@ static inline int pbgo_fed_worker_submit(pb_fed_worker *worker, const pb_tensor 
 	return pbgo_status(pb_fed_worker_submit(worker, result, samples), msg);
 }
 
+static inline int pbgo_fed_worker_submit_metrics(pb_fed_worker *worker, const pb_tensor *result,
+                                                 int64_t samples, int32_t n,
+                                                 const char *const *names, const double *values,
+                                                 char **msg) {
+	return pbgo_status(pb_fed_worker_submit_metrics(worker, result, samples, n, names,
+	                                                values), msg);
+}
+
 static inline int pbgo_fed_worker_fail(pb_fed_worker *worker, const char *message, char **msg) {
 	return pbgo_status(pb_fed_worker_fail(worker, message), msg);
 }
@@ -402,6 +429,11 @@ static inline int pbgo_fed_worker_close(pb_fed_worker *worker, char **msg) {
 
 static inline int pbgo_fed_worker_free(pb_fed_worker *worker, char **msg) {
 	return pbgo_status(pb_fed_worker_free(worker), msg);
+}
+
+static inline int pbgo_fed_sample_clients(int64_t num_clients, int64_t per_round, int64_t seed,
+                                          int64_t round, int64_t *out, char **msg) {
+	return pbgo_status(pb_fed_sample_clients(num_clients, per_round, seed, round, out), msg);
 }
 
 static inline int pbgo_fed_server_configure(pb_fed_server *server, const pb_fed_options *options,

@@ -45,6 +45,7 @@ PB_FED_ASYNC = 0  # a worker gets its next client as soon as it returns one
 PB_FED_SYNC = 1  # waves of one client per worker, each wave waited for (FLUTE on gloo)
 PB_FED_TRAIN = 2  # train the client; the result is its trained weights
 PB_FED_EVALUATE = 3  # evaluate the client; the result is the worker's metrics
+PB_FED_MAX_METRICS = 32  # metrics per result (pb_fed_worker_submit_metrics)
 PB_FED_FEDBUFF = 2  # FedBuff (Nguyen et al. 2022): a step every buffer_size results
 PB_FED_FEDASYNC = 3  # FedAsync (Xie et al. 2019): a step at every result
 PB_FED_STRATEGY_FEDAVG = 0

@@ -91,13 +91,21 @@ class WorkerFailed(CommError):
     held a client. `worker` is its rank in the federated group, `client` the client it held
     (None when it held none)."""
 
-    def __init__(self, message, worker=None, client=None):
+    def __init__(self, message, worker=None, client=None, round=None):
         super().__init__(message)
         self.worker = worker
         self.client = client
+        self.round = round  # the server's round it happened in, where known
 
 
 class WorkerTimeout(WorkerFailed, Timeout):
     """A federated worker did not return its client's result within the server's timeout."""
 
     code = TIMEOUT
+
+
+class UpdateRefused(WorkerFailed, CorruptData):
+    """The federated server refused a client's update (NaN or Inf elements, or a norm past
+    the server's bound): `worker`, `client` and `round` name it. The worker itself is fine."""
+
+    code = CORRUPT

@@ -6,12 +6,15 @@ server: two training rounds of clients 0..11 with FedAvg (lr 1.0) from a zero mo
         floats, then a round of the failing client 100; prints one line "RESULT {json}" with
         the model, every (round, client, worker, samples) and the failure's worker, client
         and message.
-worker: client c trains to model + (c+1) V from c+1 samples; evaluating c gives [2c, rank]
-        (float32) from 3 samples; client 100 raises.
+worker: client c trains to model + (c+1) V from c+1 samples, with metrics loss c/8 and acc
+        1/(c+1); evaluating c gives [2c, rank] (float32) from 3 samples; client 100 raises,
+        101 gives NaN weights, 102 waits for the file "go" in $PB_TEST_DIR.
 """
 
 import json
+import os
 import sys
+import time
 
 import torch
 
@@ -20,7 +23,7 @@ from pybridge.errors import WorkerFailed
 from pybridge.federated import FedAvg, Server, Worker
 
 V = 39 * torch.arange(1, 6, dtype=torch.float32)  # see tests/test_capi_federated.py
-FAILING = 100
+FAILING, POISONED, STRAGGLER = 100, 101, 102
 
 
 def server(g):
@@ -44,7 +47,15 @@ def worker(g):
     def train(model, client):
         if client == FAILING:
             raise ValueError(f"client {client} has no data")
-        return model + (client + 1) * V, client + 1
+        if client == POISONED:
+            return model * float("nan"), 1
+        if client == STRAGGLER:
+            go = os.path.join(os.environ["PB_TEST_DIR"], "go")
+            for _ in range(3000):  # 60 s at most
+                if os.path.exists(go):
+                    break
+                time.sleep(0.02)
+        return model + (client + 1) * V, client + 1, {"loss": client / 8, "acc": 1 / (client + 1)}
 
     def evaluate(model, client):
         return torch.tensor([2.0 * client, g.rank]), 3

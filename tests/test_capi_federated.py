@@ -1,8 +1,11 @@
 """Federated training through the C ABI (cffi ABI mode) on 4 gloo ranks: C workers beside a
 Python worker under a Python server, then a C server with Python and C workers; FedAvg's
-exact value, evaluation payloads, a reported failure named with its worker and client, and
-misuse (NULL, freed and foreign handles, roles on the wrong rank, calls out of order)."""
+exact value, evaluation payloads, per-client metrics and their round means, a reported
+failure and a NaN update named with worker, client and round, a round left early without
+waiting for its straggler, the client sampler, and misuse (NULL, freed and foreign handles,
+roles on the wrong rank, calls out of order)."""
 
+import datetime
 import os
 
 import numpy as np
@@ -18,6 +21,8 @@ pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make 
 WORLD = 4
 CLIENTS = list(range(12))
 FAILING = 100  # a client whose training fails on every worker
+POISONED = 101  # a client whose training gives NaN weights on every worker
+STRAGGLER = 102  # held by its worker until the server says "go"
 # Client c trains to model + (c+1) V from c+1 samples; 39 = 78 / 2 keeps FedAvg's mean, and so
 # every later float32 operation, exact: each round moves the model by 650/78 V = 325 k (lr 1).
 V = 39 * np.arange(1, 6, dtype=np.float32)
@@ -26,6 +31,21 @@ STEP = 325 * np.arange(1, 6, dtype=np.float32)
 
 def _err(ffi, lib):
     return ffi.string(lib.pb_last_error()).decode()
+
+
+def _metrics(client):
+    return {"loss": client / 8, "acc": 1 / (client + 1)}
+
+
+def _weights(model, client):
+    """Client c's trained weights (see V); NaN for POISONED; STRAGGLER waits for "go"."""
+    if client == STRAGGLER:
+        import pybridge.group
+        store = pybridge.group.current().store  # the C ABI's world, seen from this interpreter
+        store.wait(["go"], datetime.timedelta(seconds=60))
+    if client == POISONED:
+        return model * np.float32("nan")
+    return model + (client + 1) * V
 
 
 def _c_worker(ffi, lib, g, rank, out):
@@ -59,8 +79,16 @@ def _c_worker(ffi, lib, g, rank, out):
             metrics = np.array([2.0 * task.client, rank], np.float64)
             assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, metrics), 3) == 0, _err(ffi, lib)
         else:
-            weights = model + (task.client + 1) * V
-            assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, weights), task.client + 1) == 0, _err(ffi, lib)
+            weights = _weights(model, task.client)
+            m = _metrics(task.client)
+            names = [ffi.new("char[]", k.encode()) for k in m]
+            assert lib.pb_fed_worker_submit_metrics(w, _tensor(ffi, lib, weights), task.client + 1, 33, names,
+                                                    list(m.values())) == lib.PB_ERR_INVALID_ARGUMENT
+            assert lib.pb_fed_worker_submit_metrics(w, _tensor(ffi, lib, weights), task.client + 1, 2, ffi.NULL,
+                                                    ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT
+            assert lib.pb_fed_worker_submit_metrics(w, _tensor(ffi, lib, weights), task.client + 1, len(m),
+                                                    ffi.new("char *[]", names), list(m.values())) == 0, \
+                _err(ffi, lib)
     assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, np.zeros(5, np.float32)), 1) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_fed_worker_next_task(w, task, has) == 0 and has[0] == 0  # terminated stays terminated
     assert lib.pb_fed_worker_close(w) == 0
@@ -79,7 +107,7 @@ def _py_worker(rank, out):
         tasks.append((w.round, client, abi.PB_FED_TRAIN))
         if client == FAILING:
             raise ValueError(f"client {client} has no data")
-        return model + (client + 1) * torch.from_numpy(V), client + 1
+        return torch.from_numpy(_weights(model.numpy(), client)), client + 1, _metrics(client)
 
     def evaluate(model, client):
         tasks.append((w.round, client, abi.PB_FED_EVALUATE))
@@ -125,14 +153,25 @@ def _c_server(ffi, lib, g):
         == lib.PB_ERR_INVALID_ARGUMENT
 
     clients = ffi.new("int64_t[]", CLIENTS)
+    assert lib.pb_fed_server_start_round(s, clients, 0, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) \
+        == lib.PB_ERR_INVALID_ARGUMENT  # an empty round
+    assert "at least one client" in _err(ffi, lib)
+    value, found = ffi.new("double *"), ffi.new("int32_t *")
+    assert lib.pb_fed_server_round_metric(s, b"loss", value, found) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
-    seen, grads = [], {}
+    seen, grads, metrics = [], {}, {}
     while True:
         assert lib.pb_fed_server_next_result(s, info, has) == 0, _err(ffi, lib)
         if not has[0]:
             break
         assert info.command == lib.PB_FED_TRAIN and info.length == 5 and info.dtype == lib.PB_FLOAT32
         seen.append((info.round, info.client, info.worker, info.samples))
+        got = {}
+        for name in (b"loss", b"acc", b"none"):
+            assert lib.pb_fed_server_result_metric(s, name, value, found) == 0, _err(ffi, lib)
+            if found[0]:
+                got[name.decode()] = value[0]
+        metrics[info.client] = got
         grad = np.empty(5, np.float32)
         assert lib.pb_fed_server_result_payload(s, _tensor(ffi, lib, np.empty(5, np.float64))) \
             == lib.PB_ERR_INVALID_ARGUMENT
@@ -140,6 +179,12 @@ def _c_server(ffi, lib, g):
         grads[info.client] = grad.tolist()
     assert lib.pb_fed_server_result_payload(s, _tensor(ffi, lib, np.empty(5, np.float32))) \
         == lib.PB_ERR_INVALID_ARGUMENT  # the round's end carries no payload
+    assert lib.pb_fed_server_result_metric(s, b"loss", value, found) == lib.PB_ERR_INVALID_ARGUMENT
+    res["result_metrics"] = metrics
+    res["round_metrics"] = {}
+    for name in (b"loss", b"acc", b"none"):
+        assert lib.pb_fed_server_round_metric(s, name, value, found) == 0, _err(ffi, lib)
+        res["round_metrics"][name.decode()] = value[0] if found[0] else None
     assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, np.empty(4, np.float32)), count) \
         == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_fed_server_aggregate(s, 0.0, _tensor(ffi, lib, model), count) == lib.PB_ERR_INVALID_ARGUMENT
@@ -148,12 +193,21 @@ def _c_server(ffi, lib, g):
     assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, model), count) == lib.PB_ERR_INVALID_ARGUMENT
     res["train"], res["grads"], res["model"] = seen, grads, model.tolist()
 
-    # A second training round at lr 0.5 from the new model.
+    # A second training round at lr 0.5 from the new model; clients 0-3 live on worker 2 only.
+    two = ffi.new("int32_t[1]", [2])
+    for c in range(4):
+        assert lib.pb_fed_server_set_affinity(s, c, two, 1) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_set_affinity(s, 0, ffi.new("int32_t[1]", [0]), 1) == lib.PB_ERR_INVALID_ARGUMENT
+    assert "not worker ranks" in _err(ffi, lib)
+    assert lib.pb_fed_server_set_affinity(s, 0, ffi.NULL, 1) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
-    n = 0
+    n, res["affinity"] = 0, {}
     while lib.pb_fed_server_next_result(s, info, has) == 0 and has[0]:
         n += 1
+        res["affinity"][info.client] = info.worker
     assert n == len(CLIENTS), _err(ffi, lib)
+    for c in range(4):
+        assert lib.pb_fed_server_set_affinity(s, c, ffi.NULL, 0) == 0, _err(ffi, lib)
     assert lib.pb_fed_server_aggregate(s, 0.5, _tensor(ffi, lib, model), count) == 0, _err(ffi, lib)
     res["model2"] = model.tolist()
 
@@ -175,6 +229,44 @@ def _c_server(ffi, lib, g):
     rc = lib.pb_fed_server_next_result(s, info, has)
     res["failure"] = (rc, _err(ffi, lib), info.worker, info.client, has[0])
     assert lib.pb_fed_server_next_result(s, info, has) == 0 and has[0] == 0
+
+    # A NaN update is refused by name (PB_ERR_CORRUPT), and so is a norm past the bound.
+    assert lib.pb_fed_server_set_max_norm(s, -1.0) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_server_set_max_norm(s, float("inf")) == lib.PB_ERR_INVALID_ARGUMENT
+    refused = []
+    for client, bound in ((POISONED, 0.0), (0, 1.0)):  # client 0's update has norm |V| > 1
+        assert lib.pb_fed_server_set_max_norm(s, bound) == 0, _err(ffi, lib)
+        one = ffi.new("int64_t[1]", [client])
+        assert lib.pb_fed_server_start_round(s, one, 1, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+        rc = lib.pb_fed_server_next_result(s, info, has)
+        refused.append((rc, _err(ffi, lib), info.worker, info.client, info.round, has[0]))
+    res["refused"] = refused
+    assert lib.pb_fed_server_set_max_norm(s, 0.0) == 0
+
+    # Over-selection: leave a round before its straggler is back; the next round does not wait
+    # for it and its late result is dropped, so the next FedAvg is exact.
+    before = model.copy()
+    first = ffi.new("int64_t[]", [STRAGGLER, 0, 1, 2, 3, 4, 5])
+    assert lib.pb_fed_server_start_round(s, first, 7, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    for _ in range(6):
+        assert lib.pb_fed_server_next_result(s, info, has) == 0 and has[0] and info.client != STRAGGLER
+    import time
+    t0 = time.monotonic()
+    assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    rounds = set()
+    while lib.pb_fed_server_next_result(s, info, has) == 0 and has[0]:
+        rounds.add(info.round)
+    assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, model), count) == 0, _err(ffi, lib)
+    res["early"] = (time.monotonic() - t0, sorted(rounds), count[0], (model - before).tolist())
+    import pybridge.group
+    pybridge.group.current().store.set("go", "1")
+
+    # The sampler: the core's draw.
+    drawn = ffi.new("int64_t[4]")
+    assert lib.pb_fed_sample_clients(20, 4, 1, 1, drawn) == 0, _err(ffi, lib)
+    res["sampled"] = list(drawn)
+    assert lib.pb_fed_sample_clients(3, 4, 1, 1, drawn) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_sample_clients(3, 2, 1, 1, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT
 
     # Foreign handles: a server is not a worker, nor the reverse.
     foreign = ffi.cast("pb_fed_worker *", s)
@@ -275,3 +367,37 @@ def test_a_reported_failure_names_the_worker_and_the_client(result):
 def test_roles_on_the_wrong_rank_are_refused(result):
     assert "server" in result[0]["misuse"][0]
     assert all("rank 0" in result[w]["misuse"][0] for w in (1, 2, 3))
+
+
+def test_results_carry_the_workers_metrics_and_the_round_averages_them(result):
+    b = result[0]["B"]
+    assert b["result_metrics"] == {c: _metrics(c) for c in CLIENTS}  # from C and Python workers alike
+    n = {c: c + 1 for c in CLIENTS}
+    for name in ("loss", "acc"):
+        want = sum(n[c] * _metrics(c)[name] for c in CLIENTS) / sum(n.values())
+        assert b["round_metrics"][name] == pytest.approx(want, rel=1e-15)
+    assert b["round_metrics"]["none"] is None
+
+
+def test_a_refused_update_names_the_worker_the_client_and_the_round(result):
+    _, lib = load()
+    (rc, msg, worker, client, rnd, has), (rc2, msg2, _, client2, rnd2, _) = result[0]["B"]["refused"]
+    assert (rc, client, has) == (lib.PB_ERR_CORRUPT, POISONED, 0) and worker in (1, 2, 3) and rnd == 5
+    assert f"rank {worker}" in msg and f"client {POISONED}" in msg and "round 5" in msg and "NaN or Inf" in msg
+    assert (rc2, client2, rnd2) == (lib.PB_ERR_CORRUPT, 0, 6) and "exceeds the server's max_norm 1" in msg2
+
+
+def test_a_round_left_early_does_not_wait_for_its_straggler_and_drops_its_result(result):
+    seconds, rounds, count, moved = result[0]["B"]["early"]
+    assert seconds < 20 and rounds == [8] and count == len(CLIENTS)  # the straggler waits 60 s for "go"
+    assert moved == STEP.tolist()  # exactly this round's FedAvg: nothing of the straggler's
+
+
+def test_affinity_keeps_clients_on_the_workers_holding_their_data(result):
+    workers = result[0]["B"]["affinity"]
+    assert sorted(workers) == CLIENTS and all(workers[c] == 2 for c in range(4))
+
+
+def test_the_sampler_is_the_cores(result):
+    from pybridge.federated import sample_clients
+    assert result[0]["B"]["sampled"] == sample_clients(20, 4, seed=1, round=1)

@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -106,6 +107,8 @@ def _c_worker(ffi, lib, g, rank, key, fault):
             _store().wait([f"release-{key}"], WAIT)  # until the server has seen the timeout
         weights = model + (task.client + 1) * V
         assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, weights), task.client + 1) == 0, _err(ffi, lib)
+        if rank == FAULTY and len(tasks) == 2:
+            _store().set(f"late-{key}", "1")  # its late answer is with the server
     if end[0] == 0 and rank == FAULTY:
         _store().set(f"done-{key}", "1")
     assert lib.pb_fed_worker_free(w) == 0, _err(ffi, lib)  # the deprecated name of pb_fed_worker_close
@@ -121,10 +124,12 @@ def stall(rank, world):
         key = f"stall-{requeue}"
         if rank == 0:
             s, out[requeue] = _c_server(ffi, lib, g, key, requeue, 3.0, 2)
-            # The stalled worker stops after its late answer, at the terminate the timeout
-            # sent it: wait for that (close waits only the server's 3 s for it).
-            _store().wait([f"done-{key}"], WAIT)
+            # The stalled worker is taken back once its late answer is in, and then
+            # terminated by close (which would cut it off, past its deadline, before that).
+            _store().wait([f"late-{key}"], WAIT)
+            time.sleep(0.3)
             _close(ffi, lib, s, out[requeue])
+            _store().wait([f"done-{key}"], WAIT)
         else:
             out[requeue] = _c_worker(ffi, lib, g, rank, key, "stall")
     assert lib.pb_finalize(g) == 0, _err(ffi, lib)
@@ -210,7 +215,8 @@ def test_a_stalled_worker_times_out_named_with_its_client_or_is_requeued():
     assert [w for c, w, _ in server["rounds"][late_round - 1] if c == late] in ([1], [3])  # requeued
     for requeue in (0, 1):
         assert res[0][requeue]["close"][0] == 0 and res[0][requeue]["threads"] == []
-        # the stalled worker got no client after the one it stalled on, and was terminated
+        # the stalled worker got no client after the one it stalled on (the rounds were
+        # over when it answered), and was taken back and terminated by close
         assert res[FAULTY][requeue]["tasks"][1][1] == res[0][requeue]["faulty_client"]
         assert len(res[FAULTY][requeue]["tasks"]) == 2
         assert all(res[w][requeue]["end"] == (0, "terminated") for w in (1, 2, 3))

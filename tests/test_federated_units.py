@@ -10,25 +10,26 @@ from pybridge.federated.protocol import HEADER_LEN, UPDATE
 
 
 def test_a_header_round_trips_through_its_tensor():
-    h = Header(TRAIN, round=7, client=42, samples=600, length=1 << 33, dtype=0, seq=9)
+    h = Header(TRAIN, round=7, client=42, samples=600, length=1 << 33, dtype=0, seq=9, metrics=25)
     t = h.tensor()
-    assert t.dtype == torch.int64 and t.tolist() == [TRAIN, 7, 42, 600, 1 << 33, 0, 9] and len(t) == HEADER_LEN
+    assert t.dtype == torch.int64 and t.tolist() == [TRAIN, 7, 42, 600, 1 << 33, 0, 9, 25] and len(t) == HEADER_LEN
     assert Header.parse(t) == h and Header.parse(t).name == "train"
 
 
 @pytest.mark.parametrize("fields,words", [
-    ([99, 1, 0, 0, 0, 0, 0], "unknown command 99"),
-    ([UPDATE, 1, -1, 0, -5, 0, 0], "bad payload"),
-    ([UPDATE, 1, -1, 0, 4, 77, 0], "dtype code 77"),
-    ([TRAIN, 1, 3, -2, 4, 0, 1], "negative sample count"),
+    ([99, 1, 0, 0, 0, 0, 0, 0], "unknown command 99"),
+    ([UPDATE, 1, -1, 0, -5, 0, 0, 0], "bad payload"),
+    ([UPDATE, 1, -1, 0, 4, 77, 0, 0], "dtype code 77"),
+    ([TRAIN, 1, 3, -2, 4, 0, 1, 0], "negative sample count"),
+    ([TRAIN, 1, 3, 2, 4, 0, 1, 1 << 20], "bytes of metrics"),
 ])
 def test_a_corrupt_header_is_refused(fields, words):
     with pytest.raises(CorruptData, match=words):
         Header.parse(torch.tensor(fields, dtype=torch.int64))
 
 
-def _result(client, payload, samples, command=TRAIN):
-    return Result(command, 1, client, 1, samples, payload, 0.0)
+def _result(client, payload, samples, command=TRAIN, round=1):
+    return Result(command, round, client, 1, samples, payload, 0.0)
 
 
 def test_fedavg_is_the_sample_weighted_mean_and_ignores_arrival_order():
@@ -74,6 +75,88 @@ def test_fedavg_misuse_is_refused():
         FedAvg([])
     with pytest.raises(InvalidArgument, match="one floating-point dtype"):
         FedAvg([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
+
+
+def test_fedavg_refuses_stale_results_and_drops_an_unfinished_round():
+    w = torch.nn.Parameter(torch.zeros(2))
+    avg = FedAvg([w])
+    avg.add(_result(0, torch.ones(2), 1, round=3))  # round 3 fails after this client
+    avg.add(_result(1, torch.ones(2), 1, round=4))  # round 4 starts: round 3's sum is dropped
+    assert avg.round == 4 and avg.clients == {1}
+    avg.add(_result(0, -torch.ones(2), 3, round=4))  # re-adding the client of the failed round works
+    with pytest.raises(InvalidArgument, match="client 7's result is stale: it is from round 3, and this "
+                                              "FedAvg is summing round 4"):
+        avg.add(_result(7, torch.ones(2), 1, round=3))
+    assert avg.step() == 2 and w.tolist() == [0.5, 0.5]  # -(1 - 3) / 4: round 3's +1 is not in it
+    with pytest.raises(InvalidArgument, match="stale: it is from round 4, and round 4 was already aggregated"):
+        avg.add(_result(2, torch.ones(2), 1, round=4))
+    avg.add(_result(2, torch.ones(2), 1, round=5))
+    avg.reset()
+    with pytest.raises(InvalidArgument, match="no samples"):
+        avg.step()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_fedavg_applies_no_sum_with_nan_or_inf(bad):
+    w = torch.nn.Parameter(torch.zeros(3))
+    avg = FedAvg([w])
+    avg.add(_result(0, torch.tensor([1.0, bad, 0.0]), 1))
+    with pytest.raises(InvalidArgument, match=r"NaN or Inf \(an update of clients \[0\]"):
+        avg.step()
+    assert w.tolist() == [0.0] * 3 and avg.clients == set()  # reset: the client may be added again
+    avg.add(_result(0, torch.ones(3), 1))
+    avg.step()
+    assert w.tolist() == [-1.0] * 3
+
+
+@pytest.mark.parametrize("values,why", [
+    ([1.0, float("nan"), 2.0], "1 of 3 elements are NaN or Inf"),
+    ([float("inf"), float("-inf"), 2.0], "2 of 3 elements are NaN or Inf"),
+    ([3.0, 4.0], "its L2 norm 5 exceeds the server's max_norm 4.5"),
+])
+def test_integrity_refuses_non_finite_and_too_large_updates(values, why):
+    from pybridge.federated.integrity import refusal
+    assert refusal(torch.tensor(values), max_norm=4.5) == why
+    assert refusal(torch.tensor([3.0, 4.0]), max_norm=5.0) is None
+    assert refusal(torch.tensor([3.0, 4.0])) is None
+    # a float16 update whose norm overflows float16 but is finite
+    assert refusal(torch.full((4,), 60000.0, dtype=torch.float16)) is None
+    assert "overflows" in refusal(torch.full((4,), 1e300, dtype=torch.float64))
+
+
+def test_metrics_round_trip_exactly_and_average_by_samples():
+    from pybridge.federated import metrics
+    m = metrics.check({"loss": 0.1, "accuracy": 1 / 3, "n/top-5": 7})
+    assert metrics.decode(metrics.encode(m)) == m == {"loss": 0.1, "accuracy": 1 / 3, "n/top-5": 7.0}
+    assert metrics.decode(b"") == {} and metrics.check(None) == {}
+    rm = metrics.RoundMetrics()
+    rm.add(1, {"loss": 0.5, "accuracy": 0.25})
+    rm.add(3, {"loss": 0.1})
+    rm.add(0, {"zero": 4.0})
+    rm.add(0, {"zero": 2.0})
+    assert rm.means() == {"loss": (0.5 + 3 * 0.1) / 4, "accuracy": 0.25, "zero": 3.0}
+    for bad, words in [({"a b": 1.0}, "not an identifier"), ({"x" * 65: 1}, "not an identifier"),
+                       ({"loss": "high"}, "must be a number"), ({"ok": True}, "must be a number"),
+                       ({f"m{i}": 0 for i in range(33)}, "at most 32"), ([1.0], "must be a dict")]:
+        with pytest.raises(InvalidArgument, match=words):
+            metrics.check(bad)
+    with pytest.raises(CorruptData, match="name=value"):
+        metrics.decode(b"loss")
+
+
+def test_client_sampler_is_reproducible_by_seed_and_round():
+    from pybridge.federated import sample_clients
+    a = sample_clients(100, 10, seed=7, round=3)
+    assert a == sample_clients(100, 10, seed=7, round=3) and len(set(a)) == 10 and a == sorted(a)
+    assert all(0 <= c < 100 for c in a)
+    assert a != sample_clients(100, 10, seed=7, round=4) and a != sample_clients(100, 10, seed=8, round=3)
+    # a pinned draw: the same on every machine and version (C and Go call this function)
+    assert sample_clients(20, 4, seed=1, round=1) == [0, 3, 11, 13]
+    assert sample_clients(5, 5, seed=0, round=0) == [0, 1, 2, 3, 4]
+    for args, words in [((0, 1, 0, 0), "num_clients"), ((5, 6, 0, 0), "per_round"), ((5, 0, 0, 0), "per_round"),
+                        ((5, 2, 0, -1), "round"), ((5, 2, 1.5, 0), "seed")]:
+        with pytest.raises(InvalidArgument, match=words):
+            sample_clients(*args)
 
 
 class _FakeServer:

@@ -6,11 +6,13 @@ the next pull), a worker handle its open task. Caller memory is read or written 
 call only.
 """
 
+import math
+
 from .. import abi, capi, dtypes
 from ..checks import integer
 from ..errors import InvalidArgument, WorkerFailed
-from ..federated import EVALUATE, TRAIN, FedAvgRounds, Server, Worker
-from . import flag, handles, live_group, tensor
+from ..federated import EVALUATE, TRAIN, FedAvgRounds, Server, Worker, sample_clients
+from . import flag, handles, live_group, tensor, text
 
 MODES = {abi.PB_FED_ASYNC: "async", abi.PB_FED_SYNC: "sync",
          abi.PB_FED_FEDBUFF: "fedbuff", abi.PB_FED_FEDASYNC: "fedasync"}  # the last two: fed_strategies.py
@@ -21,6 +23,7 @@ class FedServer:
     def __init__(self, rounds):
         self.rounds = rounds  # the core's FedAvgRounds: the server, its model copy, the round's FedAvg
         self.payload = None  # the last result's payload, until the next pull
+        self.metrics = None  # the last result's metrics, until the next pull
 
 
 class FedWorker:
@@ -69,6 +72,21 @@ def pb_fed_server_new(group, mode, timeout, requeue, out):
         raise
 
 
+def pb_fed_server_set_max_norm(server, max_norm):
+    s = _server(server)
+    if not (max_norm >= 0 and math.isfinite(max_norm)):
+        raise InvalidArgument(f"max_norm must be >= 0 and finite (0: no bound), got {max_norm!r}")
+    s.rounds.server.max_norm = max_norm or None
+
+
+def pb_fed_server_set_affinity(server, client, workers, n):
+    s = _server(server)
+    integer("n", n, low=0)
+    if n and workers == capi.ffi.NULL:
+        raise InvalidArgument(f"workers is NULL with n = {n}")
+    s.rounds.server.set_affinity(client, [int(workers[i]) for i in range(n)])
+
+
 def _no_round():
     return InvalidArgument("no round was started: call pb_fed_server_start_round first")
 
@@ -82,7 +100,7 @@ def pb_fed_server_start_round(server, clients, n, model, command):
     if n and clients == capi.ffi.NULL:
         raise InvalidArgument(f"clients is NULL with n = {n}")
     m = tensor(model, "model")
-    s.payload = None
+    s.payload = s.metrics = None
     s.rounds.start([int(clients[i]) for i in range(n)], m, evaluate=command == abi.PB_FED_EVALUATE)
 
 
@@ -92,13 +110,13 @@ def pb_fed_server_next_result(server, out, has_result):
     has_result[0] = 0
     out.command, out.worker, out.round, out.client = 0, -1, 0, -1
     out.samples, out.length, out.dtype, out.reserved, out.seconds = 0, 0, 0, 0, 0.0
-    s.payload = None
+    s.payload = s.metrics = None
     if not s.rounds.started:
         raise _no_round()
     try:
         r = s.rounds.next_result()
     except WorkerFailed as exc:
-        out.round = s.rounds.server.round
+        out.round = s.rounds.server.round if exc.round is None else exc.round
         out.worker = -1 if exc.worker is None else exc.worker
         out.client = -1 if exc.client is None else exc.client
         raise
@@ -107,7 +125,7 @@ def pb_fed_server_next_result(server, out, has_result):
     out.command, out.worker, out.round, out.client = r.command, r.worker, r.round, r.client
     out.samples, out.length, out.dtype, out.seconds = r.samples, r.payload.numel(), dtypes.code(r.payload.dtype), \
         r.seconds
-    s.payload = r.payload
+    s.payload, s.metrics = r.payload, r.metrics
     has_result[0] = 1
 
 
@@ -116,6 +134,29 @@ def pb_fed_server_result_payload(server, out):
     if s.payload is None:
         raise InvalidArgument("no result to copy: pb_fed_server_next_result returned none since the last call")
     _copy_out(s.payload, out, "result's payload")
+
+
+def _metric(metrics, name, value, found):
+    _not_null((value, "value"), (found, "found"))
+    key = text(name)
+    if not key:
+        raise InvalidArgument("name is NULL or empty")
+    found[0] = int(key in metrics)
+    value[0] = metrics.get(key, 0.0)
+
+
+def pb_fed_server_result_metric(server, name, value, found):
+    s = _server(server)
+    if s.metrics is None:
+        raise InvalidArgument("no result: pb_fed_server_next_result returned none since the last call")
+    _metric(s.metrics, name, value, found)
+
+
+def pb_fed_server_round_metric(server, name, value, found):
+    s = _server(server)
+    if s.rounds.server.current is None:
+        raise _no_round()
+    _metric(s.rounds.server.current.metrics, name, value, found)
 
 
 def pb_fed_server_aggregate(server, lr, model, clients):
@@ -179,6 +220,21 @@ def pb_fed_worker_submit(worker, result, samples):
     c.task = None
 
 
+def pb_fed_worker_submit_metrics(worker, result, samples, n, names, values):
+    c = _worker(worker)
+    integer("n", n, low=0, high=abi.PB_FED_MAX_METRICS)
+    if n and (names == capi.ffi.NULL or values == capi.ffi.NULL):
+        raise InvalidArgument(f"{'names' if names == capi.ffi.NULL else 'values'} is NULL with n = {n}")
+    metrics = {}
+    for i in range(n):
+        name = text(names[i])
+        if not name or name in metrics:
+            raise InvalidArgument(f"names[{i}] is NULL, empty or repeated ({name!r})")
+        metrics[name] = float(values[i])
+    c.worker.submit(_open_task(c), tensor(result, "result"), samples, metrics)
+    c.task = None
+
+
 def pb_fed_worker_fail(worker, message):
     c = _worker(worker)
     text = "" if message == capi.ffi.NULL else capi.ffi.string(message).decode("utf-8", "replace")
@@ -194,3 +250,9 @@ def pb_fed_worker_close(worker):
 
 pb_fed_worker_free = pb_fed_worker_close  # deprecated name (pybridge.h), the same function
 
+
+
+def pb_fed_sample_clients(num_clients, per_round, seed, round, out):
+    _not_null((out, "out"))
+    for i, c in enumerate(sample_clients(num_clients, per_round, seed, round)):
+        out[i] = c

@@ -7,6 +7,11 @@ results arrive in changes it only by float64 rounding (about 1e-16 relative), fa
 model's own precision: async and sync rounds give the same model, bit for bit unless a
 float64 sum falls exactly on a float32 rounding boundary. Memory is one float64 copy of the
 model, however many clients a round has.
+
+A FedAvg is bound to one round at a time, the round of the results it sums: a result of
+an earlier round, or of a round already stepped, is stale and refused; the first result
+of a later round drops what an unfinished round had added (that round failed or was
+left), so no partial sum reaches a later step().
 """
 
 import torch
@@ -31,6 +36,8 @@ class FedAvg:
         self._sum = torch.zeros(self.numel, dtype=torch.float64, device=self.params[0].device)
         self._samples = 0
         self.clients = set()  # clients added this round
+        self.round = None  # the round being summed (None: nothing added since the last step or reset)
+        self.stepped = None  # the last round applied by step()
 
     def vector(self):
         """The model as one flat tensor (a copy): what Server.run_round sends."""
@@ -40,6 +47,14 @@ class FedAvg:
         """Add one client's Result (command TRAIN) to the round's weighted sum."""
         if result.command != TRAIN:
             raise InvalidArgument(f"FedAvg adds training results; client {result.client} was evaluated")
+        if self.stepped is not None and result.round <= self.stepped:
+            raise InvalidArgument(f"client {result.client}'s result is stale: it is from round {result.round}, "
+                                  f"and round {self.stepped} was already aggregated")
+        if self.round is not None and result.round != self.round:
+            if result.round < self.round:
+                raise InvalidArgument(f"client {result.client}'s result is stale: it is from round "
+                                      f"{result.round}, and this FedAvg is summing round {self.round}")
+            self.reset()  # round self.round failed or was left unfinished: its partial sum goes
         if result.client in self.clients:
             raise InvalidArgument(f"client {result.client} was already added this round")
         if result.payload.numel() != self.numel:
@@ -48,12 +63,25 @@ class FedAvg:
         self._sum.add_(result.payload.to(self._sum.device, torch.float64), alpha=result.samples)
         self._samples += result.samples
         self.clients.add(result.client)
+        self.round = result.round
+
+    def reset(self):
+        """Drop the round's sum (after a failed round, say): the next add() starts afresh."""
+        self._sum.zero_()
+        self._samples = 0
+        self.clients = set()
+        self.round = None
 
     def step(self):
         """Apply the round: every parameter's gradient is its slice of sum(n_i * delta_i) /
         sum(n_i), then the optimizer steps. Returns the number of clients aggregated."""
         if self._samples == 0:
             raise InvalidArgument("no samples to average this round (no results added, or all had 0 samples)")
+        if not bool(torch.isfinite(self._sum).all()):  # results added by hand: the server refuses these
+            clients = sorted(self.clients)
+            self.reset()
+            raise InvalidArgument(f"the round's sum holds NaN or Inf (an update of clients {clients} was "
+                                  "not finite): nothing was applied and the sum was reset")
         mean = self._sum / self._samples
         offset = 0
         for p in self.params:
@@ -62,7 +90,6 @@ class FedAvg:
             offset += n
         self.optimizer.step()
         count = len(self.clients)
-        self._sum.zero_()
-        self._samples = 0
-        self.clients = set()
+        self.stepped = self.round
+        self.reset()
         return count

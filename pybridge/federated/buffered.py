@@ -26,13 +26,13 @@ import collections
 
 import torch
 
-from .. import dtypes
 from ..checks import integer
-from ..errors import InvalidArgument, PyBridgeError, WorkerFailed
-from .protocol import TRAIN, UPDATE, Header
+from ..errors import InvalidArgument
+from .protocol import EVALUATE, TRAIN
 from .staleness import Staleness
 
 MODES = ("fedbuff", "fedasync")  # Server modes handled here
+REFUSED_RETRIES = 1  # with requeue, a client whose update was refused (NaN, Inf, norm) goes out once more
 DEFAULT_BUFFER = 10  # FedBuff's K when none is given
 
 
@@ -113,17 +113,17 @@ class UpdateBuffer:
 class Stream:
     """Hands clients out through a Server in a buffered mode, across model versions.
 
-    `model` is the server's flat model (FedAvgRounds.model), read whenever a worker needs
-    the current version; advance() says it changed. Results come in completion order from
-    next(), which returns None when nothing is left to hand out and a worker is idle:
-    clients still out stay out, and their results come with later calls (applied late)."""
+    `model` is the server's flat model (FedAvgRounds.model), which the server sends to a
+    worker holding an older version before its next client; advance() says it changed.
+    Results come in completion order from next(), which returns None when nothing is left
+    to hand out and a worker is idle: clients still out stay out, and their results come
+    with later calls (applied late). Evaluations are handed out before training clients."""
 
     def __init__(self, server, model):
         self.server = server
-        self.model = model
-        self.pending = collections.deque()  # (client, command)
-        self.held = {}  # worker -> the model version it holds
-        server._model = (model.numel(), dtypes.code(model.dtype))  # what the server checks results against
+        self.pending = {EVALUATE: collections.deque(), TRAIN: collections.deque()}
+        self._refusals = collections.Counter()
+        server._model = model  # the live model: the server sends it, as is, to workers behind
         server.round += 1  # the version numbers travel in the headers' round field
 
     @property
@@ -135,7 +135,10 @@ class Stream:
 
     def add(self, clients, command):
         from .server import _client_list  # the same checks as a round's (server.py imports this module)
-        self.pending.extend((c, command) for c in _client_list(clients))
+        self.pending[command].extend(_client_list(clients))
+
+    def _left(self):
+        return [c for q in self.pending.values() for c in q]
 
     def next(self, wait=False):
         """The next Result, or None: with nothing left to hand out, as soon as a worker is
@@ -144,39 +147,25 @@ class Stream:
         while True:
             s._check_open()
             for w in s._idle():
-                if not self.pending:
-                    break
-                if self.held.get(w) != s.round and not self._send_model(w):
-                    continue
-                client, command = self.pending.popleft()
-                s._assign(w, client, command)
-            if not self.pending and (not s._busy or (s._idle() and not wait)):
+                for command, queue in self.pending.items():
+                    client = s._take(queue, w)  # the first this worker may hold (affinity)
+                    if client is not None:
+                        s._assign(w, client, command)  # sends the newest version first if need be
+                        break
+            left = self._left()
+            if not left and (not s._busy or (s._idle() and not wait)):
                 return None
             if not s._busy:
-                raise WorkerFailed(f"no federated workers are left (lost: {s._lost_text()}); "
-                                   f"clients {[c for c, _ in self.pending]} were not done")
+                raise s._stuck(left, s.round)
             kind, a, value = s._next_outcome()
             if a is None:
-                continue  # a worker lost while idle
+                continue  # a worker lost while idle, or a stalled one taken back
             if kind == "result":
                 return value
-            if kind == "lost" and s.requeue:
-                self.pending.appendleft((a.client, a.command))
+            if kind == "refused" and s.requeue and self._refusals[a.client] < REFUSED_RETRIES:
+                self._refusals[a.client] += 1
+                self.pending[a.command].appendleft(a.client)
+            elif kind == "lost" and s.requeue:
+                self.pending[a.command].appendleft(a.client)
             else:
                 raise value
-
-    def _send_model(self, w):
-        """The current version to idle worker `w`; False if it was lost on the way."""
-        s, links = self.server, self.server._links
-        h = Header(UPDATE, s.round, length=self.model.numel(), dtype=dtypes.code(self.model.dtype))
-        try:  # the worker waits for a header, so these return at once
-            links.send_header(h, w, links.down)
-            links.send_payload(self.model.to(links.device), w, links.down)
-        except PyBridgeError as exc:
-            err = WorkerFailed(f"federated worker rank {w} was lost while receiving model version {s.round}: "
-                               f"{exc}", w)
-            err.__cause__ = exc
-            s._retire(w, err)  # it held no client: nothing to requeue
-            return False
-        self.held[w] = s.round
-        return True

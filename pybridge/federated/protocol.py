@@ -22,14 +22,18 @@ Header fields, in order (int64 each):
   length   elements in the payload that follows (0: none)
   dtype    the payload's element type (pybridge dtype code, as PB_FLOAT32 ...)
   seq      per-worker task number: a result carries its task's seq
+  metrics  bytes of the result's metrics text (metrics.py) that follow the payload on the
+           control link (0: none)
 """
 
+import datetime
 from dataclasses import dataclass
 
 import torch
 
 from .. import abi, collectives, dtypes
 from ..errors import CorruptData, InvalidArgument
+from .metrics import MAX_BYTES as MAX_METRICS_BYTES
 
 # Commands.
 UPDATE = 1     # server: the model for `round`; its `length` elements follow
@@ -39,7 +43,7 @@ TERMINATE = 4  # server: stop; worker: acknowledgement, its last message
 FAILED = 5     # worker: the task raised; the payload is the message (UTF-8 bytes, uint8)
 
 NAMES = {UPDATE: "update", TRAIN: "train", EVALUATE: "evaluate", TERMINATE: "terminate", FAILED: "failed"}
-FIELDS = ("command", "round", "client", "samples", "length", "dtype", "seq")
+FIELDS = ("command", "round", "client", "samples", "length", "dtype", "seq", "metrics")
 HEADER_LEN = len(FIELDS)
 NO_CLIENT = -1
 MAX_LENGTH = 1 << 40  # elements; a header beyond this is corrupt, not an allocation to try
@@ -47,6 +51,8 @@ MAX_LENGTH = 1 << 40  # elements; a header beyond this is corrupt, not an alloca
 # Tags: a header and its payload travel on the same link, the payload after its header.
 TAG_HEADER = 1
 TAG_PAYLOAD = 2
+TAG_METRICS = 3  # a result's metrics text, after its payload, on the control link
+TAG_CUT = 4  # never sent: a receive on it that times out closes a link (Links.cut)
 
 SERVER = 0  # the server's rank in the federated group
 
@@ -62,6 +68,7 @@ class Header:
     length: int = 0
     dtype: int = dtypes.FLOAT32
     seq: int = 0
+    metrics: int = 0
 
     def tensor(self):
         return torch.tensor([getattr(self, f) for f in FIELDS], dtype=torch.int64)
@@ -76,6 +83,9 @@ class Header:
             raise CorruptData(f"federated header has a bad payload (length {h.length}, dtype code {h.dtype})")
         if h.samples < 0:
             raise CorruptData(f"federated header has a negative sample count {h.samples}")
+        if not 0 <= h.metrics <= MAX_METRICS_BYTES:
+            raise CorruptData(f"federated header announces {h.metrics} bytes of metrics "
+                              f"(at most {MAX_METRICS_BYTES})")
         return h
 
     @property
@@ -124,6 +134,30 @@ class Links:
             if out is None else out
         collectives.recv(t, src, TAG_PAYLOAD, group=self.data(link))
         return t
+
+    def send_metrics(self, data, dst):
+        """A result's metrics text (bytes), after its header and payload, on the up control link."""
+        t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        collectives.send(t, dst, TAG_METRICS, group=self.up)
+
+    def recv_metrics(self, header, src):
+        t = torch.empty(header.metrics, dtype=torch.uint8)
+        collectives.recv(t, src, TAG_METRICS, group=self.up)
+        return t.numpy().tobytes()
+
+    def cut(self, peer):
+        """Fail every receive and send still waiting on the gloo links: gloo cannot cancel a
+        receive, but one that times out makes it close all the connections of its link
+        (measured: the others fail with "Application timeout caused pair closure" at once).
+        `peer` must still be connected (a receive from a closed pair fails without the
+        timeout). For close() only: the links are of no use afterwards."""
+        for link in (self.down, self.up, self.data_down, self.data_up):
+            if link.closed or link.backend != "gloo":
+                continue  # an NCCL data link: nothing waits on it unless a worker died mid-message
+            try:
+                link.pg.recv([torch.empty(1)], peer, TAG_CUT).wait(datetime.timedelta(milliseconds=1))
+            except RuntimeError:
+                pass  # the timeout that closes the link, or the pair was closed already
 
     def close(self):
         for g in (self.up, self.down, self.data_up, self.data_down):

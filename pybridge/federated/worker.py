@@ -8,6 +8,7 @@ return its result. Two ways to drive it:
 The worker holds the client data; the server sends only client ids.
 """
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,7 @@ from .. import dtypes
 from .. import group as _group
 from ..checks import integer
 from ..errors import Closed, CommError, CorruptData, InvalidArgument
+from . import metrics as _metrics
 from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE, Header,
                        Links, encode_message, flat)
 
@@ -64,10 +66,11 @@ class Worker:
             raise InvalidArgument(f"client {self._task.client} was not answered yet: "
                                   "submit() or fail() it before asking for the next task")
         links = self._links
+        waiting = "while waiting for its next task"
         while True:
-            h = self._from_server(links.recv_header, SERVER, links.down)
+            h = self._from_server(waiting, links.recv_header, SERVER, links.down)
             if h.command == UPDATE:
-                self._from_server(self._receive_model, h)
+                self._from_server(waiting, self._receive_model, h)
             elif h.command == TERMINATE:
                 links.send_header(Header(TERMINATE, self.round), SERVER, links.up)
                 self.close()
@@ -79,13 +82,13 @@ class Worker:
                 raise CorruptData(f"worker {self.rank} got an unexpected {h.name} message for round "
                                   f"{h.round} (its model is for round {self.round})")
 
-    def _from_server(self, receive, *args):
-        """receive(*args); a lost connection is said to be the server's."""
+    def _from_server(self, doing, call, *args):
+        """call(*args); a lost connection is said to be the server's (it died, or cut this
+        worker off at close)."""
         try:
-            return receive(*args)
+            return call(*args)
         except CommError as exc:
-            err = type(exc)(f"federated worker {self.rank} lost the server (rank {SERVER}) while waiting "
-                            f"for its next task: {exc}")
+            err = type(exc)(f"federated worker {self.rank} lost the server (rank {SERVER}) {doing}: {exc}")
             raise err from exc
 
     def _receive_model(self, h):
@@ -95,28 +98,37 @@ class Worker:
         self._links.recv_payload(h, SERVER, self._links.down, out=self._model)
         self.round = h.round
 
-    def submit(self, task, result, samples):
+    def submit(self, task, result, samples, metrics=None):
         """Answer `task`. TRAIN: `result` is the client's trained weights (same size and
         dtype as the model) and `samples` the number of examples trained on; the server
         receives the pseudo-gradient (round model - result). EVALUATE: `result` is any flat
-        tensor of metrics, sent as is; `samples` the number of examples evaluated."""
-        self._send(task, *self._payload(task, result, samples))
+        tensor of metrics, sent as is; `samples` the number of examples evaluated.
+        `metrics`: a small dict of floats (loss, accuracy, ...) sent with the result; the
+        server averages them over the round, weighted by samples."""
+        self._send(task, *self._payload(task, result, samples, metrics))
 
     def fail(self, task, message):
         """Tell the server that `task` could not be done (it raises, naming this worker)."""
         self._check_task(task)
-        self._send(task, encode_message(str(message)).to(self._links.device), 0, FAILED)
+        self._send(task, encode_message(str(message)).to(self._links.device), 0, FAILED, b"")
 
     def serve(self, train, evaluate=None):
         """Answer tasks until the server terminates: train(model, client) and
-        evaluate(model, client) return (tensor, samples) as submit() takes them. An
-        exception in them is reported to the server (fail()) and the loop goes on."""
+        evaluate(model, client) return (tensor, samples) or (tensor, samples, metrics) as
+        submit() takes them. The round is passed too to a function that requires a third
+        positional argument, train(model, client, round), or has a parameter named `round`
+        (as a keyword); two-argument functions are called as before. An exception in them is reported
+        to the server (fail()) and the loop goes on."""
+        with_round = {fn: _takes_round(fn) for fn in (train, evaluate) if fn is not None}
         while (task := self.next_task()) is not None:
             fn = evaluate if task.evaluate else train
             try:
                 if fn is None:
                     raise InvalidArgument(f"worker {self.rank} has no evaluate function")
-                payload = self._payload(task, *fn(task.model, task.client))
+                how = with_round[fn]
+                value = fn(task.model, task.client, task.round) if how == "positional" else \
+                    fn(task.model, task.client, round=task.round) if how == "keyword" else fn(task.model, task.client)
+                payload = self._payload(task, *_answer(value))
             except Exception as exc:  # noqa: BLE001 - the server decides what a failed client means
                 self.fail(task, f"{type(exc).__name__}: {exc}")
                 continue
@@ -128,9 +140,10 @@ class Worker:
         if task is None or task is not self._task:
             raise InvalidArgument("that task is not this worker's open task (answer each task once)")
 
-    def _payload(self, task, result, samples):
+    def _payload(self, task, result, samples, metrics=None):
         self._check_task(task)
         integer("samples", samples, low=0)
+        metrics = _metrics.encode(_metrics.check(metrics))
         result = flat(result, "result")
         if task.command == TRAIN:
             if result.numel() != self._model.numel() or result.dtype != self._model.dtype:
@@ -138,16 +151,22 @@ class Worker:
                     f"trained weights must match the model ({self._model.numel()} x {self._model.dtype}); "
                     f"got {result.numel()} x {result.dtype}")
             result = self._model - result.to(self._model.device)  # the pseudo-gradient
-        return result.to(self._links.device), samples, task.command
+        return result.to(self._links.device), samples, task.command, metrics
 
-    def _send(self, task, payload, samples, command):
+    def _send(self, task, payload, samples, command, metrics):
+        self._from_server(f"while sending client {task.client}'s result (round {task.round})",
+                          self._send_message, task, payload, samples, command, metrics)
+        self._task = None
+
+    def _send_message(self, task, payload, samples, command, metrics):
         links = self._links
         h = Header(command, task.round, task.client, samples, payload.numel(), dtypes.code(payload.dtype),
-                   task.seq)
+                   task.seq, len(metrics))
         links.send_header(h, SERVER, links.up)
         if payload.numel():
             links.send_payload(payload, SERVER, links.up)
-        self._task = None
+        if metrics:
+            links.send_metrics(metrics, SERVER)
 
     def close(self):
         """Free the links. The server's terminate does it; call it to leave early."""
@@ -155,3 +174,28 @@ class Worker:
             self.closed = True
             self._task = None
             self._links.close()
+
+
+def _takes_round(fn):
+    """How fn gets the round: "positional" when it requires a third positional argument,
+    "keyword" when it has a parameter named `round`, else None (the older two-argument
+    form; a third parameter with a default is left alone, it may mean something else)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None  # no signature to read (some builtins): the two-argument form
+    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.default is p.empty]
+    if len(required) >= 3:
+        return "positional"
+    if any(p.name == "round" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+        return "keyword"
+    return None
+
+
+def _answer(value):
+    """A train or evaluate function's return value as submit()'s (result, samples, metrics)."""
+    if not isinstance(value, tuple) or len(value) not in (2, 3):
+        raise InvalidArgument("a train or evaluate function returns (tensor, samples) or "
+                              f"(tensor, samples, metrics), got {type(value).__name__}")
+    return value

@@ -1,0 +1,23 @@
+"""The server's check of a client's update before it can reach an aggregate: NaN or Inf
+elements, or (optionally) an L2 norm past a bound. One pass over the update: its norm is
+finite exactly when every element is (a NaN or Inf makes it NaN or Inf), so the elements
+are counted only for the message of a refused one."""
+
+import torch
+
+
+def refusal(update, max_norm=None):
+    """Why `update` (a pseudo-gradient) is refused, or None when it is accepted."""
+    if update.numel() == 0:
+        return None
+    # 16-bit updates: a float32 norm, so that a legitimate one does not overflow 65504
+    acc = torch.float64 if update.dtype == torch.float64 else torch.float32
+    norm = float(torch.linalg.vector_norm(update, dtype=acc))
+    if norm != norm or norm == float("inf"):
+        bad = int((~torch.isfinite(update)).sum())
+        if bad:
+            return f"{bad} of {update.numel()} elements are NaN or Inf"
+        return f"its L2 norm overflows {acc}"
+    if max_norm is not None and norm > max_norm:
+        return f"its L2 norm {norm:.6g} exceeds the server's max_norm {max_norm:g}"
+    return None
