@@ -2,7 +2,8 @@
 model steps every K results without waiting for the slow worker, whose results come in
 late and weighted by their staleness (the final model checked against a float64 sum
 computed here from the order results arrived in), a result past max_staleness refused by
-name, and the workers always trained on the version they were sent."""
+name, a NaN update refused by name, and the workers always trained on the version they
+were sent."""
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from ranks import run_ranks
 
 WORLD = 4
 V = torch.arange(1, 6, dtype=torch.float32)
+POISON = 99  # a client whose update is NaN
 
 
 def _known(model, client):
@@ -28,7 +30,8 @@ def _serve(g, rank, slow, out):
     while (task := w.next_task()) is not None:
         out["tasks"].append((task.round, task.client, task.model[0].item()))
         time.sleep(slow if rank == 1 else 0.01)
-        w.submit(task, *_known(task.model, task.client))
+        weights, n = _known(task.model, task.client)
+        w.submit(task, weights * float("nan") if task.client == POISON else weights, n)
 
 
 def _fedbuff(g, rank, out):
@@ -65,6 +68,13 @@ def _fedasync(g, rank, out):
             rounds.server.run_round([0], torch.zeros(5))
         except Exception as exc:  # noqa: BLE001
             out["run_round"] = f"{type(exc).__name__}: {exc}"
+        steps = len(rounds.history)
+        rounds.start([POISON], rounds.model)
+        try:
+            list(rounds)  # over at once: the other workers are idle
+            list(rounds.drain())
+        except Exception as exc:  # noqa: BLE001
+            out["poison"] = (type(exc).__name__, exc.worker, exc.client, str(exc), len(rounds.history) - steps)
 
 
 def scenarios(rank, world):
@@ -114,10 +124,13 @@ def test_fedbuff_steps_every_k_results_and_weights_late_ones_by_staleness(result
 def test_fedasync_steps_at_every_result_and_refuses_what_is_too_stale(result):
     s = result[0]["fedasync"]
     assert all(h[0] == 1 for h in s["history"])
-    assert all(w == n / (t + 1.0) for _, [t], [w], n in s["history"])  # hinge(1, 0) times the samples
+    assert all(w == 1.0 / (t + 1.0) * n for _, [t], [w], n in s["history"]), s["history"]  # s(tau) = hinge(1, 0)
     assert any(t > 0 for _, [t], _, _ in s["history"])
     assert s["refused"] and all(w == 1 and tau > 2 for w, _, tau, _ in s["refused"])
     worker, client, tau, text = s["refused"][0]
     assert f"worker 1's update for client {client}" in text and f"{tau} versions old (max_staleness 2)" in text
     assert len(s["history"]) + len(s["refused"]) == 12
     assert "fedasync hands clients out across model versions" in s["run_round"]
+    kind, worker, client, text, stepped = s["poison"]  # refused by name, never applied
+    assert kind == "UpdateRefused" and client == POISON and worker in (1, 2, 3) and stepped == 0
+    assert f"client {POISON}'s update" in text and "refused" in text
