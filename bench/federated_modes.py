@@ -30,9 +30,9 @@ WORLD = 4  # the server and 3 workers
 MODES = ("sync", "async", "fedbuff")
 PROFILES = {"1x, 1x, 4x": ["--speeds", "1,1,4"], "long tail": ["--long-tail"]}
 FULL = {"rounds": 60, "target": 0.7, "client_seconds": 0.2, "local_epochs": 5, "train": 10000, "test": 2000,
-        "buffer_size": 3}
+        "buffer_size": 3, "warm_up": True}
 QUICK = {"rounds": 2, "target": 0.2, "client_seconds": 0.02, "local_epochs": 1, "train": 2000, "test": 300,
-         "buffer_size": 3}
+         "buffer_size": 3, "warm_up": False}
 
 
 def plan():
@@ -55,9 +55,10 @@ def ranks(data, preset, out_dir):
     not measured: the first training in a process pays for imports and first calls."""
     import pybridge
     g = pybridge.init(backend="gloo", timeout=120)
-    federated, opts = case_args(data, {**preset, "rounds": 1}, "1x, 1x, 4x", "async",
-                                os.path.join(out_dir, "warm-up.jsonl"))
-    (federated.serve if g.rank == 0 else federated.work)(opts, g)
+    if preset["warm_up"]:
+        federated, opts = case_args(data, {**preset, "rounds": 1}, "1x, 1x, 4x", "async",
+                                    os.path.join(out_dir, "warm-up.jsonl"))
+        (federated.serve if g.rank == 0 else federated.work)(opts, g)
     for i, (profile, mode) in enumerate(plan()):
         federated, opts = case_args(data, preset, profile, mode, os.path.join(out_dir, f"case{i}.jsonl"))
         (federated.serve if g.rank == 0 else federated.work)(opts, g)
