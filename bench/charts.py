@@ -197,9 +197,25 @@ def federated_modes(plt, data):
     return fig
 
 
+def federated_strategies(plt, data):
+    """Milliseconds per result and per step of each aggregation case."""
+    names = list(data["seconds"])
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    ax.barh(range(len(names)), [data["seconds"][n] * 1e3 for n in names],
+            color=["C0" if n.startswith("add") else "C1" for n in names])
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds (lower is better)")
+    ax.set_title(f"federated server aggregation, {data['numel']} float32 elements", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
 DRAW = {"collectives": collectives, "reducer": reducer, "recordio": recordio, "mnist": mnist,
         "gossip": gossip, "gossip-mnist": gossip_mnist, "federated": federated,
-        "federated-mnist": federated_mnist, "federated-modes": federated_modes}
+        "federated-mnist": federated_mnist, "federated-modes": federated_modes,
+        "federated-strategies": federated_strategies}
 
 
 def draw(name, data):
