@@ -31,7 +31,7 @@ MODES = ("sync", "async", "fedbuff")
 PROFILES = {"1x, 1x, 4x": ["--speeds", "1,1,4"], "long tail": ["--long-tail"]}
 FULL = {"rounds": 60, "target": 0.7, "client_seconds": 0.2, "local_epochs": 5, "train": 10000, "test": 2000,
         "buffer_size": 3, "warm_up": True}
-QUICK = {"rounds": 2, "target": 0.2, "client_seconds": 0.02, "local_epochs": 1, "train": 2000, "test": 300,
+QUICK = {"rounds": 1, "target": 0.2, "client_seconds": 0.02, "local_epochs": 1, "train": 2000, "test": 300,
          "buffer_size": 3, "warm_up": False}
 
 
