@@ -53,7 +53,10 @@ def case_args(data, preset, profile, mode, metrics):
 def ranks(data, preset, out_dir):
     """Every case on this rank (a launched process, or tests/ranks.py's), after one round
     not measured: the first training in a process pays for imports and first calls."""
+    import torch
+
     import pybridge
+    torch.set_num_threads(1)  # one core per rank, also where torch was imported before OMP_NUM_THREADS was set
     g = pybridge.init(backend="gloo", timeout=120)
     if preset["warm_up"]:
         federated, opts = case_args(data, {**preset, "rounds": 1}, "1x, 1x, 4x", "async",

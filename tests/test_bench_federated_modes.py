@@ -14,7 +14,6 @@ import federated_modes as bench  # noqa: E402
 
 
 def _ranks(rank, world, data, out_dir):
-    os.environ["OMP_NUM_THREADS"] = "1"
     bench.ranks(data, bench.QUICK, out_dir)
 
 
