@@ -34,6 +34,7 @@ type options struct {
 	checkpoint, initWeights, metrics, reduce string
 	syncEvery, localEpochs                   int
 	resume, federated                        bool
+	proxMu                                   float64
 }
 
 func parseFlags(args []string) (options, error) {
@@ -48,6 +49,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.syncEvery, "sync-every", 0, "gossip: average the parameters over all ranks every N steps (0: only before evaluating)")
 	fs.BoolVar(&o.federated, "federated", false, "run as a federated worker of federated_go.py's server (--batch-size is then the local batch)")
 	fs.IntVar(&o.localEpochs, "local-epochs", 1, "federated: passes over a client's data per task")
+	fs.Float64Var(&o.proxMu, "prox-mu", 0, "federated: FedProx's mu (0: plain local SGD)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -59,6 +61,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.localEpochs < 1 {
 		return o, errors.New("--local-epochs must be positive")
+	}
+	if !(o.proxMu >= 0) {
+		return o, errors.New("--prox-mu must be >= 0")
 	}
 	if o.syncEvery < 0 {
 		return o, errors.New("--sync-every must be >= 0")
