@@ -75,6 +75,7 @@ def _fedasync(g, rank, out):
             list(rounds.drain())
         except Exception as exc:  # noqa: BLE001
             out["poison"] = (type(exc).__name__, exc.worker, exc.client, str(exc), len(rounds.history) - steps)
+        out["after_error"] = rounds.next_result()  # the error ended the round
 
 
 def scenarios(rank, world):
@@ -133,4 +134,5 @@ def test_fedasync_steps_at_every_result_and_refuses_what_is_too_stale(result):
     assert "fedasync hands clients out across model versions" in s["run_round"]
     kind, worker, client, text, stepped = s["poison"]  # refused by name, never applied
     assert kind == "UpdateRefused" and client == POISON and worker in (1, 2, 3) and stepped == 0
+    assert s["after_error"] is None
     assert f"client {POISON}'s update" in text and "refused" in text

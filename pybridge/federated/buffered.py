@@ -168,4 +168,6 @@ class Stream:
             elif kind == "lost" and s.requeue:
                 self.pending[a.command].appendleft(a.client)
             else:
+                for queue in self.pending.values():  # an error ends the round, as in the round modes
+                    queue.clear()
                 raise value

@@ -69,6 +69,7 @@ class FedAvgRounds:
         self._buf = None  # the training results summed since the last step
         self._aggregated = 0  # clients stepped since the last aggregate (buffered modes)
         self._draining = False
+        self._ended = False  # a buffered round ended by an error
 
     @property
     def started(self):
@@ -100,6 +101,7 @@ class FedAvgRounds:
                 self.model.copy_(m)
                 self._stream.advance()
             self._stream.add(list(clients), EVALUATE if evaluate else TRAIN)
+            self._ended = False
             return
         if fresh:
             self.model = torch.empty(m.numel(), dtype=m.dtype, device=m.device)
@@ -109,7 +111,7 @@ class FedAvgRounds:
             ids = list(clients)
             stream = self.server.stream(self.model)
             stream.add(ids, EVALUATE if evaluate else TRAIN)
-            self._stream = stream
+            self._stream, self._ended = stream, False
         else:
             self._results = self.server.run_round(clients, self.model, evaluate=evaluate)
         self._buf = buffered.UpdateBuffer(self.model.numel(), self.model.device, self.staleness,
@@ -127,7 +129,13 @@ class FedAvgRounds:
             if r is not None and r.command == TRAIN:
                 self._buf.add(r)
             return r
-        r = self._stream.next(wait=self._draining)
+        if self._ended:
+            return None
+        try:
+            r = self._stream.next(wait=self._draining)
+        except Exception:
+            self._ended = True  # until the next start, as a round-mode round that raised
+            raise
         if r is not None and r.command == TRAIN:
             try:
                 self._buf.add(r, self.version - r.round)
@@ -183,7 +191,7 @@ class FedAvgRounds:
         (and stepped) as next_result does; what the last round's stragglers send."""
         if not self.buffered or self._buf is None:
             raise InvalidArgument("drain is for a started round of the fedbuff and fedasync modes")
-        self._draining = True
+        self._draining, self._ended = True, False
         try:
             while (r := self.next_result()) is not None:
                 yield r
