@@ -872,7 +872,9 @@ int pb_fed_sample_clients(int64_t num_clients, int64_t per_round, int64_t seed, 
  * pb_fed_server_aggregate then copies the current model out and gives the number of
  * clients stepped since its last call (0 is no error); its lr, if > 0, becomes eta for
  * the steps to come. start_round's model becomes a new version only if it differs from
- * the server's (pass back what aggregate wrote). */
+ * the server's (pass back what aggregate wrote). pb_fed_result.round is the version a
+ * result was computed on (its staleness: the current version, pb_fed_step.version, minus
+ * it). Failures end a round as in the round modes. */
 #define PB_FED_FEDBUFF 2  /* FedBuff (Nguyen et al. 2022): a step every buffer_size results */
 #define PB_FED_FEDASYNC 3 /* FedAsync (Xie et al. 2019): a step at every result */
 
