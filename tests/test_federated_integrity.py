@@ -135,7 +135,7 @@ def _requeue_and_early_exit(g, rank, out):
 
 
 def _stall_and_close(g, rank, out):
-    """timeout 2 s, requeue: worker 2 stalls 3 s and is taken back; then worker 3 hangs and
+    """timeout 3 s, requeue: worker 2 stalls 4 s and is taken back; then worker 3 hangs and
     close() cuts it off without waiting."""
     from pybridge.errors import WorkerFailed
     from pybridge.federated import Server, Worker
@@ -143,7 +143,7 @@ def _stall_and_close(g, rank, out):
         def waits(rank, client, round):
             if rank == 2 and round == 1 and not g.store.check(["stalled"]):
                 g.store.set("stalled", str(client))
-                time.sleep(3.0)
+                time.sleep(4.0)
                 g.store.set("back", "1")
             if rank == 3 and round == 3 and not g.store.check(["hung"]):
                 g.store.set("hung", str(client))
@@ -155,7 +155,7 @@ def _stall_and_close(g, rank, out):
         except Exception as exc:  # noqa: BLE001 - worker 3, cut off by close()
             out["error"] = (type(exc).__name__, str(exc))
         return
-    with Server(g, timeout=2, requeue=True) as server:
+    with Server(g, timeout=3, requeue=True) as server:
         first = [(r.client, r.worker) for r in server.run_round(range(40, 46), torch.zeros(2))]
         out["stalled"] = (first, sorted(server.lost), int(g.store.get("stalled")))
         g.store.wait(["back"], datetime.timedelta(seconds=60))
@@ -259,7 +259,7 @@ def test_close_cuts_off_a_hung_worker_at_once_and_leaves_no_thread(integrity_res
     out = integrity_result[0]["stall"]
     assert out["hung"] == (list(range(20, 26)), [3])
     seconds, threads = out["close"]
-    assert seconds < 1.5 and threads == [], (seconds, threads)  # its deadline (2 s) had passed
+    assert seconds < 1.5 and threads == [], (seconds, threads)  # its deadline (3 s) had passed
     name, text = integrity_result[3]["stall"]["error"]
     assert name == "CommError" and "lost the server (rank 0) while sending client" in text, text
 
