@@ -903,7 +903,9 @@ int pb_fed_sample_clients(int64_t num_clients, int64_t per_round, int64_t seed, 
 typedef struct pb_fed_options {
     uint32_t size;               /* sizeof(pb_fed_options): set by pb_fed_options_init */
     int32_t strategy;            /* PB_FED_STRATEGY_* (default FEDAVG) */
-    double eta;                  /* server learning rate; 0 (default): 1 for FEDAVG, 0.01 otherwise */
+    double eta;                  /* server learning rate of the buffered modes' steps (in the round
+                                    modes each pb_fed_server_aggregate's lr is its step's);
+                                    0 (default): 1 for FEDAVG, 0.01 otherwise */
     double momentum;             /* FEDAVG's server momentum in [0, 1) (default 0) */
     double beta1;                /* adaptive: default 0.9 */
     double beta2;                /* adaptive: default 0.99 */

@@ -54,7 +54,8 @@ func (c *fedConfig) options() *C.pb_fed_options {
 }
 
 // WithServerOptimizer chooses the server optimizer and its learning rate eta
-// (0: 1 for FedAvgSGD, 0.01 for the adaptive ones).
+// (0: 1 for FedAvgSGD, 0.01 for the adaptive ones) for the buffered modes'
+// steps; in the round modes each Aggregate's lr is its step's.
 func WithServerOptimizer(s FedStrategy, eta float64) FedOption {
 	return func(c *fedConfig) {
 		o := c.options()
