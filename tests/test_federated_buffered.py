@@ -31,7 +31,7 @@ def _serve(g, rank, slow, out):
         out["tasks"].append((task.round, task.client, task.model[0].item()))
         time.sleep(slow if rank == 1 else 0.01)
         weights, n = _known(task.model, task.client)
-        w.submit(task, weights * float("nan") if task.client == POISON else weights, n)
+        w.submit(task, weights * float("nan") if task.client == POISON else weights, n, {"loss": task.client})
 
 
 def _fedbuff(g, rank, out):
@@ -47,6 +47,8 @@ def _fedbuff(g, rank, out):
                 out["results"].append((r.client, r.worker, r.round))
                 out["models"][rounds.version] = rounds.model[0].item()
             out["aggregated"] = out.get("aggregated", 0) + rounds.aggregate(out=model)
+            cur = rounds.server.current
+            out.setdefault("summaries", []).append((list(cur.clients), cur.samples, cur.metrics))
         out["before_drain"] = len(out["results"])
         out["results"] += [(r.client, r.worker, r.round) for r in rounds.drain()]
         out["left_out"] = len(rounds._buf)
@@ -103,6 +105,9 @@ def test_fedbuff_steps_every_k_results_and_weights_late_ones_by_staleness(result
     assert [t for h in s["history"] for t in h[2]] == taus
     assert [h[1] for h in s["history"]] == [3] * 6  # 18 results, K = 3; nothing left for flush
     assert s["left_out"] == 0 and s["flushed"] == 0 and s["before_drain"] < 18
+    for clients, samples, metrics in s["summaries"]:  # each round's results: samples and mean loss
+        assert samples == sum(c + 1 for c in clients)
+        assert metrics["loss"] == pytest.approx(sum((c + 1) * c for c in clients) / samples)
     assert max(t for c, w, _ in zip(taus, got, got) for t in [c] if w[1] == 1) > 0  # worker 1's came in late
     # the second round started before worker 1's last client of the first was back
     first_round_end = max(j for j, (c, _, _) in enumerate(got) if c < 12)

@@ -134,8 +134,11 @@ class Stream:
         self.server.round += 1
 
     def add(self, clients, command):
-        from .server import _client_list  # the same checks as a round's (server.py imports this module)
+        """A round: `clients` join the queue, and the server's `current` summary (metrics,
+        samples, refusals) starts afresh for the results taken from now on."""
+        from .server import RoundResults, _client_list  # server.py imports this module
         self.pending[command].extend(_client_list(clients))
+        self.server.current = RoundResults(self.server.round, command)  # filled by _record, not iterated
 
     def _left(self):
         return [c for q in self.pending.values() for c in q]
@@ -161,7 +164,9 @@ class Stream:
             if a is None:
                 continue  # a worker lost while idle, or a stalled one taken back
             if kind == "result":
-                return value
+                return _record(s.current, value)
+            if kind == "refused":
+                s.current.refused[a.client] = value
             if kind == "refused" and s.requeue and self._refusals[a.client] < REFUSED_RETRIES:
                 self._refusals[a.client] += 1
                 self.pending[a.command].appendleft(a.client)
@@ -171,3 +176,11 @@ class Stream:
                 for queue in self.pending.values():  # an error ends the round, as in the round modes
                     queue.clear()
                 raise value
+
+
+def _record(rr, r):
+    """Add Result r to the round summary rr (server.RoundResults), as its iterator does."""
+    rr.clients.append(r.client)
+    rr.samples += r.samples
+    rr._metrics.add(r.samples, r.metrics)
+    return r
