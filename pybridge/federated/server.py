@@ -282,6 +282,9 @@ class Server:
         self._check_open()
         if self.mode not in buffered.MODES:
             raise InvalidArgument(f"stream is for the fedbuff and fedasync modes; this server's mode is {self.mode}")
+        if model.device != self._links.device:  # it is sent as is, whenever a worker is behind
+            raise InvalidArgument(f"in mode {self.mode} the model must be on the group's device "
+                                  f"({self._links.device}), not {model.device}")
         self._drain()
         if not self._live:
             raise WorkerFailed(f"no federated workers are left (lost: {self._lost_text()})")
