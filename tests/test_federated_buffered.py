@@ -51,6 +51,11 @@ def _fedbuff(g, rank, out):
             out.setdefault("summaries", []).append((list(cur.clients), cur.samples, cur.metrics))
         out["before_drain"] = len(out["results"])
         out["results"] += [(r.client, r.worker, r.round) for r in rounds.drain()]
+        for bad in ([1, 1], [-2], "ab"):
+            try:
+                rounds.start(bad, model)
+            except Exception as exc:  # noqa: BLE001
+                out.setdefault("bad", []).append(f"{type(exc).__name__}: {exc}")
         out["left_out"] = len(rounds._buf)
         out["flushed"] = rounds.flush()
         out["history"] = [(h["version"], h["clients"], h["staleness"]) for h in rounds.history]
@@ -105,6 +110,7 @@ def test_fedbuff_steps_every_k_results_and_weights_late_ones_by_staleness(result
     assert [t for h in s["history"] for t in h[2]] == taus
     assert [h[1] for h in s["history"]] == [3] * 6  # 18 results, K = 3; nothing left for flush
     assert s["left_out"] == 0 and s["flushed"] == 0 and s["before_drain"] < 18
+    assert len(s["bad"]) == 3 and all(b.startswith("InvalidArgument") for b in s["bad"]), s["bad"]
     for clients, samples, metrics in s["summaries"]:  # each round's results: samples and mean loss
         assert samples == sum(c + 1 for c in clients)
         assert metrics["loss"] == pytest.approx(sum((c + 1) * c for c in clients) / samples)

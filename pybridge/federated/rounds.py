@@ -100,7 +100,7 @@ class FedAvgRounds:
             if not torch.equal(self.model, m):
                 self.model.copy_(m)
                 self._stream.advance()
-            self._stream.add(list(clients), EVALUATE if evaluate else TRAIN)
+            self._stream.add(clients, EVALUATE if evaluate else TRAIN)
             self._ended = False
             return
         if fresh:
@@ -108,9 +108,8 @@ class FedAvgRounds:
         self.model.copy_(m)
         self._results = self._buf = None  # an earlier round's are of no use now, even if this start fails
         if self.buffered:
-            ids = list(clients)
             stream = self.server.stream(self.model)
-            stream.add(ids, EVALUATE if evaluate else TRAIN)
+            stream.add(clients, EVALUATE if evaluate else TRAIN)
             self._stream, self._ended = stream, False
         else:
             self._results = self.server.run_round(clients, self.model, evaluate=evaluate)
