@@ -97,10 +97,11 @@ class FedAvgRounds:
             if fresh:
                 raise InvalidArgument(f"the model must keep its size, dtype and device between the rounds of "
                                       f"mode {self.mode} ({self.model.numel()} x {self.model.dtype})")
+            self._stream.add(clients, EVALUATE if evaluate else TRAIN)  # checks them first; none is out yet
             if not torch.equal(self.model, m):
                 self.model.copy_(m)
                 self._stream.advance()
-            self._stream.add(clients, EVALUATE if evaluate else TRAIN)
+                self.server.current.round = self.version  # the round's summary names the version it starts on
             self._ended = False
             return
         if fresh:
