@@ -209,9 +209,46 @@ def federated(plt, data):
     return fig
 
 
+def federated_modes(plt, data):
+    """Test accuracy against wall time, a panel per speed profile, a line per mode."""
+    profiles = list(dict.fromkeys(r["profile"] for r in data["runs"]))
+    fig, axes = plt.subplots(1, len(profiles), figsize=(4.5 * len(profiles), 3.4), sharey=True, squeeze=False)
+    target = data["preset"]["target"]
+    for ax, profile in zip(axes[0], profiles):
+        for run in (r for r in data["runs"] if r["profile"] == profile):
+            t = run["seconds_to_target"]
+            label = f"{run['mode']} ({'not reached' if t is None else f'{t:.0f} s'})"
+            ax.plot([x["elapsed"] for x in run["rounds"]], [x["test_accuracy"] for x in run["rounds"]], ".-",
+                    ms=3, label=label)
+        ax.axhline(target, color="k", lw=0.8, ls=":")
+        ax.set_title(f"workers {profile}", fontsize=9)
+        ax.set_xlabel("wall seconds")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel(f"test accuracy (target {target:g})")
+    fig.suptitle(f"federated MNIST ({data['data']}), time to target accuracy by server mode", fontsize=10)
+    return fig
+
+
+def federated_strategies(plt, data):
+    """Milliseconds per result and per step of each aggregation case."""
+    names = list(data["seconds"])
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    ax.barh(range(len(names)), [data["seconds"][n] * 1e3 for n in names],
+            color=["C0" if n.startswith("add") else "C1" for n in names])
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds (lower is better)")
+    ax.set_title(f"federated server aggregation, {data['numel']} float32 elements", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
 DRAW = {"collectives": collectives, "reducer": reducer, "recordio": recordio, "mnist": mnist,
         "gossip": gossip, "hierarchical": gossip, "gossip-mnist": gossip_mnist, "federated": federated,
-        "federated-mnist": federated_mnist, "cluster": cluster}
+        "federated-mnist": federated_mnist, "cluster": cluster, "federated-modes": federated_modes,
+        "federated-strategies": federated_strategies}
 
 
 def draw(name, data):

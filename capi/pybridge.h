@@ -1001,6 +1001,110 @@ int pb_fed_worker_free(pb_fed_worker *worker);
  * out is NULL. */
 int pb_fed_sample_clients(int64_t num_clients, int64_t per_round, int64_t seed, int64_t round, int64_t *out);
 
+/* ---- Federated server strategies, FedBuff / FedAsync, central DP ------------------ */
+/* (docs/federated.md "Modes" and "Strategies"; pybridge/federated/strategies.py,
+ * buffered.py, staleness.py.) */
+
+/* Buffered asynchronous modes (pb_fed_server_new's mode, beside PB_FED_ASYNC and
+ * PB_FED_SYNC): no rounds for the workers; a worker that returns a result gets its next
+ * client at once on the newest model version, and the server's model steps every
+ * buffer_size training results pulled, each weighted by its staleness. A "round" is the
+ * clients of one pb_fed_server_start_round: pb_fed_server_next_result reports
+ * *has_result 0 as soon as they are all handed out and a worker is idle; the clients
+ * still out stay out and their results come with later rounds (applied late).
+ * pb_fed_server_aggregate then copies the current model out and gives the number of
+ * clients stepped since its last call (0 is no error); its lr, if > 0, becomes eta for
+ * the steps to come. start_round's model becomes a new version only if it differs from
+ * the server's (pass back what aggregate wrote). pb_fed_result.round is the version a
+ * result was computed on (its staleness: the current version, pb_fed_step.version, minus
+ * it). Failures end a round as in the round modes. */
+#define PB_FED_FEDBUFF 2  /* FedBuff (Nguyen et al. 2022): a step every buffer_size results */
+#define PB_FED_FEDASYNC 3 /* FedAsync (Xie et al. 2019): a step at every result */
+
+/* Server optimizers (pb_fed_options.strategy), applied to the pseudo-gradient g of a step
+ * (Reddi et al. 2021; Delta = -g):
+ *   FEDAVG      x -= eta * g (momentum m = momentum * m + g; x -= eta * m)
+ *   FEDADAGRAD  v += Delta^2
+ *   FEDADAM     v = beta2 * v + (1 - beta2) * Delta^2
+ *   FEDYOGI     v -= (1 - beta2) * Delta^2 * sign(v - Delta^2)
+ * the adaptive ones with m = beta1 * m + (1 - beta1) * Delta, v starting at tau^2, and
+ * x += eta * m / (sqrt(v) + tau). */
+#define PB_FED_STRATEGY_FEDAVG 0
+#define PB_FED_STRATEGY_FEDADAGRAD 1
+#define PB_FED_STRATEGY_FEDADAM 2
+#define PB_FED_STRATEGY_FEDYOGI 3
+
+/* Staleness functions (pb_fed_options.staleness) of an update tau versions old:
+ * CONSTANT 1; POLYNOMIAL (1 + tau)^-a; HINGE 1 if tau <= b, else 1 / (a (tau - b) + 1). */
+#define PB_FED_STALENESS_CONSTANT 0
+#define PB_FED_STALENESS_POLYNOMIAL 1
+#define PB_FED_STALENESS_HINGE 2
+
+/* How a federated server aggregates (pb_fed_server_configure). Fill it with
+ * pb_fed_options_init, then change what you need. Size-prefixed as pb_reducer_options:
+ * fields past the caller's `size` take their defaults. */
+typedef struct pb_fed_options {
+    uint32_t size;               /* sizeof(pb_fed_options): set by pb_fed_options_init */
+    int32_t strategy;            /* PB_FED_STRATEGY_* (default FEDAVG) */
+    double eta;                  /* server learning rate of the buffered modes' steps (in the round
+                                    modes each pb_fed_server_aggregate's lr is its step's);
+                                    0 (default): 1 for FEDAVG, 0.01 otherwise */
+    double momentum;             /* FEDAVG's server momentum in [0, 1) (default 0) */
+    double beta1;                /* adaptive: default 0.9 */
+    double beta2;                /* adaptive: default 0.99 */
+    double tau;                  /* adaptive: default 1e-3 */
+    int32_t buffer_size;         /* PB_FED_FEDBUFF's K; 0 (default): 10 (FEDASYNC: 1) */
+    int32_t staleness;           /* PB_FED_STALENESS_* (default CONSTANT); buffered modes only */
+    double staleness_a;          /* POLYNOMIAL's and HINGE's a (default 0.5 and 10) when < 0 */
+    double staleness_b;          /* HINGE's b (default 4) when < 0 */
+    int64_t max_staleness;       /* buffered modes: refuse updates older than this; -1 (default): any */
+    double dp_clip_norm;         /* central DP: clip each client's delta to this L2 norm; 0 (default): no DP */
+    double dp_noise_multiplier;  /* central DP: noise std = multiplier * clip / clients per step */
+    int64_t dp_seed;             /* central DP: the noise generator's seed (default 0) */
+} pb_fed_options;
+
+/* Fill *options with the defaults above (size included). Sets every field. */
+static inline void pb_fed_options_init(pb_fed_options *options) {
+    options->size = (uint32_t)sizeof(pb_fed_options);
+    options->strategy = PB_FED_STRATEGY_FEDAVG;
+    options->eta = 0;
+    options->momentum = 0;
+    options->beta1 = 0.9;
+    options->beta2 = 0.99;
+    options->tau = 1e-3;
+    options->buffer_size = 0;
+    options->staleness = PB_FED_STALENESS_CONSTANT;
+    options->staleness_a = -1;
+    options->staleness_b = -1;
+    options->max_staleness = -1;
+    options->dp_clip_norm = 0;
+    options->dp_noise_multiplier = 0;
+    options->dp_seed = 0;
+}
+
+/* Set how `server` aggregates: before its first round (NULL: the defaults).
+ * Errors: PB_ERR_INVALID_ARGUMENT for a bad value (named), buffered settings
+ * (buffer_size, staleness, max_staleness) on a PB_FED_ASYNC or PB_FED_SYNC server, or a
+ * round already started. */
+int pb_fed_server_configure(pb_fed_server *server, const pb_fed_options *options);
+
+/* What the server's last model step did (a round's aggregate, or a buffered step). */
+typedef struct pb_fed_step {
+    int64_t version;          /* the model version the step made (the round, in round modes) */
+    int32_t clients;          /* updates in the step */
+    int32_t clipped;          /* of which central DP clipped */
+    int64_t samples;          /* their samples */
+    int64_t max_staleness;    /* the oldest update's staleness, in versions (0 in round modes) */
+    double lr;                /* the server learning rate used */
+    double clip_norm;         /* central DP's clip norm (0: no DP) */
+    double noise_multiplier;  /* central DP's noise multiplier */
+    double noise_std;         /* the noise's standard deviation this step */
+} pb_fed_step;
+
+/* Describe the last model step in *out; *has_step 0 (and *out zeroed) before any. Also
+ * the count of updates refused as too stale so far in *refused (may be NULL). */
+int pb_fed_server_last_step(pb_fed_server *server, pb_fed_step *out, int32_t *has_step, int64_t *refused);
+
 #ifdef __cplusplus
 }
 #endif

@@ -66,6 +66,7 @@ type fedConfig struct {
 	timeout time.Duration
 	requeue bool
 	maxNorm float64
+	agg     *C.pb_fed_options // strategies, FedBuff, DP (federated_strategy.go); nil: the defaults
 }
 
 // FedOption configures NewFedServer.
@@ -151,6 +152,9 @@ func NewFedServer[T Float](g *Group, opts ...FedOption) (*FedServer[T], error) {
 			C.pbgo_fed_server_close(h, nil)
 			return nil, err
 		}
+	}
+	if err := c.configure(op, h); err != nil { // federated_strategy.go
+		return nil, err
 	}
 	s := &FedServer[T]{}
 	s.h = h

@@ -514,4 +514,14 @@ static inline int pbgo_fed_sample_clients(int64_t num_clients, int64_t per_round
 	return pbgo_status(pb_fed_sample_clients(num_clients, per_round, seed, round, out), msg);
 }
 
+static inline int pbgo_fed_server_configure(pb_fed_server *server, const pb_fed_options *options,
+                                            char **msg) {
+	return pbgo_status(pb_fed_server_configure(server, options), msg);
+}
+
+static inline int pbgo_fed_server_last_step(pb_fed_server *server, pb_fed_step *out,
+                                            int32_t *has_step, int64_t *refused, char **msg) {
+	return pbgo_status(pb_fed_server_last_step(server, out, has_step, refused), msg);
+}
+
 #endif /* PBGO_GEN_H */

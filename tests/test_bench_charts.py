@@ -22,6 +22,8 @@ pytest.importorskip("matplotlib")
     ("gossip-mnist", ["gossip-cube, sync every 4", "allreduce", "test accuracy"]),
     ("hierarchical", ["hierarchical, fp16 wire", "MiB over node links", "4 ranks, (b)"]),
     ("federated", ["federated rounds", "seconds per round", "async"]),
+    ("federated-modes", ["time to target accuracy by server mode", "fedbuff", "workers long tail"]),
+    ("federated-strategies", ["federated server aggregation", "FedAdam", "baseline"]),
 ])
 def test_each_result_draws_its_chart(tmp_path, monkeypatch, name, words):
     with open(os.path.join(charts.RESULTS, f"{name}.json")) as f:

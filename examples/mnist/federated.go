@@ -147,10 +147,17 @@ func gather(x []float32, labels []uint8, idx []int) ([]float32, []uint8) {
 	return bx, bl
 }
 
-// trainClient runs local SGD on the client's records, in place on m.
+// trainClient runs local SGD on the client's records, in place on m (with
+// -prox-mu, FedProx: the gradient of mu/2 ||w - w_round||^2 is added).
 func trainClient(m *MLP, x []float32, labels []uint8, idx []int, opts options, client int) {
 	rng := rand.New(rand.NewSource(opts.Seed*100003 + int64(client)))
 	params := m.Params()
+	var round [][]float32 // the round's model, for FedProx
+	if opts.proxMu > 0 {
+		for _, p := range params {
+			round = append(round, append([]float32(nil), p...))
+		}
+	}
 	grads := make(Grads, len(params))
 	for i, p := range params {
 		grads[i] = make([]float32, len(p))
@@ -167,6 +174,9 @@ func trainClient(m *MLP, x []float32, labels []uint8, idx []int, opts options, c
 			bx, bl := gather(x, labels, batch)
 			act, _, _ := m.forward(bx, bl)
 			_ = m.backward(act, grads, none) // none never fails
+			for i := range round {
+				_ = pybridge.FedProxGrad(grads[i], params[i], round[i], opts.proxMu) // same lengths, mu >= 0
+			}
 			opt.Step(params, grads)
 		}
 	}

@@ -17,6 +17,15 @@ prints the test accuracy:
 
 client-loss and client-acc: the new model on the round's clients' own data (an EVALUATE
 round: any worker can take any client, since every worker holds all the data).
+
+Modes (--mode): async (per-round asynchronous assignment), sync (FLUTE's waves), fedbuff
+(buffered asynchronous: the model steps every --buffer-size results, late results weighted
+by --staleness, none waited for; a "round" is then the --per-round clients handed out
+between two evaluations) and fedasync (a step at every result). Server strategies:
+--server-opt fedavg|fedadam|fedyogi|fedadagrad at --server-lr; central DP with --dp-clip and
+--dp-noise; FedProx on the workers with --prox-mu. Simulated client speeds: every client
+takes --client-seconds more on worker w, times the w-th of --speeds (e.g. 1,1,4), times a
+Pareto(1.5) draw per task with --long-tail. --target stops at that test accuracy.
 """
 
 import argparse
@@ -35,7 +44,10 @@ from train import build_model, data_kind  # noqa: E402
 
 import pybridge  # noqa: E402
 from pybridge import recordio  # noqa: E402
-from pybridge.federated import FedAvg, Server, Worker  # noqa: E402
+from pybridge.federated import (EVALUATE, CentralDP, FedAdagrad, FedAdam, FedAvgRounds, FedYogi, Server,  # noqa: E402
+                                ServerSGD, Worker, add_proximal_grad)
+
+STRATEGIES = {"fedavg": ServerSGD, "fedadam": FedAdam, "fedyogi": FedYogi, "fedadagrad": FedAdagrad}
 
 
 def parse_args(argv=None):
@@ -48,7 +60,21 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=10, help="local batch size (default 10)")
     p.add_argument("--lr", type=float, default=0.05, help="local SGD learning rate (default 0.05)")
     p.add_argument("--seed", type=int, default=1, help="model, split and client draws (default 1)")
-    p.add_argument("--mode", choices=("async", "sync"), default="async", help="client assignment (async)")
+    p.add_argument("--mode", choices=("async", "sync", "fedbuff", "fedasync"), default="async",
+                   help="server mode (default async)")
+    p.add_argument("--buffer-size", type=int, default=None, help="fedbuff: results per model step (default 10)")
+    p.add_argument("--staleness", default=None, help="fedbuff/fedasync: constant, polynomial[:a], hinge[:a[:b]]")
+    p.add_argument("--max-staleness", type=int, default=None, help="fedbuff/fedasync: oldest update accepted")
+    p.add_argument("--server-opt", choices=sorted(STRATEGIES), default="fedavg", help="server optimizer (fedavg)")
+    p.add_argument("--server-lr", type=float, default=None, help="server learning rate (1 for fedavg, 0.01 adaptive)")
+    p.add_argument("--prox-mu", type=float, default=0.0, help="FedProx's mu on the workers (default 0: off)")
+    p.add_argument("--dp-clip", type=float, default=0.0, help="central DP: clip norm per client (0: off)")
+    p.add_argument("--dp-noise", type=float, default=0.0, help="central DP: noise multiplier")
+    p.add_argument("--client-seconds", type=float, default=0.0, help="simulated extra seconds per client")
+    p.add_argument("--speeds", default=None, help="per-worker time multipliers, e.g. 1,1,4")
+    p.add_argument("--long-tail", action="store_true", help="times a Pareto(1.5) draw per task (capped at 20)")
+    p.add_argument("--target", type=float, default=None, help="stop once the test accuracy reaches this")
+    p.add_argument("--no-client-eval", action="store_true", help="skip the EVALUATE round after each round")
     p.add_argument("--metrics", default=None,
                    help="the server writes one JSON line per round here (plot with plot.py)")
     opts = p.parse_args(argv)
@@ -75,36 +101,64 @@ def client_indices(labels, clients, seed):
     return [np.concatenate([shards[pick[2 * c]], shards[pick[2 * c + 1]]]) for c in range(clients)]
 
 
+def make_rounds(opts, group):
+    """The server's FedAvgRounds for the options (mode, strategy, DP, buffer)."""
+    lr = {} if opts.server_lr is None else {"eta": opts.server_lr}
+    buffered = {} if opts.mode not in ("fedbuff", "fedasync") else {
+        "buffer_size": opts.buffer_size, "staleness": opts.staleness, "max_staleness": opts.max_staleness}
+    dp = CentralDP(opts.dp_clip, opts.dp_noise, seed=opts.seed) if opts.dp_clip else None
+    return FedAvgRounds(Server(group, mode=opts.mode), strategy=STRATEGIES[opts.server_opt](**lr), dp=dp, **buffered)
+
+
 def serve(opts, group):
     model = build_model(opts.seed)
+    params = list(model.parameters())
     images, labels = read_split(opts.data, fmt.TEST_GLOB)
-    avg = FedAvg(model.parameters())
+    vector = torch.nn.utils.parameters_to_vector(params).detach().clone()
     print(f"data: {data_kind(opts.data)}, test {len(labels)} | {group.size - 1} workers, {opts.clients} "
-          f"clients, {opts.per_round} per round, mode {opts.mode}", flush=True)
+          f"clients, {opts.per_round} per round, mode {opts.mode}, server {opts.server_opt}", flush=True)
     if opts.metrics:
         open(opts.metrics, "w").close()
-    with Server(group, mode=opts.mode) as server:
+    with make_rounds(opts, group) as rounds:
+        t0 = time.perf_counter()  # the workers are ready: their data is loaded
         for r in range(1, opts.rounds + 1):
             start = time.perf_counter()
             draw = np.random.default_rng([opts.seed, r]).choice(opts.clients, opts.per_round, replace=False)
-            for result in server.run_round(draw.tolist(), avg.vector()):
-                avg.add(result)
-            avg.step()
+            rounds.train_round(draw.tolist(), vector)
+            torch.nn.utils.vector_to_parameters(vector, params)
             with torch.no_grad():
                 acc = (model(images).argmax(1) == labels).float().mean().item()
-            # The new model on the round's clients' own data (any worker holds every client).
-            loss = correct = samples = 0.0
-            for result in server.run_round(draw.tolist(), avg.vector(), evaluate=True):
-                loss, correct = loss + result.payload[0].item(), correct + result.payload[1].item()
-                samples += result.samples
-            seconds = time.perf_counter() - start
-            print(f"round {r}/{opts.rounds}  test-acc {acc:.4f}  client-loss {loss / samples:.4f}  "
-                  f"client-acc {correct / samples:.4f}  seconds {seconds:.2f}", flush=True)
+            row = {"round": r, "test_accuracy": acc, "version": rounds.version, "loss": float("nan")}
+            if not opts.no_client_eval:
+                # The new model on the round's clients' own data (any worker holds every client).
+                loss = correct = samples = 0.0
+                rounds.start(draw.tolist(), vector, evaluate=True)
+                for result in rounds:
+                    if result.command == EVALUATE:
+                        loss, correct = loss + result.payload[0].item(), correct + result.payload[1].item()
+                        samples += result.samples
+                rounds.aggregate(out=vector) if rounds.buffered else None  # late training results stepped
+                row.update(loss=loss / max(samples, 1), client_accuracy=correct / max(samples, 1))
+            row.update(seconds=time.perf_counter() - start, elapsed=time.perf_counter() - t0)
+            print(f"round {r}/{opts.rounds}  test-acc {acc:.4f}  client-loss {row['loss']:.4f}  "
+                  f"client-acc {row.get('client_accuracy', float('nan')):.4f}  seconds {row['seconds']:.2f}",
+                  flush=True)
             if opts.metrics:
                 with open(opts.metrics, "a") as f:
-                    f.write(json.dumps({"round": r, "loss": loss / samples, "test_accuracy": acc,
-                                        "client_accuracy": correct / samples, "seconds": seconds}) + "\n")
+                    f.write(json.dumps(row) + "\n")
+            if opts.target is not None and acc >= opts.target:
+                print(f"target {opts.target} reached after {row['elapsed']:.2f} s", flush=True)
+                break
     print(f"final test accuracy: {acc:.4f}", flush=True)
+
+
+def delay_of(opts, rank):
+    """The extra seconds a worker spends per client: --client-seconds x its --speeds entry
+    (x a seeded Pareto(1.5) draw per task with --long-tail)."""
+    speeds = [float(x) for x in opts.speeds.split(",")] if opts.speeds else [1.0]
+    base = opts.client_seconds * speeds[(rank - 1) % len(speeds)]
+    rng = np.random.default_rng([opts.seed, rank])
+    return lambda: base * (min(rng.pareto(1.5) + 1.0, 20.0) if opts.long_tail else 1.0)
 
 
 def work(opts, group):
@@ -112,9 +166,11 @@ def work(opts, group):
     params = list(model.parameters())
     images, labels = read_split(opts.data, fmt.TRAIN_GLOB)
     mine = client_indices(labels, opts.clients, opts.seed)
+    delay = delay_of(opts, group.rank)
 
     def train(weights, client):
         torch.nn.utils.vector_to_parameters(weights, params)
+        start = [p.detach().clone() for p in params] if opts.prox_mu else None
         opt = torch.optim.SGD(params, lr=opts.lr)
         gen = torch.Generator().manual_seed(opts.seed * 100003 + client)
         idx = torch.from_numpy(mine[client])
@@ -122,7 +178,11 @@ def work(opts, group):
             for batch in idx[torch.randperm(len(idx), generator=gen)].split(opts.batch_size):
                 opt.zero_grad()
                 F.cross_entropy(model(images[batch]), labels[batch]).backward()
+                if start is not None:  # FedProx: + mu/2 ||w - w_round||^2
+                    add_proximal_grad(params, start, opts.prox_mu)
                 opt.step()
+        if opts.client_seconds:
+            time.sleep(delay())
         return torch.nn.utils.parameters_to_vector(params).detach(), len(idx)
 
     def evaluate(weights, client):

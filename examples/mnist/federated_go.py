@@ -35,7 +35,8 @@ def main(argv=None):
     if os.environ.get("RANK", "0") != "0":  # a worker: become the Go program (same pid, same environment)
         exe = os.path.abspath(known.go_worker)
         os.execv(exe, [exe, "-federated", "-data", opts.data, "-batch-size", str(opts.batch_size),
-                       "-lr", str(opts.lr), "-local-epochs", str(opts.local_epochs), "-seed", str(opts.seed)])
+                       "-lr", str(opts.lr), "-local-epochs", str(opts.local_epochs), "-seed", str(opts.seed),
+                       "-prox-mu", str(opts.prox_mu)])
     group = pybridge.init(backend="gloo")
     try:
         if group.size < 2:

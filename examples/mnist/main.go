@@ -36,6 +36,7 @@ type options struct {
 	checkpoint, initWeights, metrics, reduce, partition string
 	syncEvery, localEpochs, slowRank, slowMS            int
 	resume, federated                                   bool
+	proxMu                                              float64
 }
 
 func parseFlags(args []string) (options, error) {
@@ -53,6 +54,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.partition, "partition", "static", "training data: static (equal shares) or dynamic (ranks claim chunks as they go; uneven steps, joined by Reducer.Join)")
 	fs.IntVar(&o.slowRank, "slow-rank", -1, "this rank sleeps --slow-ms before each training step (-1: none)")
 	fs.IntVar(&o.slowMS, "slow-ms", 0, "milliseconds --slow-rank sleeps before each step")
+	fs.Float64Var(&o.proxMu, "prox-mu", 0, "federated: FedProx's mu (0: plain local SGD)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -73,6 +75,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.localEpochs < 1 {
 		return o, errors.New("--local-epochs must be positive")
+	}
+	if !(o.proxMu >= 0) {
+		return o, errors.New("--prox-mu must be >= 0")
 	}
 	if o.syncEvery < 0 {
 		return o, errors.New("--sync-every must be >= 0")

@@ -14,7 +14,8 @@ from ..errors import InvalidArgument, WorkerFailed
 from ..federated import EVALUATE, TRAIN, FedAvgRounds, Server, Worker, sample_clients
 from . import flag, handles, live_group, tensor, text
 
-MODES = {abi.PB_FED_ASYNC: "async", abi.PB_FED_SYNC: "sync"}
+MODES = {abi.PB_FED_ASYNC: "async", abi.PB_FED_SYNC: "sync",
+         abi.PB_FED_FEDBUFF: "fedbuff", abi.PB_FED_FEDASYNC: "fedasync"}  # the last two: fed_strategies.py
 COMMANDS = (TRAIN, EVALUATE)  # the header's PB_FED_TRAIN and PB_FED_EVALUATE
 
 
@@ -60,7 +61,8 @@ def pb_fed_server_new(group, mode, timeout, requeue, out):
     g = live_group(group)
     _not_null((out, "out (the pointer to store the server handle in)"))  # before the collective
     if mode not in MODES:
-        raise InvalidArgument(f"mode must be PB_FED_ASYNC (0) or PB_FED_SYNC (1), got {mode}")
+        raise InvalidArgument(f"mode must be PB_FED_ASYNC (0), PB_FED_SYNC (1), PB_FED_FEDBUFF (2) or "
+                              f"PB_FED_FEDASYNC (3), got {mode}")
     requeue = flag(requeue, "requeue")
     s = Server(g, mode=MODES[mode], timeout=None if timeout <= 0 else timeout, requeue=requeue)
     try:
@@ -161,6 +163,8 @@ def pb_fed_server_aggregate(server, lr, model, clients):
     s = _server(server)
     if not s.rounds.started:
         raise _no_round()
+    if s.rounds.buffered and lr <= 0:
+        lr = None  # FedBuff / FedAsync: keep the configured eta (fed_strategies.py)
     count = s.rounds.aggregate(lr, out=tensor(model, "model"))
     if clients != capi.ffi.NULL:
         clients[0] = count

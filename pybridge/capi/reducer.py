@@ -12,7 +12,7 @@ from .. import reducer as _reducer
 from ..buffers import CPU
 from ..checks import integer
 from ..errors import InvalidArgument
-from . import handles, live_group, put, tensor
+from . import handles, live_group, options, put, tensor
 
 ALLOW_UNUSED, NO_REBUILD = abi.PB_REDUCER_ALLOW_UNUSED, abi.PB_REDUCER_NO_REBUILD
 JOIN, JOIN_BY_ACTIVE = abi.PB_REDUCER_JOIN, abi.PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE
@@ -28,7 +28,6 @@ _DEFAULTS = {"op": abi.PB_AVG, "bucket_cap_mb": 0.0, "first_bucket_cap_mb": 0.0,
              "hook_ranks_per_node": 0}
 _WIRES = {0: None, abi.PB_HOOK_WIRE_FP16: "fp16", abi.PB_HOOK_WIRE_BF16: "bf16"}
 _HOOK_FLAGS = abi.PB_HOOK_NO_WARM_START | abi.PB_HOOK_WIRE_FP16 | abi.PB_HOOK_WIRE_BF16
-_MAX_OPTIONS_SIZE = 1 << 16  # far past any future struct: a larger size is garbage, not a version
 
 
 class CReducer:
@@ -55,28 +54,9 @@ def _describe(out, view):
 
 def _options(ptr):
     """The fields of a pb_reducer_options (NULL: defaults), honouring the caller's size."""
-    ffi = capi.ffi
-    got = dict(_DEFAULTS)
-    if ptr == ffi.NULL:
-        return got
-    size, known = int(ptr.size), ffi.sizeof("pb_reducer_options")
-    if size < 4 or size > _MAX_OPTIONS_SIZE:
-        raise InvalidArgument(f"pb_reducer_options.size is {size}; set it with pb_reducer_options_init "
-                              f"(sizeof(pb_reducer_options) is {known} in this library)")
-    for name, field in ffi.typeof("pb_reducer_options").fields:
-        if name == "size":
-            continue
-        start, end = field.offset, field.offset + ffi.sizeof(field.type)
-        if end <= size:
-            got[name] = getattr(ptr, name)
-        elif start < size:
-            raise InvalidArgument(f"pb_reducer_options.size {size} ends inside field {name} (bytes {start}..{end}); "
-                                  "set it with pb_reducer_options_init")
-    if size > known and any(ffi.buffer(ffi.cast("char *", ptr) + known, size - known)[:]):
-        raise InvalidArgument(f"pb_reducer_options.size is {size} but this library knows {known} bytes, and "
-                              "bytes past them are set (options of a newer pybridge?)")
+    got = options.read(ptr, "pb_reducer_options", _DEFAULTS)
     for name in ("ndims", "dims"):
-        if got[name] is not None and got[name] == ffi.NULL:
+        if got[name] is not None and got[name] == capi.ffi.NULL:
             got[name] = None
     return got
 

@@ -3,16 +3,21 @@ ABI's and Go's federated server, usable from Python too.
 
 The caller's model buffer is read when a round starts and written only by `aggregate`, so
 it may change (or, from C, go away) in between: the rounds keep their own copy of the
-round's model, which FedAvg updates. Each round gets a fresh FedAvg with plain SGD, whose
-learning rate is the one given to `aggregate`.
+model, which the server strategy (strategies.py: FedAvg's SGD by default, FedAdam,
+FedYogi, FedAdagrad) updates. The results are summed by a buffered.UpdateBuffer (float64,
+with central DP's clipping and noise when `dp` is given). In the buffered modes (a Server
+with mode "fedbuff" or "fedasync", see buffered.py) the model steps by itself every
+`buffer_size` training results, and a round is the clients given to one `start`.
 """
 
 import torch
 
-from ..checks import positive_finite
+from ..checks import integer, positive_finite
 from ..errors import InvalidArgument
-from .aggregate import FedAvg
-from .protocol import TRAIN, flat
+from . import buffered
+from .protocol import EVALUATE, TRAIN, flat
+from .staleness import parse as parse_staleness
+from .strategies import ServerOptimizer, ServerSGD
 
 
 class FedAvgRounds:
@@ -27,66 +32,184 @@ class FedAvgRounds:
             rounds.aggregate(lr=1.0, out=model)    # the new model, written into `model`
 
     or `rounds.train_round(clients, model, lr=1.0)` for all three steps. Use it from one thread.
+
+    strategy: a strategies.ServerOptimizer (default ServerSGD(eta=1.0): plain FedAvg).
+    dp: a strategies.CentralDP (clip each client's delta, add Gaussian noise per step).
+    buffer_size, staleness, max_staleness: the buffered modes' K (default 10 for fedbuff,
+    1 for fedasync), staleness function (a staleness.Staleness or a string such as
+    "polynomial:0.5"; default constant) and the oldest update accepted, in versions
+    (default: any).
+    history: one dict per model step (version, lr, clients, samples, staleness, weights,
+    the strategy's settings and DP's clip_norm, noise_multiplier, noise_std, clipped);
+    refused: the buffered.StaleUpdate errors of the results refused as too stale.
     """
 
-    def __init__(self, server):
+    def __init__(self, server, *, strategy=None, dp=None, buffer_size=None, staleness=None, max_staleness=None):
         self.server = server
-        self.model = None  # the server's flat copy of the current round's model (FedAvg's parameter)
-        self._results = None  # the current round's iterator
-        self._avg = None  # the current round's FedAvg
+        self.mode = getattr(server, "mode", "async")
+        self.buffered = self.mode in buffered.MODES
+        if strategy is not None and not isinstance(strategy, ServerOptimizer):
+            raise InvalidArgument(f"strategy must be a pybridge.federated.strategies optimizer, got {strategy!r}")
+        self.strategy = strategy if strategy is not None else ServerSGD()
+        self.dp = dp
+        if not self.buffered and (buffer_size, staleness, max_staleness) != (None, None, None):
+            raise InvalidArgument(f"buffer_size, staleness and max_staleness are for the fedbuff and fedasync "
+                                  f"modes; this server's mode is {self.mode!r}")
+        if self.mode == "fedasync" and buffer_size not in (None, 1):
+            raise InvalidArgument(f"fedasync steps at every result (buffer_size 1), got buffer_size {buffer_size}")
+        self.buffer_size = integer("buffer_size", buffered.DEFAULT_BUFFER if buffer_size is None
+                                   else buffer_size, low=1) if self.mode != "fedasync" else 1
+        self.staleness = parse_staleness(staleness)
+        self.max_staleness = None if max_staleness is None else integer("max_staleness", max_staleness, low=0)
+        self.model = None  # the server's flat copy of the model (what the strategy updates)
+        self.history = []
+        self.refused = []
+        self._results = None  # the current round's iterator (round modes)
+        self._stream = None  # the buffered modes' hand-out across versions
+        self._buf = None  # the training results summed since the last step
+        self._aggregated = 0  # clients stepped since the last aggregate (buffered modes)
+        self._draining = False
+        self._ended = False  # a buffered round ended by an error
 
     @property
     def started(self):
         """Whether a round was started (its results may all be taken)."""
-        return self._avg is not None
+        return self._buf is not None
+
+    @property
+    def version(self):
+        """The model's version: the server's round number (in the buffered modes it moves
+        at every step)."""
+        return self.server.round
 
     def start(self, clients, model, *, evaluate=False):
         """Start a round on a copy of `model` (a floating-point tensor, flattened): train
-        `clients` (or evaluate them, `evaluate=True`). An unfinished round is dropped."""
+        `clients` (or evaluate them, `evaluate=True`). In the round modes an unfinished round
+        is dropped. In the buffered modes the clients join the queue of those to hand out,
+        clients still out stay out, and `model` becomes a new version only if it differs
+        from the server's (pass back what aggregate wrote)."""
         m = flat(model, "model")
         if not m.dtype.is_floating_point:
             raise InvalidArgument(f"the model must have a floating-point dtype, got {m.dtype}")
-        if self.model is None or self.model.numel() != m.numel() or self.model.dtype != m.dtype \
-                or self.model.device != m.device:
+        fresh = self.model is None or self.model.numel() != m.numel() or self.model.dtype != m.dtype \
+            or self.model.device != m.device
+        if self.buffered and self._stream is not None:
+            if fresh:
+                raise InvalidArgument(f"the model must keep its size, dtype and device between the rounds of "
+                                      f"mode {self.mode} ({self.model.numel()} x {self.model.dtype})")
+            self._stream.add(clients, EVALUATE if evaluate else TRAIN)  # checks them first; none is out yet
+            if not torch.equal(self.model, m):
+                self.model.copy_(m)
+                self._stream.advance()
+                self.server.current.round = self.version  # the round's summary names the version it starts on
+            self._ended = False
+            return
+        if fresh:
             self.model = torch.empty(m.numel(), dtype=m.dtype, device=m.device)
         self.model.copy_(m)
-        self._results = self._avg = None  # an earlier round's are of no use now, even if this start fails
-        self._results = self.server.run_round(clients, self.model, evaluate=evaluate)
-        self._avg = FedAvg([self.model], torch.optim.SGD([self.model], lr=1.0))
+        self._results = self._buf = None  # an earlier round's are of no use now, even if this start fails
+        if self.buffered:
+            stream = self.server.stream(self.model)
+            stream.add(clients, EVALUATE if evaluate else TRAIN)
+            self._stream, self._ended = stream, False
+        else:
+            self._results = self.server.run_round(clients, self.model, evaluate=evaluate)
+        self._buf = buffered.UpdateBuffer(self.model.numel(), self.model.device, self.staleness,
+                                          self.max_staleness, self.dp)
 
     def next_result(self):
-        """The round's next Result in completion order (a TRAIN one is added to the round's
-        FedAvg sum), or None once the round is over. A worker's failure raises and ends the round."""
-        if self._results is None:
+        """The round's next Result in completion order (a TRAIN one is added to the sum; in
+        the buffered modes the model steps when the buffer is full), or None once the round
+        is over. A worker's failure raises and ends the round. A buffered-mode result too
+        stale is returned but not aggregated (it is added to `refused`)."""
+        if self._buf is None:
             raise InvalidArgument("no round was started: call start first")
-        r = next(self._results, None)
+        if not self.buffered:
+            r = next(self._results, None)
+            if r is not None and r.command == TRAIN:
+                self._buf.add(r)
+            return r
+        if self._ended:
+            return None
+        try:
+            r = self._stream.next(wait=self._draining)
+        except Exception:
+            self._ended = True  # until the next start, as a round-mode round that raised
+            raise
         if r is not None and r.command == TRAIN:
-            self._avg.add(r)
+            try:
+                self._buf.add(r, self.version - r.round)
+            except buffered.StaleUpdate as exc:
+                self.refused.append(exc)
+                return r
+            if len(self._buf) >= self.buffer_size:
+                self._aggregated += self._step(None)
         return r
 
     def __iter__(self):
         return iter(self.next_result, None)
 
-    def aggregate(self, lr=1.0, out=None):
-        """FedAvg over the TRAIN results taken this round, applied by SGD at `lr` (1.0: plain
-        FedAvg) to the server's model, which is then copied into `out` (a tensor of the
-        model's size and dtype) if given. Returns the number of clients aggregated. Refused
-        when no training result was taken since the round started (or since the last call)."""
-        if self._avg is None:
+    def _step(self, lr):
+        g, record = self._buf.take()
+        lr = self.strategy.eta if lr is None else lr
+        self.strategy.step(self.model, g.to(self.model.device), lr)
+        if self._stream is not None:
+            self._stream.advance()
+        self.history.append({"version": self.version, "lr": lr, **record, **self.strategy.settings()})
+        return record["clients"]
+
+    def aggregate(self, lr=None, out=None):
+        """Round modes: one step of the strategy over the TRAIN results taken this round at
+        server learning rate `lr` (default: the strategy's eta; 1.0 for plain FedAvg), then
+        the model is copied into `out` (a tensor of the model's size and dtype) if given.
+        Returns the number of clients aggregated. Refused when no training result was taken
+        since the round started (or since the last call).
+        Buffered modes: the model steps by itself; this copies it into `out` and returns the
+        clients stepped since the last call (possibly 0). `lr`, if given, becomes the
+        strategy's eta for the steps to come."""
+        if self._buf is None:
             raise InvalidArgument("no round was started: call start first")
-        lr = positive_finite("lr", lr)
+        if lr is not None:
+            lr = positive_finite("lr", lr)
         if out is not None and not isinstance(out, torch.Tensor):
             raise InvalidArgument(f"out must be a torch tensor, got {type(out).__name__}")
         if out is not None and (out.numel() != self.model.numel() or out.dtype != self.model.dtype):
             raise InvalidArgument(f"the model to write must match the round's model ({self.model.numel()} x "
                                   f"{self.model.dtype}); got {out.numel()} x {out.dtype}")
-        self._avg.optimizer.param_groups[0]["lr"] = lr
-        count = self._avg.step()
+        if self.buffered:
+            if lr is not None:
+                self.strategy.eta = lr
+            count, self._aggregated = self._aggregated, 0
+        else:
+            count = self._step(lr)
         if out is not None:
             out.detach().copy_(self.model.view(out.shape))
         return count
 
-    def train_round(self, clients, model, lr=1.0):
+    def drain(self):
+        """Buffered modes: the results of every client still out, in completion order, added
+        (and stepped) as next_result does; what the last round's stragglers send."""
+        if not self.buffered or self._buf is None:
+            raise InvalidArgument("drain is for a started round of the fedbuff and fedasync modes")
+        self._draining, self._ended = True, False
+        try:
+            while (r := self.next_result()) is not None:
+                yield r
+        finally:
+            self._draining = False
+
+    def flush(self):
+        """Buffered modes: step now over the results in the buffer (fewer than buffer_size).
+        Returns the number of clients stepped (0 with an empty buffer)."""
+        if not self.buffered or self._buf is None:
+            raise InvalidArgument("flush is for a started round of the fedbuff and fedasync modes")
+        if not len(self._buf):
+            return 0
+        n = self._step(None)
+        self._aggregated += n
+        return n
+
+    def train_round(self, clients, model, lr=None):
         """One whole training round: start, take every result, aggregate into `model` (in
         place). Returns the number of clients aggregated."""
         self.start(clients, model)
@@ -96,7 +219,7 @@ class FedAvgRounds:
 
     def close(self):
         """Drop the round and close the server (terminating the workers)."""
-        self._results = self._avg = None
+        self._results = self._buf = self._stream = None
         self.server.close()
 
     def __enter__(self):

@@ -23,13 +23,14 @@ from .. import group as _group
 from ..checks import integer, positive_finite, positive_seconds
 from ..errors import (Closed, InvalidArgument, PyBridgeError, UpdateRefused, WorkerFailed, WorkerTimeout,
                       classify)
+from . import buffered
 from .integrity import refusal
 from .metrics import RoundMetrics
 from .metrics import decode as decode_metrics
 from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN,
                        UPDATE, Header, Links, decode_message, flat)
 
-MODES = ("async", "sync")
+MODES = ("async", "sync") + buffered.MODES  # the last two: FedBuff / FedAsync (buffered.py)
 REFUSED_RETRIES = 1  # with requeue, a client whose update was refused is handed out once more
 
 
@@ -96,7 +97,9 @@ class Server:
 
     mode: "async" gives a worker its next client as soon as it returns one; "sync" hands
     clients out in waves of one per worker and waits for the whole wave (FLUTE's gloo
-    fallback, kept for comparison).
+    fallback, kept for comparison). "fedbuff" and "fedasync": no rounds for the workers, the
+    model advances every K results (K = 1 for fedasync) and stragglers' results are applied
+    late, weighted by their staleness; drive them with FedAvgRounds (buffered.py).
     timeout: seconds a worker may hold a client (default: the group's timeout).
     requeue: a worker lost while holding a client (dead, or past the timeout) has its client
     handed to the remaining workers, so the round completes; otherwise run_round raises
@@ -177,6 +180,9 @@ class Server:
         not waited for; their late results are dropped by round number, and they get the
         next round's model and clients once they are back."""
         self._check_open()
+        if self.mode in buffered.MODES:  # FedBuff / FedAsync dispatch: no rounds there
+            raise InvalidArgument(f"mode {self.mode} hands clients out across model versions, not in rounds: "
+                                  "drive it with FedAvgRounds (or server.stream)")
         clients = _client_list(clients)
         if not clients:
             raise InvalidArgument("run_round needs at least one client: an empty round would send the "
@@ -267,6 +273,24 @@ class Server:
     def _out(self):
         """Whether a client of the current round is out."""
         return any(a.round == self.round for a in self._busy.values())
+
+    # ---- FedBuff / FedAsync (buffered.py): the one entry into the buffered modes ---------------
+
+    def stream(self, model):
+        """Mode fedbuff or fedasync: a buffered.Stream handing clients out on `model` (the
+        server's flat model, read at each send) across versions. FedAvgRounds uses it."""
+        self._check_open()
+        if self.mode not in buffered.MODES:
+            raise InvalidArgument(f"stream is for the fedbuff and fedasync modes; this server's mode is {self.mode}")
+        if model.device != self._links.device:  # it is sent as is, whenever a worker is behind
+            raise InvalidArgument(f"in mode {self.mode} the model must be on the group's device "
+                                  f"({self._links.device}), not {model.device}")
+        self._drain()
+        if not self._live:
+            raise WorkerFailed(f"no federated workers are left (lost: {self._lost_text()})")
+        return buffered.Stream(self, model)
+
+    # ---------------------------------------------------------------------------------------------
 
     def _idle(self):
         return [w for w in self.workers if w in self._live and w not in self._busy]
@@ -363,7 +387,7 @@ class Server:
             text = decode_message(payload) if payload is not None else ""
             return "failed", a, WorkerFailed(f"federated worker rank {w} failed on client {a.client} "
                                              f"(round {a.round}): {text}", w, a.client, a.round)
-        if a.round != self.round:
+        if a.round != self.round and self.mode not in buffered.MODES:  # FedBuff / FedAsync apply late ones
             return "result", a, None  # late, from an abandoned round: dropped by the caller
         if h.command == TRAIN:
             if (h.length, h.dtype) != (self._model.numel(), dtypes.code(self._model.dtype)):

@@ -1,0 +1,75 @@
+"""C ABI functions for the federated server's strategies, buffered modes and central DP
+(capi/pybridge.h, "Federated server strategies"). Conversion only: the logic is
+pybridge/federated/strategies.py, buffered.py and staleness.py, run by FedAvgRounds."""
+
+from .. import abi, capi
+from ..errors import InvalidArgument
+from ..federated import FedAvgRounds
+from ..federated import staleness as _staleness
+from ..federated.strategies import CentralDP, FedAdagrad, FedAdam, FedYogi, ServerSGD
+from . import options
+from .federated import _not_null, _server
+
+# pb_fed_options: each field and the default pb_fed_options_init gives it, in struct order.
+_DEFAULTS = {"strategy": abi.PB_FED_STRATEGY_FEDAVG, "eta": 0.0, "momentum": 0.0, "beta1": 0.9, "beta2": 0.99,
+             "tau": 1e-3, "buffer_size": 0, "staleness": abi.PB_FED_STALENESS_CONSTANT, "staleness_a": -1.0,
+             "staleness_b": -1.0, "max_staleness": -1, "dp_clip_norm": 0.0, "dp_noise_multiplier": 0.0,
+             "dp_seed": 0}
+_ADAPTIVE = {abi.PB_FED_STRATEGY_FEDADAGRAD: FedAdagrad, abi.PB_FED_STRATEGY_FEDADAM: FedAdam,
+             abi.PB_FED_STRATEGY_FEDYOGI: FedYogi}
+_STALENESS = {abi.PB_FED_STALENESS_CONSTANT: "constant", abi.PB_FED_STALENESS_POLYNOMIAL: "polynomial",
+              abi.PB_FED_STALENESS_HINGE: "hinge"}
+
+
+def _strategy(o):
+    eta = {} if o["eta"] == 0 else {"eta": o["eta"]}
+    if o["strategy"] == abi.PB_FED_STRATEGY_FEDAVG:
+        return ServerSGD(momentum=o["momentum"], **eta)
+    make = _ADAPTIVE.get(o["strategy"])
+    if make is None:
+        raise InvalidArgument(f"pb_fed_options.strategy must be a PB_FED_STRATEGY_* code (0..3), got {o['strategy']}")
+    return make(beta1=o["beta1"], beta2=o["beta2"], tau=o["tau"], **eta)
+
+
+def _buffered(o):
+    """FedAvgRounds' buffered keywords that differ from the defaults (None: not given)."""
+    kind = _STALENESS.get(o["staleness"])
+    if kind is None:
+        raise InvalidArgument(f"pb_fed_options.staleness must be a PB_FED_STALENESS_* code (0..2), "
+                              f"got {o['staleness']}")
+    params = {name: o[f"staleness_{name}"] for name in {"constant": "", "polynomial": "a", "hinge": "ab"}[kind]
+              if o[f"staleness_{name}"] >= 0}  # < 0: the function's default
+    return {"buffer_size": o["buffer_size"] or None,
+            "staleness": None if kind == "constant" else getattr(_staleness, kind)(**params),
+            "max_staleness": None if o["max_staleness"] == -1 else o["max_staleness"]}
+
+
+def pb_fed_server_configure(server, opts):
+    s = _server(server)
+    o = options.read(opts, "pb_fed_options", _DEFAULTS)
+    if s.rounds.started:
+        raise InvalidArgument("configure the federated server before its first round")
+    dp = None if o["dp_clip_norm"] == 0 else CentralDP(o["dp_clip_norm"], o["dp_noise_multiplier"], o["dp_seed"])
+    if dp is None and o["dp_noise_multiplier"] != 0:
+        raise InvalidArgument("pb_fed_options.dp_noise_multiplier is set but dp_clip_norm is 0: "
+                              "central DP needs a clip norm")
+    buffered = {k: v for k, v in _buffered(o).items() if v is not None}
+    s.rounds = FedAvgRounds(s.rounds.server, strategy=_strategy(o), dp=dp, **buffered)
+
+
+def pb_fed_server_last_step(server, out, has_step, refused):
+    s = _server(server)
+    _not_null((out, "out"), (has_step, "has_step"))
+    capi.ffi.memmove(out, bytes(capi.ffi.sizeof("pb_fed_step")), capi.ffi.sizeof("pb_fed_step"))
+    has_step[0] = 0
+    if refused != capi.ffi.NULL:
+        refused[0] = len(s.rounds.refused)
+    if not s.rounds.history:
+        return
+    h = s.rounds.history[-1]
+    out.version, out.clients, out.samples, out.lr = h["version"], h["clients"], h["samples"], h["lr"]
+    out.max_staleness = max(h["staleness"])
+    out.clipped = h.get("clipped", 0)
+    out.clip_norm, out.noise_multiplier = h.get("clip_norm", 0.0), h.get("noise_multiplier", 0.0)
+    out.noise_std = h.get("noise_std", 0.0)
+    has_step[0] = 1

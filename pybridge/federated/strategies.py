@@ -1,0 +1,155 @@
+"""Server strategies: how the server applies a step's pseudo-gradient g (the weighted mean
+of the clients' deltas, round model - trained weights; see buffered.UpdateBuffer) to its
+flat model x, and central differential privacy.
+
+    ServerSGD(eta, momentum)  x <- x - eta * g        (momentum m <- momentum * m + g, x <- x - eta * m)
+                              eta 1, no momentum: FedAvg; with momentum: FedAvgM
+    FedAdagrad / FedAdam / FedYogi (Reddi et al. 2021, "Adaptive Federated Optimization",
+    Algorithm 2), with Delta = -g, m_{-1} = 0, v_{-1} = tau^2:
+        m <- beta1 * m + (1 - beta1) * Delta
+        v <- v + Delta^2                                        (FedAdagrad)
+        v <- beta2 * v + (1 - beta2) * Delta^2                  (FedAdam)
+        v <- v - (1 - beta2) * Delta^2 * sign(v - Delta^2)      (FedYogi)
+        x <- x + eta * m / (sqrt(v) + tau)
+
+The optimizers' state and arithmetic are float64 whatever the model's dtype; the model is
+written once per step. ServerSGD without momentum steps in the model's dtype, exactly as
+torch.optim.SGD does, so FedAvg rounds keep their bits. `eta_l` is the clients' learning
+rate in the paper's notation: recorded with each step, used by the workers (the server
+does not send it).
+"""
+
+import math
+
+import torch
+
+from ..checks import positive_finite
+from ..errors import InvalidArgument
+
+
+def _unit(name, value, *, closed=False):
+    """A number in [0, 1) (or [0, 1] with closed)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or value > 1 or (value == 1 and not closed):
+        raise InvalidArgument(f"{name} must be in [0, 1{']' if closed else ')'}, got {value!r}")
+    return float(value)
+
+
+class ServerOptimizer:
+    """Applies pseudo-gradients to a flat model; `eta` is the server learning rate used
+    when a step is given none."""
+
+    name = "?"
+
+    def __init__(self, eta, eta_l=None):
+        self.eta = positive_finite("eta", eta)
+        self.eta_l = None if eta_l is None else positive_finite("eta_l", eta_l)
+
+    def step(self, model, g, lr=None):
+        """model (flat, floating point) moves by the pseudo-gradient g (float64, same length)."""
+        raise NotImplementedError
+
+    def settings(self):
+        return {"strategy": self.name, "eta": self.eta, "eta_l": self.eta_l}
+
+
+class ServerSGD(ServerOptimizer):
+    """FedAvg (eta 1.0) and FedAvgM (momentum > 0)."""
+
+    name = "fedavg"
+
+    def __init__(self, eta=1.0, momentum=0.0, eta_l=None):
+        super().__init__(eta, eta_l)
+        self.momentum = _unit("momentum", momentum)
+        self._m = None
+
+    def step(self, model, g, lr=None):
+        lr = self.eta if lr is None else lr
+        if self.momentum:
+            self._m = g.clone() if self._m is None else self._m.mul_(self.momentum).add_(g)
+            g = self._m
+        model.add_(g.to(model.dtype), alpha=-lr)  # torch.optim.SGD's arithmetic
+
+    def settings(self):
+        return {**super().settings(), "momentum": self.momentum}
+
+
+class _Adaptive(ServerOptimizer):
+    def __init__(self, eta=1e-2, beta1=0.9, beta2=0.99, tau=1e-3, eta_l=None):
+        super().__init__(eta, eta_l)
+        self.beta1 = _unit("beta1", beta1)
+        self.beta2 = _unit("beta2", beta2)
+        self.tau = positive_finite("tau", tau)
+        self.m = self.v = None
+
+    def _second_moment(self, d2):
+        raise NotImplementedError
+
+    def step(self, model, g, lr=None):
+        lr = self.eta if lr is None else lr
+        delta = -g.to(torch.float64)
+        if self.m is None:
+            self.m = torch.zeros_like(delta)
+            self.v = torch.full_like(delta, self.tau * self.tau)
+        self.m.mul_(self.beta1).add_(delta, alpha=1 - self.beta1)
+        self._second_moment(delta * delta)
+        x = model.to(torch.float64) + lr * self.m / (self.v.sqrt() + self.tau)
+        model.copy_(x)
+
+    def settings(self):
+        return {**super().settings(), "beta1": self.beta1, "beta2": self.beta2, "tau": self.tau}
+
+
+class FedAdagrad(_Adaptive):
+    name = "fedadagrad"
+
+    def _second_moment(self, d2):
+        self.v.add_(d2)
+
+
+class FedAdam(_Adaptive):
+    name = "fedadam"
+
+    def _second_moment(self, d2):
+        self.v.mul_(self.beta2).add_(d2, alpha=1 - self.beta2)
+
+
+class FedYogi(_Adaptive):
+    name = "fedyogi"
+
+    def _second_moment(self, d2):
+        self.v.sub_((1 - self.beta2) * d2 * torch.sign(self.v - d2))
+
+
+STRATEGIES = {c.name: c for c in (ServerSGD, FedAdagrad, FedAdam, FedYogi)}  # C codes in this order
+
+
+class CentralDP:
+    """Central differential privacy at the server (DP-FedAvg, McMahan et al. 2018): each
+    client's delta is clipped to L2 norm `clip_norm` (C), the step's n clients are weighted
+    equally, and the mean gets Gaussian noise of standard deviation
+    noise_multiplier * C / n, drawn in float64 from a generator seeded with `seed`."""
+
+    def __init__(self, clip_norm, noise_multiplier, seed=0):
+        self.clip_norm = positive_finite("clip_norm", clip_norm)
+        if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, (int, float)) \
+                or not math.isfinite(noise_multiplier) or noise_multiplier < 0:
+            raise InvalidArgument(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
+        self.noise_multiplier = float(noise_multiplier)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise InvalidArgument(f"seed must be an integer, got {seed!r}")
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def clip(self, delta):
+        """Scale `delta` (float64, in place) to norm C at most; True if it was scaled."""
+        norm = float(torch.linalg.vector_norm(delta))
+        if norm > self.clip_norm:
+            delta.mul_(self.clip_norm / norm)
+            return True
+        return False
+
+    def noise(self, numel, clients):
+        """The noise of a step over `clients` clients (float64, on the CPU) and its std."""
+        std = self.noise_multiplier * self.clip_norm / clients
+        return torch.randn(numel, dtype=torch.float64, generator=self.generator) * std, std
