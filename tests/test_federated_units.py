@@ -170,7 +170,14 @@ class _FakeServer:
             raise InvalidArgument("listed more than once")
         self.round += 1
         self.sent.append((list(clients), model.clone(), evaluate))
-        return iter(self.rounds.pop(0))
+        return self._results(self.rounds.pop(0))
+
+    @staticmethod
+    def _results(queued):
+        for r in queued:
+            if isinstance(r, Exception):
+                raise r  # a worker failed: the round ends here
+            yield r
 
     def close(self):
         self.closed = True
@@ -212,3 +219,24 @@ def test_fedavg_rounds_keep_their_model_copy_and_step_at_the_round_lr():
     with rounds:
         pass
     assert server.closed
+
+
+def test_a_failed_round_is_not_aggregated():
+    """A round that raised (a worker failed) must not apply the clients it had summed; the
+    next round starts clean (the issue: a partial sum reached a later step)."""
+    from pybridge.errors import WorkerFailed
+    from pybridge.federated import FedAvgRounds
+    failure = WorkerFailed("worker 2 failed client 1", worker=2, client=1)
+    server = _FakeServer([[_result(0, torch.full((4,), 2.0), 1), failure],
+                          [_result(1, torch.full((4,), 4.0), 1)]])
+    rounds = FedAvgRounds(server)
+    model = torch.zeros(4)
+    rounds.start([0, 1], model)
+    with pytest.raises(WorkerFailed):
+        list(rounds)
+    with pytest.raises(InvalidArgument, match="round failed .* partial sum is not applied"):
+        rounds.aggregate(1.0, out=model)
+    assert rounds.model.tolist() == [0.0] * 4
+    rounds.start([1], model)
+    assert [r.client for r in rounds] == [1]
+    assert rounds.aggregate(1.0, out=model) == 1 and model.tolist() == [-4.0] * 4  # model - lr x update

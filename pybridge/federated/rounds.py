@@ -108,6 +108,7 @@ class FedAvgRounds:
             self.model = torch.empty(m.numel(), dtype=m.dtype, device=m.device)
         self.model.copy_(m)
         self._results = self._buf = None  # an earlier round's are of no use now, even if this start fails
+        self._failed = None
         if self.buffered:
             stream = self.server.stream(self.model)
             stream.add(clients, EVALUATE if evaluate else TRAIN)
@@ -125,7 +126,11 @@ class FedAvgRounds:
         if self._buf is None:
             raise InvalidArgument("no round was started: call start first")
         if not self.buffered:
-            r = next(self._results, None)
+            try:
+                r = next(self._results, None)
+            except Exception as exc:
+                self._failed = exc  # the round is over: its partial sum must not be applied
+                raise
             if r is not None and r.command == TRAIN:
                 self._buf.add(r)
             return r
@@ -180,6 +185,9 @@ class FedAvgRounds:
             if lr is not None:
                 self.strategy.eta = lr
             count, self._aggregated = self._aggregated, 0
+        elif getattr(self, "_failed", None) is not None:
+            raise InvalidArgument(f"this round failed ({self._failed}); its partial sum is not applied: "
+                                  "start the next round")
         else:
             count = self._step(lr)
         if out is not None:
