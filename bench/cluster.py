@@ -20,11 +20,11 @@ steps). Writes bench/results/cluster.json and a chart (bench/charts.py).
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import ROOT, free_port, progress, save, table  # noqa: E402
@@ -43,23 +43,13 @@ RANK = os.path.join(ROOT, "bench", "cluster_rank.py")
 
 def run_case(c, args, timeout):
     """pybridge-launch RANK args in every node; the RESULT lines, or raises with the output."""
-    port = str(free_port())
-    procs = [n.popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", str(PER_NODE),
-                      "--nnodes", str(NODES), "--node-rank", str(n.index), "--master-addr", "node0",
-                      "--master-port", port, RANK, *args],
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n in c.nodes]
-    deadline = time.monotonic() + timeout
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=max(1, deadline - time.monotonic()))[0])
-        except subprocess.TimeoutExpired:
-            for n in c.nodes:
-                n.kill()
-            raise RuntimeError(f"{args[:2]} did not finish within {timeout} s")
+    procs = c.launch([RANK, *args], nproc_per_node=PER_NODE, port=free_port())
+    try:
+        outs = c.communicate(procs, timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{args[:2]} did not finish within {timeout} s") from None
     if any(p.returncode for p in procs):
         raise RuntimeError(f"{args[:2]} failed:\n" + "\n".join(o[-2000:] for o in outs))
-    import json
     return [json.loads(line[7:]) for o in outs for line in o.splitlines() if line.startswith("RESULT ")]
 
 

@@ -25,7 +25,9 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
+import time
 
 from .errors import InvalidArgument, PyBridgeError
 
@@ -112,11 +114,9 @@ class Node:
         return p
 
     def run(self, argv, *, timeout, **kwargs):
-        """Run argv in the node to completion; on timeout its process group is killed."""
-        kwargs.setdefault("capture_output", True)
-        kwargs.setdefault("text", True)
-        p = self.popen(argv, stdout=subprocess.PIPE if kwargs.pop("capture_output") else None,
-                       stderr=subprocess.STDOUT, **kwargs)
+        """Run argv in the node to completion, its output (stderr into stdout, text) in the
+        result's stdout; on timeout its process group is killed."""
+        p = self.popen(argv, **{"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, **kwargs})
         try:
             out, _ = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -211,6 +211,30 @@ class Cluster:
                     _tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
                     _tc(ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
                         "rate", rate, "ceil", rate)
+
+    def launch(self, argv, *, nproc_per_node, port, **kwargs):
+        """Start `pybridge-launch ... argv` in every node, as on real machines: --nnodes,
+        each node's --node-rank, node 0 hosting the rendezvous on `port`. Output is piped
+        (stderr into stdout, text). Returns the Popens, by node."""
+        kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, **kwargs}
+        return [n.popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", str(nproc_per_node),
+                         "--nnodes", str(len(self.nodes)), "--node-rank", str(n.index), "--master-addr", "node0",
+                         "--master-port", str(port), *argv], **kwargs)
+                for n in self.nodes]
+
+    def communicate(self, procs, timeout):
+        """The outputs of `procs` (launch's), all within `timeout` seconds in total; past it
+        every node is killed and subprocess.TimeoutExpired raised."""
+        deadline = time.monotonic() + timeout
+        outs = []
+        for p in procs:
+            try:
+                outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+            except subprocess.TimeoutExpired:
+                for n in self.nodes:
+                    n.kill()
+                raise subprocess.TimeoutExpired(p.args, timeout) from None
+        return outs
 
     def __enter__(self):
         return self

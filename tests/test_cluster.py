@@ -16,9 +16,7 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
-import time
 
 import pytest
 
@@ -34,24 +32,13 @@ pytestmark = pytest.mark.skipif(not ok, reason=f"simulated cluster: {why}")
 RECORDS = 50
 
 
-def launch_all(c, target, *args, nproc=2, timeout=150, env=None):
-    """pybridge-launch TARGET in every node of c; (return codes, outputs) by node."""
-    port = str(free_port())
-    procs = [n.popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", str(nproc),
-                      "--nnodes", str(len(c.nodes)), "--node-rank", str(n.index),
-                      "--master-addr", "node0", "--master-port", port, target, *args],
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                     env={**os.environ, **(env or {})})
-             for n in c.nodes]
-    deadline = time.monotonic() + timeout
-    outs = []
-    for n, p in zip(c.nodes, procs):
-        try:
-            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            c.close()
-            pytest.fail(f"node {n.index} did not finish within {timeout} s")
-        outs.append(out)
+def launch_all(c, target, *args, timeout=150):
+    """pybridge-launch TARGET (2 ranks per node) in every node of c; (return codes, outputs)."""
+    procs = c.launch([target, *args], nproc_per_node=2, port=free_port())
+    try:
+        outs = c.communicate(procs, timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the nodes did not finish within {timeout} s")
     return [p.returncode for p in procs], outs
 
 
@@ -124,11 +111,7 @@ def test_two_nodes_go_mnist_trainer(tmp_path_factory):
 
 def test_a_lost_node_is_named_by_the_others_and_their_launcher():
     with cluster.Cluster(2) as c:
-        port = str(free_port())
-        procs = [n.popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", "2", "--nnodes", "2",
-                          "--node-rank", str(n.index), "--master-addr", "node0", "--master-port", port,
-                          os.path.join(TESTS, "cluster_loss.py")],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n in c.nodes]
+        procs = c.launch([os.path.join(TESTS, "cluster_loss.py")], nproc_per_node=2, port=free_port())
         # Wait until node 1's ranks have reduced once, then lose the whole node.
         seen, ready = [], threading.Event()
 
@@ -141,9 +124,8 @@ def test_a_lost_node_is_named_by_the_others_and_their_launcher():
         assert ready.wait(120), "".join(seen)
         c.nodes[1].kill()
         try:
-            out, _ = procs[0].communicate(timeout=60)
+            out, = c.communicate(procs[:1], 60)
         except subprocess.TimeoutExpired:
-            c.close()
             pytest.fail("node 0 did not notice the lost node within 60 s")
     assert procs[0].returncode != 0, out
     # Node 0's launcher names its rank that failed first and shows its error, which names
