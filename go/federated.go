@@ -180,16 +180,9 @@ func (s *FedServer[T]) SetAffinity(client int, workers []int) error {
 		return err
 	}
 	defer s.mu.Unlock()
-	ranks := make([]C.int32_t, len(workers))
-	for i, w := range workers {
-		ranks[i] = C.int32_t(w)
-	}
-	var rp *C.int32_t
-	if len(ranks) > 0 {
-		rp = &ranks[0]
-	}
 	var msg *C.char
-	return check(op, C.pbgo_fed_server_set_affinity(h, C.int64_t(client), rp, C.int32_t(len(ranks)), &msg), msg)
+	return check(op, C.pbgo_fed_server_set_affinity(h, C.int64_t(client), cArray[C.int32_t](workers),
+		C.int32_t(len(workers)), &msg), msg)
 }
 
 // StartRound sends model to the workers and hands out clients (ids >= 0, each
@@ -212,17 +205,9 @@ func (s *FedServer[T]) start(op string, clients []int, model []T, cmd FedCommand
 		return err
 	}
 	defer s.mu.Unlock()
-	ids := make([]C.int64_t, len(clients))
-	for i, c := range clients {
-		ids[i] = C.int64_t(c)
-	}
-	var idp *C.int64_t
-	if len(ids) > 0 {
-		idp = &ids[0]
-	}
 	data, n := dataOf(model)
 	var msg *C.char
-	st := C.pbgo_fed_server_start_round_slice(h, idp, C.int64_t(len(ids)), data, n, dtypeOf[T](), C.int32_t(cmd), &msg)
+	st := C.pbgo_fed_server_start_round_slice(h, cArray[C.int64_t](clients), C.int64_t(len(clients)), data, n, dtypeOf[T](), C.int32_t(cmd), &msg)
 	return check(op, st, msg)
 }
 

@@ -84,3 +84,16 @@ func (x *cHandle[P]) close(op string, free func(h P, msg **C.char) C.int) error 
 func nilError(op, typ string) error {
 	return newError(statusInvalidArgument, op, "nil *%s", typ)
 }
+
+// cArray copies xs into a new C-typed array and returns its first element (nil
+// for none): for the calls that take a pointer and a count of int32 or int64.
+func cArray[E ~int32 | ~int64](xs []int) *E {
+	if len(xs) == 0 {
+		return nil
+	}
+	out := make([]E, len(xs))
+	for i, x := range xs {
+		out[i] = E(x)
+	}
+	return &out[0]
+}
