@@ -69,6 +69,7 @@ extern "C" {
 #define PB_ERR_CORRUPT -7           /* data failed a format or checksum check */
 #define PB_ERR_INTERNAL -8          /* a bug, or the embedded Python core failed to start */
 #define PB_ERR_CLOSED -9            /* the object was closed or finalized */
+#define PB_ERR_MEMBERSHIP -10       /* elastic: ranks were lost or joined; reset onto the new world */
 
 /* ---- Element types (pb_tensor.dtype) ---------------------------------------- */
 #define PB_FLOAT32 0

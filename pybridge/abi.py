@@ -11,6 +11,7 @@ PB_ERR_IO = -6  # a file could not be read or written
 PB_ERR_CORRUPT = -7  # data failed a format or checksum check
 PB_ERR_INTERNAL = -8  # a bug, or the embedded Python core failed to start
 PB_ERR_CLOSED = -9  # the object was closed or finalized
+PB_ERR_MEMBERSHIP = -10  # elastic: ranks were lost or joined; reset onto the new world
 PB_FLOAT32 = 0
 PB_FLOAT64 = 1
 PB_FLOAT16 = 2  # IEEE half: raw uint16 bits

@@ -1,6 +1,15 @@
-"""Elastic training, part 1: training state that can be committed and rolled back in memory
-and sent to another rank over the network (issue 25; docs/elastic.md says what exists and
-what does not yet).
+"""Elastic training: the survivors of a lost rank go on, new processes join the live job
+(docs/elastic.md).
+
+  init()     joins an elastic job (the store of pybridge-launch --elastic) and forms the world
+  reset()    after MembershipChanged: the world agreed on by the survivors (and joiners)
+  State      what is committed, rolled back and sent to a joiner
+  run(fn)    calls fn(state) again after every membership change, rolled back and re-bound
+
+Worlds are agreed on by membership.py. A failed collective on an elastic world (a peer
+died or stopped answering) tears the world down at once (so that peers blocked on this
+rank fail too instead of waiting for their timeout), agrees on the next world and raises
+MembershipChanged naming the lost ranks; joiners are admitted at commits.
 
 A `State` holds what a restart needs (model, optimizer, reducer counters, loader position,
 named tensors, user values) the way Horovod Elastic's TorchState does: `commit()` keeps a
@@ -11,11 +20,178 @@ commit, a file checkpoint and what a joiner receives are one format, loaded by o
 function (checkpoint.apply); only sync() serializes it.
 """
 
+import datetime
+import functools
+import os
+import time
+
 import torch
+import torch.distributed as dist
 
 from . import checkpoint, collectives
 from . import group as _group
-from .errors import InvalidArgument
+from . import membership as _membership
+from . import sockets as _sockets
+from .errors import Closed, InvalidArgument, MembershipChanged, NotInitialized
+
+LOST_AFTER = 10.0  # seconds without a heartbeat before a member counts as lost
+JOIN_TIMEOUT = 300.0  # seconds a round may take (a joiner waits for the members' next commit)
+
+_session = None  # the live _Session: the membership and the settings every world is made with
+
+
+class _Session:
+    """One process's elastic job: its membership and how each world's group is made. The
+    world group points here (Group.elastic), so that its failures come to failed()."""
+
+    def __init__(self, membership, settings):
+        self.membership = membership
+        self.settings = settings
+        self.world = None
+        self.group = None
+        self.sockets = set()
+        self.last_change = None  # the MembershipChanged of the latest reset
+        self._kept = []  # the backends of the worlds left (see leave)
+
+    def start(self, world):
+        """The process group of `world` (a generation), over the store's keys for it."""
+        host, port = self.membership.address
+        s = self.settings
+        client = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=s["timeout"]),
+                               wait_for_workers=False)
+        store = dist.PrefixStore(f"{_membership.PREFIX}g{world.generation}/pg/", client)
+        before = _sockets.open_sockets()
+        g = _group.init(backend=s["backend"], rank=world.rank, world_size=world.size,
+                        local_rank=s["local_rank"], timeout=s["timeout"], store=store,
+                        checked=s["checked"], watchdog=s["watchdog"])
+        g.elastic = self
+        self.world, self.group = world, g
+        self.sockets = _sockets.open_sockets() - before  # the backend's connections to the peers
+        return g
+
+    def failed(self, err):
+        """A collective of the current world failed: leave it and agree on the next one."""
+        if isinstance(err, MembershipChanged):
+            return err
+        seen = time.time()
+        self.leave()
+        left = time.time()
+        changed = self.membership.changed(self.world, cause=err)
+        if changed.seen_at is None:
+            changed.seen_at, changed.left_at, changed.agreed_at = seen, left, time.time()
+        return changed
+
+    def leave(self):
+        """Tear the current world down (its objects then fail with Closed). Its connections
+        are shut down first, so peers blocked on this rank fail at once (sockets.py)."""
+        g = self.group
+        if g is None or g.closed:
+            return
+        _sockets.shut_down(self.sockets)
+        # Failed works still hold the backend; if the last reference went on one of gloo's
+        # threads, gloo would abort the process. Keep it here (its sockets are shut down).
+        self._kept.append(g.pg)
+        if _group._current is g:
+            try:
+                _group.finalize(linger=0)
+            except Exception:  # noqa: BLE001 - a broken world may fail to say goodbye
+                g._close()
+                _group._current = None
+
+
+def init(*, backend="auto", timeout=None, min_size=None, max_size=None, lost_after=None,
+         join_timeout=None, checked=None, watchdog=None, store_addr=None, member_id=None):
+    """Join an elastic job and return the world group (pybridge.init's elastic twin).
+
+    The store comes from pybridge-launch --elastic (MASTER_ADDR:MASTER_PORT, hosted by the
+    launcher of node 0, so it outlives every worker) or `store_addr` ("host:port" of a
+    TCPStore someone hosts). WORLD_SIZE is the first world's size (a process that comes later
+    joins the running job at its next commit), RANK this process's place in it.
+    timeout: bounds every collective (a stopped peer is lost after it); lost_after: seconds
+    without a heartbeat before a member counts as lost; min_size / max_size: the world sizes
+    allowed (PYBRIDGE_ELASTIC_MIN / _MAX); join_timeout: how long forming a world may take."""
+    global _session
+    if _session is not None and _session.group is not None and not _session.group.closed:
+        from .errors import AlreadyInitialized
+        raise AlreadyInitialized("an elastic world is already live: call elastic.reset() after a "
+                                 "MembershipChanged, or pybridge.finalize() to leave")
+    env = os.environ
+    if store_addr is None:
+        if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
+            raise InvalidArgument("elastic.init needs the launcher's store: run under pybridge-launch "
+                                  "--elastic (MASTER_ADDR, MASTER_PORT) or pass store_addr='host:port'")
+        store_addr = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    host, _, port = str(store_addr).rpartition(":")
+    port = _port(port, store_addr)
+    timeout = float(timeout if timeout is not None else env.get("PYBRIDGE_TIMEOUT") or _group.DEFAULT_TIMEOUT)
+    settings = {"backend": backend, "timeout": timeout, "checked": checked, "watchdog": watchdog,
+                "local_rank": _group.env_int("LOCAL_RANK")}
+    m = _membership.Membership(
+        host, port, member_id=member_id or env.get("PYBRIDGE_ELASTIC_ID") or None, want=_group.env_int("RANK"),
+        initial=_group.env_int("WORLD_SIZE") or 1,
+        min_size=min_size or _group.env_int("PYBRIDGE_ELASTIC_MIN") or 1,
+        max_size=max_size or _group.env_int("PYBRIDGE_ELASTIC_MAX"),
+        lost_after=float(lost_after or env.get("PYBRIDGE_ELASTIC_LOST_AFTER") or LOST_AFTER),
+        timeout=float(join_timeout or env.get("PYBRIDGE_ELASTIC_JOIN_TIMEOUT") or JOIN_TIMEOUT))
+    _session = _Session(m, settings)
+    return _session.start(m.first_world())
+
+
+def _port(text, whole):
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise InvalidArgument(f"elastic store address {whole!r}: expected host:port")
+    return port
+
+
+def reset(err=None):
+    """Move onto the world agreed on after `err` (a MembershipChanged; default: the newest
+    one this process agreed on) and return its group. The old world's objects fail with
+    Closed; re-bind them (Reducer.rebind, Loader.rebind) or let State.reset do it."""
+    s = _live_session()
+    world = err.world if isinstance(err, MembershipChanged) and err.world is not None else s.membership.world
+    s.last_change = err
+    s.leave()
+    if world is s.world:
+        raise InvalidArgument("elastic.reset(): no new world was agreed on (reset follows a MembershipChanged)")
+    return s.start(world)
+
+
+def _live_session():
+    if _session is None:
+        raise NotInitialized("no elastic job: call pybridge.elastic.init() first")
+    return _session
+
+
+def session():
+    """The live elastic session, or None (a world made by pybridge.init is not elastic)."""
+    return _session
+
+
+def run(fn):
+    """fn(state, ...) run until it returns, across membership changes (hvd.elastic.run).
+
+    Every entry starts from one state on every rank: the first time (and for a joiner) the
+    state of rank 0 is sent to all (State.sync); after a MembershipChanged the world is
+    reset, the reducer and loader are re-bound, every rank rolls back to its last commit and
+    takes the lowest surviving rank's. fn must start from the state (its epoch, step...),
+    as a resumed run starts from a checkpoint."""
+    @functools.wraps(fn)
+    def wrapper(state, *args, **kwargs):
+        err = None
+        while True:
+            try:
+                if err is None:
+                    state.sync()
+                else:
+                    state.reset(err)
+                return fn(state, *args, **kwargs)
+            except MembershipChanged as exc:
+                err = exc
+    return wrapper
 
 _OBJECTS = ("model", "optimizer", "reducer", "loader")
 
@@ -37,7 +213,8 @@ class State:
         object.__setattr__(self, "values", dict(values))
         object.__setattr__(self, "commits", 0)
         object.__setattr__(self, "_committed", None)
-        self.commit()
+        object.__setattr__(self, "_callbacks", [])
+        self._save()
 
     def __getattr__(self, name):
         values = self.__dict__.get("values", {})
@@ -57,10 +234,35 @@ class State:
         self._objects.update(model=model, optimizer=optimizer, reducer=reducer, loader=loader,
                              tensors=dict(tensors or {}))
 
+    def on_reset(self, fn):
+        """Call fn() after every reset onto a new world (to rescale a learning rate, say)."""
+        self._callbacks.append(fn)
+        return fn
+
     def commit(self):
         """Keep a copy of the whole state in memory (replacing the previous one). The copy
         reuses the previous commit's memory when the shapes are unchanged: a commit is a
-        memory copy of the model and optimizer state, nothing is serialized."""
+        memory copy of the model and optimizer state, nothing is serialized. In an elastic
+        world, then admits waiting joiners (MembershipChanged, see the class)."""
+        self._save()
+        s = _session
+        if s is not None and s.group is not None and not s.group.closed:
+            _admit_joiners(s)
+
+    def reset(self, err=None):
+        """After MembershipChanged: move onto the new world, re-bind the reducer and loader to
+        it, roll back to the last commit and take the new rank 0's (the lowest surviving old
+        rank's) committed state; then the on_reset callbacks. COLLECTIVE on the new world."""
+        g = reset(err)
+        o = self._objects
+        for name in ("model", "reducer", "loader"):
+            if o[name] is not None and hasattr(o[name], "rebind"):
+                o[name].rebind(g)
+        self.sync(0, group=g)
+        for fn in self._callbacks:
+            fn()
+
+    def _save(self):
         o = self._objects
         live = checkpoint.state_of(self.commits, model=o["model"], optimizer=o["optimizer"], reducer=o["reducer"],
                                    loader=o["loader"], tensors=o["tensors"], extra=dict(self.values))
@@ -100,6 +302,18 @@ class State:
         self._load(self._committed)
 
 
+def _admit_joiners(s):
+    """Rank 0 reads how many processes wait to join; all ranks learn it in one broadcast."""
+    g = s.group
+    n = torch.tensor([s.membership.joiners_waiting(s.world) if g.rank == 0 else 0], dtype=torch.int64,
+                     device=g.device)
+    if g.size > 1:
+        collectives.broadcast(n, 0, group=g)
+    if int(n.item()) > 0:
+        s.leave()
+        raise s.membership.changed(s.world, cause=f"{int(n.item())} process(es) asked to join at a commit")
+
+
 def _copy(live, old):
     """A copy of `live` (dicts, lists, tuples, tensors, plain values), written into `old`'s
     tensors where they match in shape, dtype and device (no new memory), else cloned."""
@@ -127,4 +341,4 @@ def _nbytes(obj):
     return 0
 
 
-__all__ = ["State"]
+__all__ = ["State", "init", "reset", "run", "session"]

@@ -13,6 +13,7 @@ IO = abi.PB_ERR_IO
 CORRUPT = abi.PB_ERR_CORRUPT
 INTERNAL = abi.PB_ERR_INTERNAL
 CLOSED = abi.PB_ERR_CLOSED
+MEMBERSHIP = abi.PB_ERR_MEMBERSHIP
 
 
 class PyBridgeError(Exception):
@@ -66,6 +67,32 @@ class Closed(PyBridgeError, RuntimeError):
     """The object (group, work, buffer...) was already closed."""
 
     code = CLOSED
+
+
+class MembershipChanged(CommError):
+    """Elastic training (pybridge.elastic): the world changed. Ranks were lost (a peer died
+    or stopped answering during a collective, the reducer or a barrier) or new ranks are
+    waiting to join (raised by a commit). The new world is already agreed on when this is
+    raised: `lost` are the old ranks that are gone (with `lost_names`, who they were),
+    `joined` how many new processes join, `old_size` / `new_size` the world sizes and
+    `generation` the new world's number. Every object of the old world now fails with
+    Closed; elastic.reset() (or State.reset, or the run helper) moves onto the new one."""
+
+    code = MEMBERSHIP
+
+    def __init__(self, message, *, lost=(), lost_names=(), joined=0, old_size=0, new_size=0,
+                 generation=0, world=None):
+        super().__init__(message)
+        self.lost = list(lost)
+        self.lost_names = list(lost_names)
+        self.joined = joined
+        self.old_size = old_size
+        self.new_size = new_size
+        self.generation = generation
+        self.world = world  # membership.World: the agreed next world
+        # time.time() when the failure was seen here, the old world torn down, the new one
+        # agreed on (None for a change made at a commit): for benchmarks and logs
+        self.seen_at = self.left_at = self.agreed_at = None
 
 
 _TIMEOUT_WORDS = ("timed out", "timeout", "time out", "deadline")

@@ -71,6 +71,8 @@ class Group:
         self.roster = parent.roster if parent is not None else roster  # by global rank, or None
         self.progress = _watchdog.Progress(parent.progress if parent is not None else None)
         self.checks = _checked.State(self.device) if self.checked else None
+        # Elastic training (elastic.py): the world's link to its membership, None otherwise.
+        self.elastic = parent.elastic if parent is not None else None
 
     @property
     def issued(self):
@@ -325,7 +327,7 @@ def _rendezvous(init_method, master_addr, master_port):
 
 def init(init_method=None, backend="auto", rank=None, world_size=None, local_rank=None,
          timeout=DEFAULT_TIMEOUT, master_addr=None, master_port=None, *, checked=None,
-         watchdog=None) -> Group:
+         watchdog=None, store=None) -> Group:
     """Join the process group and return it.
 
     Anything not given comes from the launcher environment (RANK, WORLD_SIZE,
@@ -340,6 +342,10 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
     `watchdog`: seconds a collective may be stuck before the ranks that have not reached
     it are reported to stderr; None reads PYBRIDGE_WATCHDOG, else min(60 s, timeout / 2);
     0 or False turns it off.
+
+    `store`: rendezvous over this torch.distributed Store (a PrefixStore gives the group keys
+    of its own) instead of init_method; rank and world_size must be given. Elastic training
+    forms each new world this way, over a store that outlives the workers (elastic.py).
     """
     global _current
     with _lock:
@@ -357,30 +363,30 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
             local_rank = rank if local_rank is None else local_rank
         timeout = positive_seconds("timeout", timeout)
         backend = pick_backend(backend)
-        method = _rendezvous(init_method, master_addr, master_port)
+        method = _rendezvous(init_method, master_addr, master_port) if store is None else None
         if backend == "nccl":
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
         checked = _checked_setting(checked)
         watchdog = _watchdog.threshold(watchdog, timeout)
         excepthook = sys.excepthook
-        roster = _join(backend, method, rank, world_size, timeout, checked, watchdog)
+        roster = _join(backend, method, rank, world_size, timeout, checked, watchdog, store)
         if os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
             # torch's hook prefixes a traceback's lines with "[rank<R>]: ", but the launcher
             # already prefixes every stderr line: keep one prefix, not two.
             sys.excepthook = excepthook
         _current = Group(dist.group.WORLD, range(world_size), rank, local_rank, backend, float(timeout),
                          owned=True, checked=checked, roster=roster)
-        _watchdog.start(_current, watchdog, lambda: _own_store(method, timeout))
+        _watchdog.start(_current, watchdog, lambda: store if method is None else _own_store(method, timeout))
         return _current
 
 
-def _join(backend, method, rank, world_size, timeout, checked, watchdog):
+def _join(backend, method, rank, world_size, timeout, checked, watchdog, given=None):
     """Rendezvous, publish who this rank is and check that every rank agrees (roster.py),
     then build the backend over the same store. Returns the roster."""
     delta = datetime.timedelta(seconds=timeout)
     try:
         # pybridge builds the store: torch's own rendezvous can wait far past the timeout
-        store = rendezvous.store(method, rank, world_size, timeout)
+        store = rendezvous.store(method, rank, world_size, timeout) if given is None else given
         roster = _roster.join(store, _roster.me(rank, world_size, checked, watchdog), timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=delta)
     except PyBridgeError:
@@ -414,9 +420,11 @@ def _checked_setting(checked):
     return checked
 
 
-def finalize():
+def finalize(*, linger=None):
     """Leave the process group: its subgroups are closed too. A torch group that pybridge
-    adopted (see current()) is left to its owner. Safe to call when not initialized."""
+    adopted (see current()) is left to its owner. Safe to call when not initialized.
+    linger: seconds to wait for other references to the backend to go (see _free_here);
+    elastic training keeps a broken world's backend itself and passes 0."""
     global _current
     _watchdog.stop()
     with _lock:
@@ -435,20 +443,20 @@ def finalize():
         # aborts the process ("terminate called without an active exception").
         gc.collect()
         if world:
-            _free_here(world)
+            _free_here(world, FREE_WAIT_SECONDS if linger is None else linger)
 
 
 FREE_WAIT_SECONDS = 2.0
 
 
-def _free_here(holder):
+def _free_here(holder, seconds):
     """Drop the last reference to a process group on this thread. A future callback that
     has just run on one of gloo's worker threads (torch's PowerSGD hook keeps the group in
     its closures) releases its closure there a moment later; if that were the last
     reference, gloo would join its own thread and abort ("Resource deadlock avoided", seen
     at exit in 3 of 10 runs). So wait, briefly, until only this reference is left."""
     pg = holder.pop()
-    deadline = time.monotonic() + FREE_WAIT_SECONDS
+    deadline = time.monotonic() + seconds
     while sys.getrefcount(pg) > 2 and time.monotonic() < deadline:  # `pg` and the argument
         time.sleep(0.001)
 

@@ -123,6 +123,16 @@ def _parser():
                    help="keep per-rank logs here (default: a temporary folder, removed on success)")
     p.add_argument("--isolate-gpus", action="store_true",
                    help="set CUDA_VISIBLE_DEVICES to each process's one GPU")
+    p.add_argument("--elastic", action="store_true",
+                   help="elastic mode: a worker's death does not stop the others; they go on from their "
+                        "last commit (pybridge.elastic, docs/elastic.md). The launcher of node 0 hosts "
+                        "the store")
+    p.add_argument("--min-world", type=int, default=1,
+                   help="elastic: the smallest world the job may continue with (default 1)")
+    p.add_argument("--max-world", type=int, default=None,
+                   help="elastic: the largest world (joiners beyond it wait; default: no limit)")
+    p.add_argument("--replace", type=int, default=0,
+                   help="elastic: start up to this many replacements of dead workers (default 0)")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-m", "--module", action="store_true", help="TARGET is a Python module")
     p.add_argument("--no-python", action="store_true",
@@ -226,6 +236,14 @@ def torchrun_args(opts, log_dir, gpus):
             _check_port_free(*endpoint)
         args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint[0]}:{endpoint[1]}",
                  "--rdzv-id", opts.rdzv_id]
+    command = worker_command(opts)  # checks the target before gpus() imports torch
+    nproc = _nproc(opts.nproc_per_node, gpus())
+    args = ["--nproc-per-node", str(nproc), *args, *command]
+    return args, nproc
+
+
+def worker_command(opts):
+    """The command each worker runs: the shim (per-rank device), then TARGET and its args."""
     if opts.module:
         mode = "module"
     elif opts.target.endswith(".py") and not opts.no_python:
@@ -240,10 +258,51 @@ def torchrun_args(opts, log_dir, gpus):
         found = shutil.which(target) if os.sep not in target else (target if os.access(target, os.X_OK) else None)
         if not found:
             raise SystemExit(f"{PROG}: {target}: not found or not executable")
-    nproc = _nproc(opts.nproc_per_node, gpus())
-    args = ["--nproc-per-node", str(nproc), *args, sys.executable, "-c", _WORKER_SHIM, mode, target,
-            *opts.args]
-    return args, nproc
+    return [sys.executable, "-c", _WORKER_SHIM, mode, target, *opts.args]
+
+
+def elastic_main(opts):
+    """--elastic: this launcher supervises its workers itself (launch_elastic.py)."""
+    from .launch_elastic import Supervisor
+    if ":" in str(opts.nnodes):
+        raise SystemExit(f"{PROG}: --elastic takes a fixed --nnodes (the first world); the world then "
+                         "shrinks and grows between --min-world and --max-world")
+    nnodes = int(opts.nnodes)
+    if opts.min_world < 1 or (opts.max_world is not None and opts.max_world < opts.min_world):
+        raise SystemExit(f"{PROG}: --min-world must be >= 1 and <= --max-world")
+    if opts.replace < 0:
+        raise SystemExit(f"{PROG}: --replace must be >= 0")
+    endpoint = _endpoint(opts)
+    node_rank = opts.node_rank or 0
+    if nnodes > 1 and (endpoint is None or opts.node_rank is None):
+        raise SystemExit(f"{PROG}: an elastic multi-node job needs --rdzv-endpoint HOST:PORT (node 0's "
+                         "address, where its launcher hosts the store) and --node-rank")
+    if endpoint is None:
+        endpoint = ("127.0.0.1", _free_port())
+    elif node_rank == 0:
+        _check_port_free(*endpoint)
+    command = worker_command(opts)
+    gpus = _gpu_count()
+    nproc = _nproc(opts.nproc_per_node, gpus)
+    os.environ["PYBRIDGE_NUM_GPUS"] = str(gpus)
+    os.environ["PYBRIDGE_ISOLATE_GPUS"] = "1" if opts.isolate_gpus else "0"
+    _choose_interface(opts)
+    sup = Supervisor(command, nproc=nproc, node_rank=node_rank, nnodes=nnodes, store_addr=endpoint,
+                     min_world=opts.min_world, max_world=opts.max_world, replace=opts.replace,
+                     monitor_interval=opts.monitor_interval, shutdown_timeout=opts.shutdown_timeout,
+                     hosting=node_rank == 0)
+    try:
+        return sup.run()
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        sup.stop()
+        return 130
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _signal_exit(code):
@@ -363,6 +422,8 @@ def main(argv=None):
     opts = _parser().parse_args(argv)
     if opts.max_restarts < 0:
         raise SystemExit(f"{PROG}: --max-restarts must be >= 0")
+    if opts.elastic:
+        return elastic_main(opts)
     own_log_dir = opts.log_dir is None
     log_dir = tempfile.mkdtemp(prefix="pybridge-launch-") if own_log_dir else opts.log_dir
     try:

@@ -291,6 +291,7 @@ class Reducer:
         # Agreed on before a built-in hook is built: the gossip state's groups are a collective.
         self._hook_identity = spec.identity() if spec is not None else comm_hooks.identity(*pair)
         self._agree()
+        self._hook_spec = spec  # a built-in hook is built again for a new group (rebind)
         self._use_hook(*(spec.build(self._group) if spec is not None else pair))
         self._layout(assign_buckets(self.specs, list(range(len(self.specs)))[::-1],
                                     self.bucket_cap, self.first_bucket_cap))
@@ -468,6 +469,7 @@ class Reducer:
                 raise InvalidArgument("register_comm_hook() must be called between iterations, "
                                       "not after gradients were marked ready")
             self._use_hook(state, hook)
+            self._hook_spec = None
             self._stale = True
 
     def _use_hook(self, state, hook):
@@ -755,6 +757,32 @@ class Reducer:
             if isinstance(state.get("hook_step"), int):
                 comm_hooks.set_hook_step(self._hook_state, state["hook_step"])
 
+    def rebind(self, group):
+        """Reduce over another group of the same parameters from now on (elastic training's
+        new world, pybridge.elastic). The iteration in progress is dropped (its gradients are
+        rolled back with the rest of the state); buckets, views and bound gradients stay. A
+        built-in hook is built again for the new group; a hook registered with its own state
+        must not hold the old group. COLLECTIVE on the new group: the ranks compare their
+        settings, as at construction (a new rank constructs its reducer at the same point)."""
+        group.check_open()
+        with self._lock:
+            if self._closed:
+                raise Closed("reducer is closed")
+            self._group = group
+            self._world = group.size
+            self._works, self._count_work = [], None
+            spec = self._hook_spec
+            # In the constructor's order: agree, then build (a gossip state's groups are a collective).
+            self._hook_identity = spec.identity() if spec is not None else \
+                comm_hooks.identity(self._hook_state, self._hook)
+            self._agree()
+            self._use_hook(*(spec.build(group) if spec is not None else (self._hook_state, self._hook)))
+            # A new rank starts with the first layout and rebuilds after its first wait():
+            # every member does the same, so the buckets match from the first iteration on.
+            self._relayout(list(range(len(self.specs)))[::-1])
+            self._rebuild_pending = self.rebuild
+            self._start_iteration()
+
     def close(self):
         """Release the buckets and close the hook's state if it has close() (a GossipState's
         thread and groups). Views already handed out keep their memory alive."""
@@ -864,6 +892,9 @@ class Reducer:
             t = torch.tensor(order, dtype=torch.int64, device=self._group.device)
             collectives.broadcast(t, 0, group=self._group)
             order = t.tolist()
+        self._relayout(order)
+
+    def _relayout(self, order):
         assignment = assign_buckets(self.specs, order, self.bucket_cap, self.first_bucket_cap)
         if assignment == self.bucket_indices:
             return

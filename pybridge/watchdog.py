@@ -148,6 +148,8 @@ def explain(g, seq, op, exc):
     """The pybridge error for a failed collective: it names the operation, and for a
     timeout or a broken connection the ranks that died, are late or never joined."""
     err = classify(exc)
+    if g.elastic is not None and isinstance(err, (Timeout, CommError)):
+        return g.elastic.failed(err)  # an elastic world: agree on the next one, name the lost ranks
     diag = ""
     if isinstance(err, (Timeout, CommError)) and _monitor is not None and g.progress.watched:
         diag = _bounded(lambda: _monitor.diagnose(g, seq, op), ANSWER_WAIT + 2)
@@ -159,6 +161,8 @@ def explain_latest(g, exc, what):
     """As explain(), for a failure seen later than its collective (a reducer bucket's
     future): names where every member is relative to g's latest collective."""
     err = classify(exc)
+    if g.elastic is not None and isinstance(err, (Timeout, CommError)):
+        return g.elastic.failed(err)
     latest = g.progress.issued
     if isinstance(err, (Timeout, CommError)) and _monitor is not None and g.progress.watched:
         diag = _bounded(lambda: _monitor.diagnose(g, latest, _Latest), ANSWER_WAIT + 2)

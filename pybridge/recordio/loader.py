@@ -397,6 +397,20 @@ class Loader:
         self._position = None
         self._resume = (self.epoch, _merge(plan))
 
+    def rebind(self, group):
+        """Share the data over another group from now on (elastic training's new world): the
+        pass in progress ends, and the next one splits what its position holds over the new
+        ranks (load_state_dict with a committed position first, as State.reset does)."""
+        if self.closed:
+            raise Closed("loader is closed")
+        if self._dynamic is not None:
+            raise InvalidArgument("a dynamic partition cannot be re-bound to another group (which rank "
+                                  "read what depends on timing): use partition='static' for elastic training")
+        group.check_open()
+        self._end_pass()
+        self._group = group
+        self.num_replicas, self.rank = group.size, group.rank
+
     def _check_usable(self):
         if self.closed:
             raise Closed("loader is closed")

@@ -1,0 +1,111 @@
+"""An elastic data-parallel run (pybridge.elastic.run) for the elastic tests and benchmark.
+
+Run by `pybridge-launch --elastic ... tests/elastic_train.py ...`. A linear model in float64
+with SGD + momentum on tests/resume_train.py's dataset; a commit every --commit-every steps.
+Each process appends JSON lines to LOG-<id>.jsonl:
+  {"ev": "step", "gen", "rank", "world", "epoch", "step", "ids", "t"}   after each step
+  {"ev": "commit", "gen", "step", "t"}                                  after each commit
+  {"ev": "reset", "gen", "old_gen", "lost", "joined", "step", "t"}     after each reset
+  {"ev": "done", "gen", "step", "weights"}                              at the end
+A rank with --die-rank R in its first world SIGKILLs itself (or SIGSTOPs itself, --stop)
+at step --die-at, mid-step: batch read, nothing reduced.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pybridge import elastic  # noqa: E402
+import pybridge  # noqa: E402
+from pybridge.recordio import Loader, decode_fixed  # noqa: E402
+from resume_train import FEATURES, LAYOUT  # noqa: E402,F401
+
+LR, MOMENTUM = 0.02, 0.9
+
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", nargs="+", required=True)
+    p.add_argument("--log", required=True, help="prefix of the per-process logs")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--commit-every", type=int, default=5)
+    p.add_argument("--die-at", type=int, default=0)
+    p.add_argument("--die-rank", type=int, default=-1)
+    p.add_argument("--stop", action="store_true", help="SIGSTOP instead of SIGKILL")
+    p.add_argument("--step-ms", type=float, default=0.0, help="sleep this long in every step")
+    p.add_argument("--timeout", type=float, default=30.0)
+    return p.parse_args(argv)
+
+
+def main(opts):
+    g = elastic.init(timeout=opts.timeout)
+    first_gen = g.elastic.world.generation
+    me = os.environ.get("PYBRIDGE_ELASTIC_ID", str(os.getpid()))
+    log = open(f"{opts.log}-{me}.jsonl", "a", buffering=1)
+
+    def write(**event):
+        event.update(gen=elastic.session().world.generation, t=time.time())
+        log.write(json.dumps(event) + "\n")
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(FEATURES, 1).double()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    params = list(model.parameters())
+    reducer = pybridge.Reducer(params)
+    loader = Loader(opts.data, opts.batch, shuffle=True, seed=7, prefetch=0)
+    state = elastic.State(model=model, optimizer=opt, reducer=reducer, loader=loader, epoch=0, step=0)
+
+    @state.on_reset
+    def _note():
+        w, err = elastic.session().world, elastic.session().last_change
+        write(ev="reset", rank=w.rank, world=w.size, step=state.step, lost=err.lost, joined=err.joined,
+              seen=err.seen_at, left=err.left_at, agreed=err.agreed_at)
+
+    @elastic.run
+    def train(state):
+        while state.epoch < opts.epochs:
+            loader.set_epoch(state.epoch)  # a rolled-back epoch keeps its committed position
+            for batch in loader:
+                w = elastic.session().world
+                rec = decode_fixed(batch.data, batch.offsets, LAYOUT, as_torch=True)
+                step = state.step + 1
+                if step == opts.die_at and w.rank == opts.die_rank and w.generation == first_gen == 1:
+                    os.kill(os.getpid(), signal.SIGSTOP if opts.stop else signal.SIGKILL)
+                if opts.step_ms:
+                    time.sleep(opts.step_ms / 1000)
+                x, y = rec["x"].double(), rec["y"].double()
+                loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+                opt.zero_grad()
+                loss.backward()
+                for i, p in enumerate(params):
+                    reducer.set_grad(i, p.grad)
+                reducer.wait()
+                for i, p in enumerate(params):
+                    p.grad.copy_(reducer.grad(i))
+                opt.step()
+                state.step = step
+                write(ev="step", rank=w.rank, world=w.size, epoch=state.epoch, step=step,
+                      ids=rec["id"].tolist())
+                if step % opts.commit_every == 0:
+                    state.commit()
+                    write(ev="commit", step=step)
+            state.epoch += 1
+            state.commit()
+            write(ev="commit", step=state.step)
+
+    train(state)
+    write(ev="done", step=state.step, weights=[p.detach().flatten().tolist() for p in params])
+    log.close()
+    loader.close()
+    pybridge.finalize()
+
+
+if __name__ == "__main__":
+    main(parse(sys.argv[1:]))
