@@ -81,7 +81,7 @@ def main(opts):
 
     @elastic.run
     def train(state):
-        write(ev="enter", step=state.step, **state.last_sync)  # after the sync or reset: who got bytes
+        write(ev="enter", step=state.step, rank=elastic.session().world.rank, **state.last_sync)  # after the sync or reset: who got bytes
         while state.epoch < opts.epochs:
             loader.set_epoch(state.epoch)  # a rolled-back epoch keeps its committed position
             for batch in loader:
