@@ -98,7 +98,7 @@ class _Session:
         self._kept.append(g.pg)
         if _group._current is g:
             try:
-                _group.finalize(linger=0)
+                _group.finalize(linger=0, collect=False)
             except Exception:  # noqa: BLE001 - a broken world may fail to say goodbye
                 g._close()
                 _group._current = None
