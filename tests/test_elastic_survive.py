@@ -14,6 +14,7 @@ reads their JSON logs afterwards. What every run checks (_check):
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -175,7 +176,8 @@ def test_rank_0_dies_and_a_replacement_joins(tmp_path, data):
     events, accepted, done = _check(log, data)
     survivors = [e for evs in events.values() for e in evs if e["ev"] == "reset" and e["gen"] == 2]
     assert len(survivors) == 3 and all(e["lost"] == [0] and e["step"] == 35 for e in survivors)
-    assert {e["rank"] for e in survivors} == {0, 1, 2}  # old rank 1 is rank 0 now
+    assert {_who(events, e): e["rank"] for e in survivors} == \
+        {"node0-slot1-0": 0, "node0-slot2-0": 1, "node0-slot3-0": 2}  # old rank 1 is rank 0 now
     joined = [e for evs in events.values() for e in evs if e["ev"] == "reset" and e["gen"] == 3]
     assert len(joined) == 3 and all(e["joined"] == 1 and e["step"] == 45 for e in joined)
     assert any(e["ev"] == "done" for e in events["node0-slot0-1"]) and len(done) == 4
@@ -208,3 +210,23 @@ def test_a_stopped_rank_is_lost_after_the_timeout(tmp_path, data):
     assert "node0-slot1-0 (local rank 1) was killed by signal SIGKILL" in out
     events, accepted, done = _check(log, data)
     assert len(done) == 3 and "node0-slot1-0" not in {_who(events, e) for e in done}
+
+
+def test_the_launcher_stops_the_job_below_the_minimum_world(tmp_path):
+    """--min-world 2 on one node: one of two workers dies and no replacement comes, so the
+    launcher says the world fell below the minimum and stops the other (which would wait)."""
+    worker = tmp_path / "worker.py"
+    worker.write_text("import os, sys, time\n"
+                      "if os.environ['LOCAL_RANK'] == '1': sys.exit(3)\n"
+                      "time.sleep(60)\n")
+    run = subprocess.run([sys.executable, "-m", "pybridge.launch", "--elastic", "--nproc-per-node", "2",
+                          "--min-world", "2", str(worker)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run.stderr
+    assert "worker node0-slot1-0 (local rank 1) exited with code 3; the others go on without it" in run.stderr
+    assert "the world fell below the minimum size: 1 worker(s) left, --min-world 2; stopping the job" in run.stderr
+
+
+def test_elastic_launcher_refuses_bad_sizes(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "pybridge.launch", "--elastic", "--min-world", "3",
+                          "--max-world", "2", "x.py"], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "--min-world must be >= 1 and <= --max-world" in run.stderr
