@@ -99,11 +99,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self.static_graph = False
         self._reducer_args = dict(bucket_cap_mb=bucket_cap_mb, first_bucket_cap_mb=first_bucket_cap_mb, op=op,
                                   compression=compression, rebuild=rebuild_buckets)
-        if init_sync:
-            synced = [p for n, p in module.named_parameters() if n not in self.parameters_to_ignore]
-            if init_buffers:
-                synced += self._sync_buffers_list()
-            broadcast_parameters(synced, 0, group=self._pb_group)
+        self._init_sync = (bool(init_sync), init_buffers)
+        self._broadcast_initial()
         self._attach()
         for p, v in zip(self._params, self._views):
             if p.grad is not None and self._view_mode:
@@ -223,6 +220,28 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         `state`: close() closes it if it has close()."""
         self.reducer.register_comm_hook(state, hook)
         self._stats.set("comm_hook", getattr(hook, "__qualname__", repr(hook)))
+
+    def _broadcast_initial(self):
+        """init_sync: rank 0's parameters (and buffers) to every rank."""
+        init_sync, init_buffers = self._init_sync
+        if init_sync:
+            synced = [p for n, p in self.module.named_parameters() if n not in self.parameters_to_ignore]
+            if init_buffers:
+                synced += self._sync_buffers_list()
+            broadcast_parameters(synced, 0, group=self._pb_group)
+
+    def rebind(self, group):
+        """Reduce over another group from now on: elastic training's new world
+        (pybridge.elastic; State.reset calls it for State(model=ddp)). The iteration in
+        progress is dropped. COLLECTIVE on the new group, with the collectives a new rank's
+        constructor makes (the initial broadcast, the reducer's agreement), in its order."""
+        group.check_open()
+        self._pb_group = group
+        self._broadcast_initial()
+        self.reducer.rebind(group)
+        self.process_group = group.pg
+        self._sync = True
+        self._stats = Stats(self, self.module, self._params, group)
 
     def close(self):
         """Remove the hooks and release the buckets; .grad tensors stay usable."""

@@ -47,6 +47,7 @@ def parse(argv):
                    help="test scaffolding: before the commit of this step, wait until a process asks to join")
     p.add_argument("--step-ms", type=float, default=0.0, help="sleep this long in every step")
     p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--ddp", action="store_true", help="pybridge.DistributedDataParallel instead of a Reducer")
     p.add_argument("--ballast-mb", type=float, default=0.0,
                    help="a tensor of this size in the state (committed, sent to joiners): a model's size")
     return p.parse_args(argv)
@@ -65,9 +66,13 @@ def main(opts):
     write(ev="start", pid=os.getpid())
     torch.manual_seed(0)
     model = torch.nn.Linear(FEATURES, 1).double()
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     params = list(model.parameters())
-    reducer = pybridge.Reducer(params)
+    if opts.ddp:
+        model = pybridge.DistributedDataParallel(model)  # reduces in backward; rebound by State.reset
+        reducer = None
+    else:
+        reducer = pybridge.Reducer(params)
+    opt = torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
     loader = Loader(opts.data, opts.batch, shuffle=True, seed=7, prefetch=0)
     ballast = {"ballast": torch.zeros(int(opts.ballast_mb * 2**20) // 4)} if opts.ballast_mb else {}
     state = elastic.State(model=model, optimizer=opt, reducer=reducer, loader=loader, tensors=ballast,
@@ -97,11 +102,12 @@ def main(opts):
                 loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
                 opt.zero_grad()
                 loss.backward()
-                for i, p in enumerate(params):
-                    reducer.set_grad(i, p.grad)
-                reducer.wait()
-                for i, p in enumerate(params):
-                    p.grad.copy_(reducer.grad(i))
+                if reducer is not None:
+                    for i, p in enumerate(params):
+                        reducer.set_grad(i, p.grad)
+                    reducer.wait()
+                    for i, p in enumerate(params):
+                        p.grad.copy_(reducer.grad(i))
                 opt.step()
                 state.step = step
                 write(ev="step", rank=w.rank, world=w.size, epoch=state.epoch, step=step,

@@ -164,11 +164,12 @@ def _who(events, event):
 
 def test_rank_0_dies_and_a_replacement_joins(tmp_path, data):
     """Rank 0 dies: the store lives in the launcher, so the others go on (the lowest survivor
-    becomes rank 0 and sends the rolled-back state); the launcher's replacement joins."""
+    becomes rank 0 and sends the rolled-back state); the launcher's replacement joins. The
+    model is wrapped in pybridge.DistributedDataParallel (re-bound by State.reset)."""
     log, port = str(tmp_path / "run"), free_port()
     deadline = time.monotonic() + RUN_SECONDS
     proc = launch(port, log, data, "--die-at", "37", "--die-rank", "0", "--await-joiner-at", "45",
-                   "--timeout", "30", launcher=["--replace", "1"])
+                  "--timeout", "30", "--ddp", launcher=["--replace", "1"])
     [(rc, out)] = finish([proc], deadline)
     assert rc == 0, out[-3000:]
     assert "node0-slot0-0 (local rank 0) was killed by signal SIGKILL; the others go on, and node0-slot0-1 " \
