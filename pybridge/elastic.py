@@ -120,6 +120,8 @@ def init(*, backend="auto", timeout=None, min_size=None, max_size=None, lost_aft
         from .errors import AlreadyInitialized
         raise AlreadyInitialized("an elastic world is already live: call elastic.reset() after a "
                                  "MembershipChanged, or pybridge.finalize() to leave")
+    if _session is not None:
+        _session.membership.close()  # a world left with finalize(): this process joins anew
     env = os.environ
     if store_addr is None:
         if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):

@@ -111,6 +111,7 @@ class Membership:
         self.store = self._connect()
         self._beats = {}  # id -> (last value, when it last moved) as seen here
         self._failed = {}  # generation -> the MembershipChanged it ended with here
+        self._changing = threading.Lock()  # two threads failing at once agree once
         self.world = None
         self._stopped = threading.Event()
         self._beat_store = self._connect()
@@ -272,9 +273,13 @@ class Membership:
         """The MembershipChanged for leaving `world` (a failure seen in it, or joiners
         admitted at a commit): forms the next world once per generation; later calls for
         the same world return the same error."""
-        err = self._failed.get(world.generation)
-        if err is not None:
+        with self._changing:
+            err = self._failed.get(world.generation)
+            if err is None:
+                err = self._failed[world.generation] = self._change(world, cause)
             return err
+
+    def _change(self, world, cause):
         new = self.next_world(world)
         kept = set(new.ids)
         lost = [r for r, m in enumerate(world.members) if m["id"] not in kept]
@@ -292,7 +297,6 @@ class Membership:
             f"{why}. Reset onto the new world and roll back to the last commit",
             lost=lost, lost_names=names, joined=joined, old_size=world.size, new_size=new.size,
             generation=new.generation, world=new)
-        self._failed[world.generation] = err
         return err
 
 
