@@ -12,6 +12,7 @@ file is kept. The list only orders: a file missing from it runs after these, as 
 SLOW_FILES = (
     "test_mnist.py",
     "test_cluster.py",
+    "test_elastic_survive.py",
     "test_launch.py",
     "test_outside_install.py",
     "test_federated.py",

@@ -189,7 +189,7 @@ def test_a_stopped_rank_is_lost_after_the_timeout(tmp_path, data):
     the world goes on without it."""
     log, port = str(tmp_path / "run"), free_port()
     deadline = time.monotonic() + RUN_SECONDS
-    proc = launch(port, log, data, "--die-at", "12", "--die-rank", "1", "--stop", "--timeout", "3",
+    proc = launch(port, log, data, "--die-at", "12", "--die-rank", "1", "--stop", "--timeout", "5",
                    env={"PYBRIDGE_ELASTIC_LOST_AFTER": "2"})
     try:
         reset = wait_for(log, lambda e: e["ev"] == "reset", deadline)
