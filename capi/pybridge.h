@@ -859,13 +859,14 @@ int pb_elastic_init(const char *backend, const char *store_addr, double timeout_
  * loader's epoch continues from the committed position, its unread records re-shared over
  * the new ranks); every rank rolls back to its last commit and takes the new rank 0's (the
  * lowest surviving old rank's) committed state, as pb_state_sync does; the tensors, names,
- * counts and dtypes are as committed. *group receives the new world's handle: the old one,
+ * counts and dtypes are as committed (a state with no commit yet, say a change during
+ * the first pb_state_sync, counts what it holds now as step 0). *group receives the new world's handle: the old one,
  * and its subgroups, now return PB_ERR_CLOSED (pb_finalize on it is a no-op). *step
  * receives the committed step. The reducer's gradient buckets may be laid out anew: fetch
  * the pointers again (pb_reducer_grad); memory of old layouts stays valid until
  * pb_reducer_close. Errors: PB_ERR_MEMBERSHIP (the world changed again during the reset:
- * call it again), PB_ERR_INVALID_ARGUMENT (not an elastic job, no change to reset after,
- * NULL group or step, tensors unlike the commit's). */
+ * call it again), PB_ERR_INVALID_ARGUMENT (not an elastic job, no change to reset after:
+ * the world stays live; NULL group or step, tensors unlike the commit's). */
 int pb_state_reset(pb_state *state, int32_t n, const char *const *names, const pb_tensor *tensors,
                    pb_loader *loader, pb_reducer *reducer, pb_group **group, int64_t *step);
 

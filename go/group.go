@@ -35,6 +35,7 @@ type config struct {
 	timeout                    time.Duration
 	checked                    bool
 	watchdog                   time.Duration
+	storeAddr                  string // ElasticInit only
 }
 
 // Option configures Init.

@@ -107,14 +107,13 @@ def pb_state_reset(state, n, names, tensors, loader, reducer, group, step):
     if group == capi.ffi.NULL:
         raise InvalidArgument("group (the pointer to store the new world's handle in) is NULL")
     s = _session("pb_state_reset")
-    if not c.committed:
-        raise InvalidArgument("nothing was committed to this state yet (pb_state_commit or pb_state_sync)")
-    st = c.bound(n, names, tensors, loader, reducer)
+    st = c.bound(n, names, tensors, loader, reducer, fresh=not c.committed)
     red = None if reducer == capi.ffi.NULL else handles.get(reducer, CReducer, "reducer")
     before, flats = (red.reducer.generation, [b.flat for b in red.reducer.buckets]) if red else (0, [])
     old = s.group
     try:
         st.reset()
+        c.committed = True
     finally:
         st.bind()
         if red is not None and red.reducer.generation != before:
