@@ -40,6 +40,8 @@ def test_survivors_reset_and_finish_identical(program, die_rank):
     assert f"worker node0-slot{die_rank}-0 (local rank {die_rank}) was killed by signal SIGKILL" in out, out
     assert sorted(re.findall(r"^NORESET rank=(\d) status=(\S+) barrier=(\S+)$", out, re.M)) == \
         [(str(r), "PB_ERR_INVALID_ARGUMENT", "PB_OK") for r in range(3)], out
+    why = re.findall(r"^MEMBERSHIP rank=\d: (.*)$", out, re.M)
+    assert len(why) == 2 and all(f"ranks [{die_rank}] lost (node0-slot{die_rank}-0 (host" in w for w in why), out
     # Both survivors: lost the killed rank, rolled back to the commit of step 5, old handle closed.
     resets = re.findall(r"^RESET rank=(\d) (.*)$", out, re.M)
     assert sorted(r for r, _ in resets) == ["0", "1"], out

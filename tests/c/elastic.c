@@ -5,13 +5,14 @@
  * itself before step DIE_AT; the survivors get PB_ERR_MEMBERSHIP, pb_state_reset and go on.
  *
  * usage: elastic DATA EPOCHS COMMIT_EVERY DIE_AT DIE_RANK
- * prints "NORESET rank=R status=S barrier=S" (a reset without a change is refused),
+ * prints "MEMBERSHIP rank=R: MESSAGE" when a call returned PB_ERR_MEMBERSHIP, "NORESET rank=R status=S barrier=S" (a reset without a change is refused),
  * "RESET rank=R lost=L,.. old=O new=N gen=G step=S old_handle=STATUS" per reset and
  * "RESULT rank=R world=W gen=G step=S epoch=E w=.. m=.." (exact hex floats) at the end. */
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "pybridge.h"
 
 #define NW 4
@@ -38,8 +39,9 @@ static int check(const char *what, int status) {
 static void say(char *line, int at, const char *format, ...) {
     va_list ap;
     va_start(ap, format);
-    at += vsnprintf(line + at, 511 - at, format, ap);
+    at += vsnprintf(line + at, 1023 - at, format, ap);
     va_end(ap);
+    if (at > 1022) at = 1022;  /* truncated */
     line[at++] = '\n';
     fwrite(line, 1, at, stdout);
     fflush(stdout);
@@ -113,10 +115,13 @@ int main(int argc, char **argv) {
     /* A reset without a change is refused, and the world stays live. */
     int rc = pb_state_reset(state, 3, names, tensors, loader, reducer, &g, &step);
     pb_rank(g, &rank);
-    char early[512];
+    char early[1024];
     say(early, snprintf(early, sizeof early, "NORESET rank=%d status=%s", rank, pb_status_name(rc)),
         " barrier=%s", pb_status_name(pb_barrier(g)));
     while ((rc = train(g, &step)) == PB_ERR_MEMBERSHIP) {
+        char why[1024];
+        snprintf(why, sizeof why, "MEMBERSHIP rank=%d: ", rank);
+        say(why, (int)strlen(why), "%.900s", pb_last_error());  /* read before the next call */
         pb_group *old = g;
         do rc = check("pb_state_reset", pb_state_reset(state, 3, names, tensors, loader, reducer, &g, &step));
         while (rc == PB_ERR_MEMBERSHIP);
@@ -126,7 +131,7 @@ int main(int argc, char **argv) {
         if (check("pb_elastic_last_change", pb_elastic_last_change(lost, 8, &n_lost, NULL, &old_size, &new_size, &gen)))
             return 1;
         pb_rank(g, &rank);
-        char line[512];
+        char line[1024];
         int at = snprintf(line, sizeof line, "RESET rank=%d lost=", rank);
         for (int i = 0; i < n_lost && i < 8; i++) at += snprintf(line + at, sizeof line - at, "%s%d", i ? "," : "", lost[i]);
         say(line, at, " old=%d new=%d gen=%lld step=%lld old_handle=%s", old_size, new_size, (long long)gen,
@@ -135,7 +140,7 @@ int main(int argc, char **argv) {
     if (rc != PB_OK) return 1;
     pb_rank(g, &rank);
     pb_size(g, &size);
-    char line[512];
+    char line[1024];
     int at = snprintf(line, sizeof line, "RESULT rank=%d world=%d gen=%lld step=%lld epoch=%lld w=", rank, size,
                       (long long)generation(), (long long)step, (long long)epoch);
     for (int j = 0; j < NW; j++) at += snprintf(line + at, sizeof line - at, "%a,", w[j]);
