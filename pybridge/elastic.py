@@ -32,7 +32,7 @@ from . import checkpoint, collectives
 from . import group as _group
 from . import membership as _membership
 from . import sockets as _sockets
-from .errors import Closed, InvalidArgument, MembershipChanged, NotInitialized
+from .errors import InvalidArgument, MembershipChanged, NotInitialized
 
 LOST_AFTER = 10.0  # seconds without a heartbeat before a member counts as lost
 JOIN_TIMEOUT = 300.0  # seconds a round may take (a joiner waits for the members' next commit)
@@ -190,7 +190,9 @@ def run(fn):
                     state.sync()
                 else:
                     state.reset(err)
-                return fn(state, *args, **kwargs)
+                result = fn(state, *args, **kwargs)
+                _live_session().membership.finish()
+                return result
             except MembershipChanged as exc:
                 err = exc
     return wrapper
@@ -241,14 +243,15 @@ class State:
         self._callbacks.append(fn)
         return fn
 
-    def commit(self):
+    def commit(self, *, admit=True):
         """Keep a copy of the whole state in memory (replacing the previous one). The copy
         reuses the previous commit's memory when the shapes are unchanged: a commit is a
         memory copy of the model and optimizer state, nothing is serialized. In an elastic
-        world, then admits waiting joiners (MembershipChanged, see the class)."""
+        world, then admits waiting joiners (MembershipChanged, see the class); admit=False
+        (the same on every rank) leaves them waiting for a later commit."""
         self._save()
         s = _session
-        if s is not None and s.group is not None and not s.group.closed:
+        if admit and s is not None and s.group is not None and not s.group.closed:
             _admit_joiners(s)
 
     def reset(self, err=None):

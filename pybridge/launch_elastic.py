@@ -56,8 +56,10 @@ class Supervisor:
         env.update(RANK=str(self.node_rank * self.nproc + slot), LOCAL_RANK=str(slot),
                    WORLD_SIZE=str(self.nnodes * self.nproc), LOCAL_WORLD_SIZE=str(self.nproc),
                    GROUP_RANK=str(self.node_rank), MASTER_ADDR=self.host, MASTER_PORT=str(self.port),
-                   PYBRIDGE_ELASTIC="1", PYBRIDGE_ELASTIC_ID=wid, PYBRIDGE_ELASTIC_MIN=str(self.min_world),
-                   TORCHELASTIC_RESTART_COUNT=str(k))
+                   PYBRIDGE_ELASTIC="1", PYBRIDGE_ELASTIC_ID=wid, PYBRIDGE_ELASTIC_MIN=str(self.min_world))
+        # Not a restart of the job (the roster keys its entries by that count): each world
+        # has keys of its own, and the id says which incarnation of the slot this is.
+        env.pop("TORCHELASTIC_RESTART_COUNT", None)
         if self.max_world:
             env["PYBRIDGE_ELASTIC_MAX"] = str(self.max_world)
         if self.nproc > 1:
@@ -87,8 +89,10 @@ class Supervisor:
                     self.finished.append(wid)
                     continue
                 self.lost.append((wid, how))
-                ending = bool(self.finished)
-                self.failed_at_end = self.failed_at_end or ending
+                ending = bool(self.finished) or membership.finished(self.store)
+                # Dying after others finished fails the job, unless the worker had already
+                # been left out of the world (declared lost while it was stopped, say).
+                self.failed_at_end = self.failed_at_end or (ending and self._in_latest_world(wid))
                 msg = f"{PROG}: worker {wid} (local rank {slot}) {how}"
                 if not ending and self.replacements > 0:
                     self.replacements -= 1
@@ -104,6 +108,13 @@ class Supervisor:
                     self.stop()
                     return 1
         return self._summary()
+
+    def _in_latest_world(self, wid):
+        from . import membership
+        try:
+            return wid in membership.latest_ids(self.store)
+        except Exception:  # noqa: BLE001 - no world formed yet, or the store is gone
+            return True
 
     def _summary(self):
         lost = "; ".join(f"{w} {how}" for w, how in self.lost)

@@ -21,6 +21,7 @@ Keys, under pybridge/elastic/: gen (the newest generation, 0 before the first), 
 dead/<id>, g<n>/count, g<n>/cand/<k> (json), g<n>/members (json, rank order).
 """
 
+import atexit
 import datetime
 import json
 import os
@@ -30,7 +31,7 @@ import time
 
 import torch.distributed as dist
 
-from .errors import InvalidArgument, MembershipChanged, Timeout, classify
+from .errors import Closed, InvalidArgument, MembershipChanged, Timeout, classify
 
 PREFIX = "pybridge/elastic/"
 HEARTBEAT = 0.2  # seconds between two beats
@@ -100,6 +101,9 @@ class Membership:
         self._beat_store.add(self._key(f"hb/{self.id}"), 1)
         self._thread = threading.Thread(target=self._beat, name="pybridge-heartbeat", daemon=True)
         self._thread.start()
+        # Joined before the interpreter finalizes: a daemon thread caught inside a store
+        # call then takes the process down ("terminate called without an active exception").
+        atexit.register(self.close)
 
     def _connect(self):
         host, port = self.address
@@ -125,6 +129,16 @@ class Membership:
 
     def close(self):
         self._stopped.set()
+        self._thread.join(HEARTBEAT + 2.0)  # not for ever: the store may be gone
+
+    def finish(self):
+        """The training finished (elastic.run returned): a process that comes later has
+        nothing to join, and the launcher starts no replacement."""
+        self.store.set(self._key("done"), str(self.world.generation if self.world else 0))
+
+    def _check_not_done(self):
+        if self.store.check([self._key("done")]):
+            raise Closed("elastic: the job has already finished; there is no world to join")
 
     # ---- rounds ------------------------------------------------------------------------
 
@@ -144,6 +158,7 @@ class Membership:
     def _form(self, n, old=None):
         deadline = time.monotonic() + self.timeout
         while True:
+            self._check_not_done()
             k = int(self.store.add(self._key(f"g{n}/count"), 1))
             self.store.set(self._key(f"g{n}/cand/{k}"), json.dumps(self.me))
             members = self._wait_round(n, deadline, old)
@@ -167,6 +182,7 @@ class Membership:
                 if won == json.dumps(members).encode():
                     self.store.set(self._key("gen"), str(n))  # only grows: the winner of round n writes it
                 continue
+            self._check_not_done()
             if time.monotonic() > deadline:
                 raise Timeout(f"elastic: world {n} did not form within {self.timeout:g} s: {waiting}")
             time.sleep(POLL)
@@ -264,3 +280,16 @@ def mark_dead(store, member_id, reason):
     """What the launcher writes when it sees a worker exit: rounds then need not wait for the
     worker's heartbeat to go stale."""
     store.set(PREFIX + f"dead/{member_id}", reason)
+
+
+def finished(store):
+    """True once the job's training finished (Membership.finish)."""
+    return store.check([PREFIX + "done"])
+
+
+def latest_ids(store):
+    """The member ids of the newest world formed (empty before the first)."""
+    n = int(store.add(PREFIX + "gen", 0))
+    if n < 1:
+        return []
+    return [m["id"] for m in json.loads(store.get(PREFIX + f"g{n}/members"))]

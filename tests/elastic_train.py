@@ -3,6 +3,7 @@
 Run by `pybridge-launch --elastic ... tests/elastic_train.py ...`. A linear model in float64
 with SGD + momentum on tests/resume_train.py's dataset; a commit every --commit-every steps.
 Each process appends JSON lines to LOG-<id>.jsonl:
+  {"ev": "start", "pid"}                                                 at the start
   {"ev": "step", "gen", "rank", "world", "epoch", "step", "ids", "t"}   after each step
   {"ev": "commit", "gen", "step", "t"}                                  after each commit
   {"ev": "reset", "gen", "old_gen", "lost", "joined", "step", "t"}     after each reset
@@ -39,6 +40,9 @@ def parse(argv):
     p.add_argument("--die-at", type=int, default=0)
     p.add_argument("--die-rank", type=int, default=-1)
     p.add_argument("--stop", action="store_true", help="SIGSTOP instead of SIGKILL")
+    p.add_argument("--admit-from", type=int, default=0, help="commits admit joiners from this step on")
+    p.add_argument("--await-joiner-at", type=int, default=0,
+                   help="test scaffolding: before the commit of this step, wait until a process asks to join")
     p.add_argument("--step-ms", type=float, default=0.0, help="sleep this long in every step")
     p.add_argument("--timeout", type=float, default=30.0)
     return p.parse_args(argv)
@@ -54,6 +58,7 @@ def main(opts):
         event.update(gen=elastic.session().world.generation, t=time.time())
         log.write(json.dumps(event) + "\n")
 
+    write(ev="start", pid=os.getpid())
     torch.manual_seed(0)
     model = torch.nn.Linear(FEATURES, 1).double()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
@@ -93,11 +98,14 @@ def main(opts):
                 state.step = step
                 write(ev="step", rank=w.rank, world=w.size, epoch=state.epoch, step=step,
                       ids=rec["id"].tolist())
+                if step == opts.await_joiner_at and w.generation == 2:
+                    while elastic.session().membership.joiners_waiting(w) == 0:
+                        time.sleep(0.05)
                 if step % opts.commit_every == 0:
-                    state.commit()
+                    state.commit(admit=step >= opts.admit_from)
                     write(ev="commit", step=step)
             state.epoch += 1
-            state.commit()
+            state.commit(admit=state.step >= opts.admit_from)
             write(ev="commit", step=state.step)
 
     train(state)
