@@ -61,6 +61,7 @@
  *                 while (rc == PB_ERR_MEMBERSHIP);   // another change during the reset
  *                 if (rc != PB_OK) break;
  *               }
+ *               if (rc == PB_OK) pb_elastic_finish(world);   // no joiners from now on
  */
 #ifndef PYBRIDGE_H
 #define PYBRIDGE_H
@@ -869,6 +870,12 @@ int pb_elastic_init(const char *backend, const char *store_addr, double timeout_
  * the world stays live; NULL group or step, tensors unlike the commit's). */
 int pb_state_reset(pb_state *state, int32_t n, const char *const *names, const pb_tensor *tensors,
                    pb_loader *loader, pb_reducer *reducer, pb_group **group, int64_t *step);
+
+/* The training on the elastic world `group` finished (call it once the loop above returned
+ * PB_OK, before pb_finalize): a process that comes later finds no world to join, and the
+ * launcher starts no replacement (pybridge.elastic.run does the same). Errors:
+ * PB_ERR_INVALID_ARGUMENT (not an elastic world), PB_ERR_CLOSED (an old world). */
+int pb_elastic_finish(pb_group *group);
 
 /* The latest change this process reset after (pb_state_reset): *n_lost receives how many
  * ranks of the old world were lost and the first `cap` of them, in the old world's

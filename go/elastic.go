@@ -221,7 +221,9 @@ func (s *ElasticState) Reset() (*Group, int64, error) {
 
 // RunElastic calls train(g, step) until it returns something other than
 // ErrMembership (matched with errors.Is, so wrap it with %w) and returns the
-// group it ended on (close it) and train's result. Every entry starts from one
+// group it ended on (close it) and train's result. When train returns nil the
+// job is marked finished: a process that comes later finds no world to join,
+// and the launcher starts no replacement. Every entry starts from one
 // state on every rank: first st.Sync(g, 0) (rank 0's values or last commit: a
 // joiner receives the live state), after ErrMembership st.Reset onto the new
 // world, rolled back to the last commit. train must go on from the state the
@@ -236,7 +238,9 @@ func RunElastic(st *ElasticState, g *Group, train func(g *Group, step int64) err
 	step, err := st.Sync(g, 0)
 	for {
 		if err == nil {
-			err = train(g, step)
+			if err = train(g, step); err == nil {
+				return g, finishElastic(op, g)
+			}
 		}
 		if !errors.Is(err, ErrMembership) {
 			return g, err
@@ -246,6 +250,16 @@ func RunElastic(st *ElasticState, g *Group, train func(g *Group, step int64) err
 			g = next
 		}
 	}
+}
+
+// finishElastic marks the job's training finished (pb_elastic_finish).
+func finishElastic(op string, g *Group) error {
+	h, err := g.handle(op)
+	if err != nil {
+		return err
+	}
+	var msg *C.char
+	return check(op, C.pbgo_elastic_finish(h, &msg), msg)
 }
 
 func (s *ElasticState) load(op string, fn func(h *C.pb_state, n C.int32_t, names **C.char, descs *C.pb_tensor,

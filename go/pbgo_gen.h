@@ -433,6 +433,10 @@ static inline int pbgo_state_reset(pb_state *state, int32_t n, const char *const
 	                                  step), msg);
 }
 
+static inline int pbgo_elastic_finish(pb_group *group, char **msg) {
+	return pbgo_status(pb_elastic_finish(group), msg);
+}
+
 static inline int pbgo_elastic_last_change(int32_t *lost, int32_t cap, int32_t *n_lost,
                                            int32_t *joined, int32_t *old_size, int32_t *new_size,
                                            int64_t *generation, char **msg) {

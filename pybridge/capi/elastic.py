@@ -124,6 +124,14 @@ def pb_state_reset(state, n, names, tensors, loader, reducer, group, step):
     put(step, st.step)
 
 
+def pb_elastic_finish(group):
+    g = live_group(group)
+    s = _session("pb_elastic_finish")
+    if g is not s.group:
+        raise InvalidArgument("pb_elastic_finish takes the elastic world's group (pb_elastic_init, pb_state_reset)")
+    s.membership.finish()
+
+
 def pb_elastic_last_change(lost, cap, n_lost, joined, old_size, new_size, generation):
     s = _session("pb_elastic_last_change")
     if cap < 0:

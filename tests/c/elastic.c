@@ -4,15 +4,18 @@
  * COMMIT_EVERY steps and at each epoch's end. Rank DIE_RANK of the first world SIGKILLs
  * itself before step DIE_AT; the survivors get PB_ERR_MEMBERSHIP, pb_state_reset and go on.
  *
- * usage: elastic DATA EPOCHS COMMIT_EVERY DIE_AT DIE_RANK
- * prints "MEMBERSHIP rank=R: MESSAGE" when a call returned PB_ERR_MEMBERSHIP, "NORESET rank=R status=S barrier=S" (a reset without a change is refused),
- * "RESET rank=R lost=L,.. old=O new=N gen=G step=S old_handle=STATUS" per reset and
+ * usage: elastic DATA EPOCHS COMMIT_EVERY DIE_AT DIE_RANK [STEP_MS]
+ * STEP_MS: sleep this long in each step while the world is smaller than the first (a
+ * replacement started by `--replace 1` then joins at a commit before the end).
+ * prints "MEMBERSHIP rank=R: MESSAGE" when a call returned PB_ERR_MEMBERSHIP, "NORESET rank=R
+ * status=S barrier=S" (first world: a reset without a change is refused), "RESET rank=R lost=L,.. joined=J old=O new=N gen=G step=S old_handle=STATUS" per reset and
  * "RESULT rank=R world=W gen=G step=S epoch=E w=.. m=.." (exact hex floats) at the end. */
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "pybridge.h"
 
 #define NW 4
@@ -27,7 +30,7 @@ static pb_tensor tensors[] = {{w, NW, PB_FLOAT32, PB_CPU}, {m, NW, PB_FLOAT32, P
 static pb_state *state;
 static pb_loader *loader;
 static pb_reducer *reducer;
-static int epochs, commit_every, die_at, die_rank;
+static int epochs, commit_every, die_at, die_rank, step_ms, first_size;
 
 static int check(const char *what, int status) {
     if (status != PB_OK && status != PB_ERR_MEMBERSHIP)
@@ -59,8 +62,9 @@ static int commit(int64_t step) {
 
 /* Trains from (epoch, *step) to the end; returns the first status other than PB_OK. */
 static int train(pb_group *g, int64_t *step) {
-    int32_t rank = 0, rc;
+    int32_t rank = 0, size = 0, rc;
     pb_rank(g, &rank);
+    pb_size(g, &size);
     for (; epoch < epochs;) {
         if ((rc = check("pb_loader_set_epoch", pb_loader_set_epoch(loader, epoch)))) return rc;
         for (;;) {
@@ -71,6 +75,7 @@ static int train(pb_group *g, int64_t *step) {
             if ((rc = check("pb_loader_next", pb_loader_next(loader, &data, &offsets, &count, &has)))) return rc;
             if (!has) break;
             if (*step + 1 == die_at && rank == die_rank && generation() == 1) raise(SIGKILL);
+            if (step_ms && size < first_size) usleep(step_ms * 1000);  /* time for a replacement to join */
             pb_tensor gd;
             if ((rc = check("pb_reducer_grad", pb_reducer_grad(reducer, 0, &gd)))) return rc;
             float *grad = gd.data;
@@ -95,10 +100,12 @@ static int train(pb_group *g, int64_t *step) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: elastic DATA EPOCHS COMMIT_EVERY DIE_AT DIE_RANK\n");
+    if (argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: elastic DATA EPOCHS COMMIT_EVERY DIE_AT DIE_RANK [STEP_MS]\n");
         return 2;
     }
+    step_ms = argc == 7 ? atoi(argv[6]) : 0;
+    first_size = getenv("WORLD_SIZE") ? atoi(getenv("WORLD_SIZE")) : 0;
     epochs = atoi(argv[2]), commit_every = atoi(argv[3]), die_at = atoi(argv[4]), die_rank = atoi(argv[5]);
     pb_group *g = NULL;
     if (check("pb_elastic_init", pb_elastic_init("gloo", NULL, 20.0, &g))) return 1;
@@ -112,12 +119,14 @@ int main(int argc, char **argv) {
     for (int j = 0; j < NW; j++) w[j] = 1.0f + j;  /* rank 0's start is everyone's (pb_state_sync) */
     int64_t step = 0;
     if (check("pb_state_sync", pb_state_sync(state, g, 0, 3, names, tensors, loader, reducer, &step))) return 1;
-    /* A reset without a change is refused, and the world stays live. */
-    int rc = pb_state_reset(state, 3, names, tensors, loader, reducer, &g, &step);
-    pb_rank(g, &rank);
-    char early[1024];
-    say(early, snprintf(early, sizeof early, "NORESET rank=%d status=%s", rank, pb_status_name(rc)),
-        " barrier=%s", pb_status_name(pb_barrier(g)));
+    int rc;
+    if (generation() == 1) {  /* a reset without a change is refused, and the world stays live */
+        rc = pb_state_reset(state, 3, names, tensors, loader, reducer, &g, &step);
+        pb_rank(g, &rank);
+        char early[1024];
+        say(early, snprintf(early, sizeof early, "NORESET rank=%d status=%s", rank, pb_status_name(rc)),
+            " barrier=%s", pb_status_name(pb_barrier(g)));  /* not on a joiner: the others are training */
+    }
     while ((rc = train(g, &step)) == PB_ERR_MEMBERSHIP) {
         char why[1024];
         snprintf(why, sizeof why, "MEMBERSHIP rank=%d: ", rank);
@@ -126,18 +135,18 @@ int main(int argc, char **argv) {
         do rc = check("pb_state_reset", pb_state_reset(state, 3, names, tensors, loader, reducer, &g, &step));
         while (rc == PB_ERR_MEMBERSHIP);
         if (rc != PB_OK) return 1;
-        int32_t lost[8], n_lost = 0, old_size = 0, new_size = 0;
+        int32_t lost[8], n_lost = 0, joined = 0, old_size = 0, new_size = 0;
         int64_t gen = 0;
-        if (check("pb_elastic_last_change", pb_elastic_last_change(lost, 8, &n_lost, NULL, &old_size, &new_size, &gen)))
+        if (check("pb_elastic_last_change", pb_elastic_last_change(lost, 8, &n_lost, &joined, &old_size, &new_size, &gen)))
             return 1;
         pb_rank(g, &rank);
         char line[1024];
         int at = snprintf(line, sizeof line, "RESET rank=%d lost=", rank);
         for (int i = 0; i < n_lost && i < 8; i++) at += snprintf(line + at, sizeof line - at, "%s%d", i ? "," : "", lost[i]);
-        say(line, at, " old=%d new=%d gen=%lld step=%lld old_handle=%s", old_size, new_size, (long long)gen,
-            (long long)step, pb_status_name(pb_barrier(old)));
+        say(line, at, " joined=%d old=%d new=%d gen=%lld step=%lld old_handle=%s", joined, old_size, new_size,
+            (long long)gen, (long long)step, pb_status_name(pb_barrier(old)));
     }
-    if (rc != PB_OK) return 1;
+    if (rc != PB_OK || check("pb_elastic_finish", pb_elastic_finish(g))) return 1;
     pb_rank(g, &rank);
     pb_size(g, &size);
     char line[1024];
