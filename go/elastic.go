@@ -34,36 +34,20 @@ func WithElasticStore(addr string) Option { return func(c *config) { c.storeAddr
 // ElasticState.Reset returns the new one. Close the newest group at the end.
 func ElasticInit(opts ...Option) (*Group, error) {
 	const op = "ElasticInit"
-	c := config{rank: -1, worldSize: -1, localRank: -1}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
+	c := configure(opts)
 	if c.initMethod != "" || c.rank != -1 || c.worldSize != -1 || c.localRank != -1 || c.checked || c.watchdog != 0 {
 		return nil, newError(statusInvalidArgument, op, "takes WithBackend, WithTimeout and WithElasticStore only "+
 			"(the launcher gives ranks and sizes; checked mode and the watchdog are not supported)")
 	}
-	var backend, store *C.char // NULL: the library's default
-	if c.backend != "" {
-		backend = C.CString(c.backend)
-		defer C.free(unsafe.Pointer(backend))
-	}
-	if c.storeAddr != "" {
-		store = C.CString(c.storeAddr)
-		defer C.free(unsafe.Pointer(store))
-	}
+	backend, store := cStringOrNil(c.backend), cStringOrNil(c.storeAddr)
+	defer C.free(unsafe.Pointer(backend))
+	defer C.free(unsafe.Pointer(store))
 	var h *C.pb_group
 	var msg *C.char
 	if err := check(op, C.pbgo_elastic_init(backend, store, C.double(c.timeout.Seconds()), &h, &msg), msg); err != nil {
 		return nil, err
 	}
-	g, err := describe(op, h, true)
-	if err != nil {
-		C.pbgo_finalize(h, nil)
-		return nil, err
-	}
-	return g, nil
+	return newWorld(op, h)
 }
 
 // ElasticChange describes the latest membership change this process reset after.
@@ -203,9 +187,8 @@ func (s *ElasticState) Reset() (*Group, int64, error) {
 		return nil, step, err
 	}
 	// On the new world, even if the rollback failed: the caller must be able to close it.
-	g, gerr := describe(op, h, true)
+	g, gerr := newWorld(op, h)
 	if gerr != nil {
-		C.pbgo_finalize(h, nil)
 		return nil, -1, errors.Join(err, gerr)
 	}
 	if s.ck.group != nil {
