@@ -9,13 +9,16 @@
  * replacement started by `--replace 1` then joins at a commit before the end).
  * prints "MEMBERSHIP rank=R: MESSAGE" when a call returned PB_ERR_MEMBERSHIP, "NORESET rank=R
  * status=S barrier=S" (first world: a reset without a change is refused), "RESET rank=R lost=L,.. joined=J old=O new=N gen=G step=S old_handle=STATUS" per reset and
- * "RESULT rank=R world=W gen=G step=S epoch=E w=.. m=.." (exact hex floats) at the end. */
+ * "RESULT rank=R world=W gen=G step=S epoch=E w=.. m=.." (exact hex floats) at the end; and
+ * "KILL rank=R t=T" before the SIGKILL, "RESUMED rank=R reset_t=T step_t=T" after the first
+ * step on a new world (wall clock, for bench/elastic_cgo.py). */
+#define _POSIX_C_SOURCE 200809L  /* clock_gettime, nanosleep */
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+#include <time.h>
 #include "pybridge.h"
 
 #define NW 4
@@ -31,6 +34,14 @@ static pb_state *state;
 static pb_loader *loader;
 static pb_reducer *reducer;
 static int epochs, commit_every, die_at, die_rank, step_ms, first_size;
+
+static double reset_at;  /* when the last pb_state_reset returned, until the next step */
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static int check(const char *what, int status) {
     if (status != PB_OK && status != PB_ERR_MEMBERSHIP)
@@ -74,8 +85,15 @@ static int train(pb_group *g, int64_t *step) {
             int32_t has;
             if ((rc = check("pb_loader_next", pb_loader_next(loader, &data, &offsets, &count, &has)))) return rc;
             if (!has) break;
-            if (*step + 1 == die_at && rank == die_rank && generation() == 1) raise(SIGKILL);
-            if (step_ms && size < first_size) usleep(step_ms * 1000);  /* time for a replacement to join */
+            if (*step + 1 == die_at && rank == die_rank && generation() == 1) {
+                char line[1024];
+                say(line, 0, "KILL rank=%d t=%.6f", rank, now());  /* for bench/elastic_cgo.py */
+                raise(SIGKILL);
+            }
+            if (step_ms && size < first_size) {  /* time for a replacement to join */
+                struct timespec pause = {step_ms / 1000, (step_ms % 1000) * 1000000L};
+                nanosleep(&pause, NULL);
+            }
             pb_tensor gd;
             if ((rc = check("pb_reducer_grad", pb_reducer_grad(reducer, 0, &gd)))) return rc;
             float *grad = gd.data;
@@ -91,6 +109,11 @@ static int train(pb_group *g, int64_t *step) {
                 w[j] -= LR * m[j];
             }
             ++*step;
+            if (reset_at > 0) {  /* the first step on a new world */
+                char line[1024];
+                say(line, 0, "RESUMED rank=%d reset_t=%.6f step_t=%.6f", rank, reset_at, now());
+                reset_at = 0;
+            }
             if (*step % commit_every == 0 && (rc = commit(*step))) return rc;
         }
         epoch++;
@@ -135,6 +158,7 @@ int main(int argc, char **argv) {
         do rc = check("pb_state_reset", pb_state_reset(state, 3, names, tensors, loader, reducer, &g, &step));
         while (rc == PB_ERR_MEMBERSHIP);
         if (rc != PB_OK) return 1;
+        reset_at = now();
         int32_t lost[8], n_lost = 0, joined = 0, old_size = 0, new_size = 0;
         int64_t gen = 0;
         if (check("pb_elastic_last_change", pb_elastic_last_change(lost, 8, &n_lost, &joined, &old_size, &new_size, &gen)))
