@@ -123,7 +123,7 @@ const stateClosed = "elastic state is closed"
 func (s *ElasticState) Commit(step int64) error {
 	const op = "ElasticState.Commit"
 	if s == nil {
-		return nilError(op, "*ElasticState")
+		return nilError(op, "ElasticState")
 	}
 	h, err := s.acquire(op, stateClosed)
 	if err != nil {
@@ -248,7 +248,7 @@ func finishElastic(op string, g *Group) error {
 func (s *ElasticState) load(op string, fn func(h *C.pb_state, n C.int32_t, names **C.char, descs *C.pb_tensor,
 	l *C.pb_loader, r *C.pb_reducer, step *C.int64_t, msg **C.char) C.int) (int64, error) {
 	if s == nil {
-		return -1, nilError(op, "*ElasticState")
+		return -1, nilError(op, "ElasticState")
 	}
 	h, err := s.acquire(op, stateClosed)
 	if err != nil {

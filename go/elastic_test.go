@@ -87,4 +87,9 @@ func TestElasticInitOptions(t *testing.T) {
 	if _, err := pybridge.RunElastic(nil, nil, nil); !errors.Is(err, pybridge.ErrInvalidArgument) {
 		t.Errorf("RunElastic with a nil train: %v", err)
 	}
+	var st *pybridge.ElasticState
+	if g, _, err := st.Reset(); g != nil || !errors.Is(err, pybridge.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "nil *ElasticState") {
+		t.Errorf("Reset on a nil state: %v, %v", g, err)
+	}
 }
