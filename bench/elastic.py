@@ -1,17 +1,32 @@
-"""What elastic training's in-memory state costs (pybridge/elastic.py, issue 25 part 1):
-commit() and restore() of a model with its SGD momentum beside one training step of the
-same model, for three model sizes, in one process.
+"""Elastic training (pybridge/elastic.py) beside restarting the world, in one run.
 
-    python bench/elastic.py [--quick]
+    python bench/elastic.py [--quick] [--ballast-mb MB]
 
-A commit every N steps costs commit / (N x step) of the training time; the table gives the
-N at which that is 1%. Writes bench/results/elastic.json.
+1. Commit cost: commit() and restore() of a model with its SGD momentum beside one training
+   step of the same model, for three model sizes, in one process. A commit every N steps
+   costs commit / (N x step) of the training time; the table gives the N for 1%.
+2. Recovery, 4 CPU workers on loopback (tests/elastic_train.py under pybridge-launch
+   --elastic, a commit every 5 steps, a state of --ballast-mb MB): rank 2 is SIGKILLed in
+   step 37. Timed from its last moment: failure seen by the survivors, old world torn
+   down, next world agreed, first step done on it (new group, re-bind, rollback and the
+   state from the new rank 0 included); then a process started by hand joins at the commit
+   of step 60: from that commit to its first step done (the state received over the network).
+   Beside it, restart-the-world: pybridge-launch --max-restarts 1 (torchrun's agent) with a
+   disk checkpoint every 5 steps (tests/resume_train.py) and rank 1 dying in step 37: from its
+   last step to the first step done after every worker restarted and loaded the checkpoint.
+   Work lost is the same in both (the steps since the last commit or checkpoint); the time
+   to go on is not.
+Writes bench/results/elastic.json.
 """
 
 import argparse
+import glob
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -21,6 +36,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import progress, save, table  # noqa: E402
 
 from pybridge.elastic import State  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from elastic_runs import finish, launch, read_logs, wait_for  # noqa: E402
+from ranks import free_port  # noqa: E402
+from resume_train import write_dataset  # noqa: E402
+
+KILL_AT, COMMIT_EVERY, JOIN_AT = 37, 5, 60
 
 SIZES = {"1M": (1024, 1), "17M": (2048, 4), "67M": (4096, 4)}  # width, layers of width x width
 
@@ -51,9 +74,82 @@ def case(width, depth, repeat):
             "restore_ms": timed(state.restore, repeat) * 1e3, "committed_mb": state.committed_bytes / 1e6}
 
 
+def elastic_recovery(data, folder, ballast_mb):
+    """The elastic run: kill, survivors' recovery, then a joiner. Times in seconds."""
+    log, port = os.path.join(folder, "elastic"), free_port()
+    deadline = time.monotonic() + 300
+    common = ["--commit-every", str(COMMIT_EVERY), "--ballast-mb", str(ballast_mb), "--timeout", "30"]
+    procs = [launch(port, log, data, "--die-at", str(KILL_AT), "--die-rank", "2", "--admit-from", str(JOIN_AT),
+                    "--await-joiner-at", str(JOIN_AT), *common)]
+    wait_for(log, lambda e: e["ev"] == "reset" and e["gen"] == 2, deadline)
+    procs.append(launch(port, log, data, "--admit-from", str(JOIN_AT), *common, nproc=1, node=1))
+    outs = finish(procs, deadline)
+    if any(rc for rc, _ in outs):
+        raise SystemExit("elastic run failed:\n" + "\n".join(out[-3000:] for _, out in outs))
+    logs = read_logs(log)
+    died = next(e for evs in logs.values() for e in evs if e["ev"] == "die")
+    rows = []
+    for evs in logs.values():
+        reset = [e for e in evs if e["ev"] == "reset" and e["gen"] == 2]
+        if reset:
+            r = reset[0]
+            first = min(e["t"] for e in evs if e["ev"] == "step" and e["gen"] == 2)
+            rows.append({"seen": r["seen"] - died["t"], "torn_down": r["left"] - died["t"],
+                         "agreed": r["agreed"] - died["t"], "first_step": first - died["t"]})
+    worst = {k: max(r[k] for r in rows) for k in rows[0]}
+    admitted = min(e["seen"] for evs in logs.values() for e in evs if e["ev"] == "reset" and e["gen"] == 3)
+    joiner = next(evs for who, evs in logs.items() if who.startswith("node1-"))
+    joined = min(e["t"] for e in joiner if e["ev"] == "step") - admitted
+    step_s = statistics.median(b["t"] - a["t"] for evs in logs.values()
+                               for a, b in zip(evs, evs[1:]) if a["ev"] == b["ev"] == "step" and a["gen"] == b["gen"])
+    lost_steps = KILL_AT - 1 - (KILL_AT - 1) // COMMIT_EVERY * COMMIT_EVERY  # done since the commit
+    return {**worst, "joiner_first_step": joined, "step_s": step_s, "lost_steps": lost_steps,
+            "survivors": len(rows)}
+
+
+def restart_the_world(data, folder):
+    """torchrun's agent restarts every worker; they resume from the disk checkpoint."""
+    log = os.path.join(folder, "restart")
+    cmd = [sys.executable, "-m", "pybridge.launch", "--nproc-per-node", "4", "--max-restarts", "1",
+           "--monitor-interval", "0.1", os.path.join(ROOT, "tests", "resume_train.py"), "--data", *data,
+           "--ckpt", os.path.join(folder, "ckpt-{rank}"), "--steplog", log, "--epochs", "3",
+           "--crash-at", str(KILL_AT), "--save-every", str(COMMIT_EVERY)]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    if run.returncode:
+        raise SystemExit("restart-the-world run failed:\n" + (run.stdout + run.stderr)[-3000:])
+    lines = [json.loads(x) for path in glob.glob(log + "-rank*.jsonl") for x in open(path)]
+    last = max(x["t"] for x in lines if x["attempt"] == 0)
+    first = min(x["t"] for x in lines if x["attempt"] == 1)
+    resumed = min(x["step"] for x in lines if x["attempt"] == 1) - 1
+    return {"first_step": first - last, "lost_steps": KILL_AT - 1 - resumed}
+
+
+def recovery(ballast_mb):
+    with tempfile.TemporaryDirectory(prefix="pybridge-bench-elastic-") as folder:
+        data = write_dataset(folder, 400)
+        progress("elastic: 4 workers, rank 2 killed in step 37, a joiner at step 60")
+        el = elastic_recovery(data, folder, ballast_mb)
+        progress("elastic: restart-the-world, rank 1 dies in step 37")
+        rw = restart_the_world(data, folder)
+    ms = lambda s: f"{s * 1e3:.0f}"  # noqa: E731
+    print(table(["after the kill (ms)", "failure seen", "world torn down", "next world agreed",
+                 "first step on it", "steps lost"],
+                [["elastic (slowest of 3 survivors)", ms(el["seen"]), ms(el["torn_down"]), ms(el["agreed"]),
+                  ms(el["first_step"]), str(el["lost_steps"])],
+                 ["restart the world (torchrun, disk checkpoint)", "-", "-", "-", ms(rw["first_step"]),
+                  str(rw["lost_steps"])]]))
+    print(f"joiner: {ms(el['joiner_first_step'])} ms from the admitting commit to its first step "
+          f"(state of {ballast_mb:g} MB received over the network); one step takes {ms(el['step_s'])} ms")
+    return {"elastic": el, "restart_the_world": rw, "ballast_mb": ballast_mb}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the smallest model only, 3 repeats")
+    ap.add_argument("--ballast-mb", type=float, default=64.0,
+                    help="recovery: the size of the state the joiner receives (default 64 MB)")
+    ap.add_argument("--no-recovery", action="store_true", help="the commit cost only")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     sizes = {"1M": SIZES["1M"]} if args.quick else SIZES
@@ -66,7 +162,10 @@ def main(argv=None):
                      f"{r['restore_ms']:.1f}", f"{r['commit_ms'] / r['step_ms']:.2f}", f"{every:.0f}"])
     print(table(["model", "commit size", "step ms (batch 32)", "commit ms", "restore ms",
                  "commit / step", "commit every N steps for 1%"], rows))
-    save("elastic", {"models": results, "threads": 1})
+    out = {"models": results, "threads": 1}
+    if not args.no_recovery:
+        out["recovery"] = recovery(args.ballast_mb)
+    save("elastic", out)
 
 
 if __name__ == "__main__":

@@ -73,10 +73,15 @@ class _Session:
         """A collective of the current world failed: leave it and agree on the next one."""
         if isinstance(err, MembershipChanged):
             return err
+        return self.change(err)
+
+    def change(self, cause):
+        """Leave the current world and agree on the next one; the MembershipChanged to raise
+        (timed: when it began, the old world was torn down, the new one agreed on)."""
         seen = time.time()
         self.leave()
         left = time.time()
-        changed = self.membership.changed(self.world, cause=err)
+        changed = self.membership.changed(self.world, cause=cause)
         if changed.seen_at is None:
             changed.seen_at, changed.left_at, changed.agreed_at = seen, left, time.time()
         return changed
@@ -93,7 +98,7 @@ class _Session:
         self._kept.append(g.pg)
         if _group._current is g:
             try:
-                _group.finalize(linger=0)
+                _group.finalize(linger=0, collect=False)
             except Exception:  # noqa: BLE001 - a broken world may fail to say goodbye
                 g._close()
                 _group._current = None
@@ -209,15 +214,18 @@ class State:
 
     def __init__(self, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None, **values):
         for name in values:
-            if name.startswith("_") or name in _OBJECTS or name in ("tensors", "values", "commits"):
+            if name.startswith("_") or name in _OBJECTS or name in ("tensors", "values", "commits", "last_sync"):
                 raise InvalidArgument(f"State value {name!r}: the name is taken (objects, tensors, "
-                                      "values, commits) or private")
+                                      "values, commits, last_sync) or private")
         object.__setattr__(self, "_objects", {"model": model, "optimizer": optimizer, "reducer": reducer,
                                               "loader": loader, "tensors": dict(tensors or {})})
         object.__setattr__(self, "values", dict(values))
         object.__setattr__(self, "commits", 0)
         object.__setattr__(self, "_committed", None)
         object.__setattr__(self, "_callbacks", [])
+        object.__setattr__(self, "_serial", 0)  # numbers the commits (the same on every replica)
+        object.__setattr__(self, "_synced", False)  # sync() ran: the commits are the world's
+        object.__setattr__(self, "last_sync", None)  # who received what in the latest sync()
         self._save()
 
     def __getattr__(self, name):
@@ -273,6 +281,7 @@ class State:
                                    loader=o["loader"], tensors=o["tensors"], extra=dict(self.values))
         object.__setattr__(self, "_committed", _copy(live, self._committed))
         object.__setattr__(self, "commits", self.commits + 1)
+        object.__setattr__(self, "_serial", self._serial + 1)
 
     @property
     def committed_bytes(self):
@@ -291,19 +300,34 @@ class State:
         object.__setattr__(self, "values", dict(state.get("extra") or {}))
 
     def sync(self, root=0, *, group=None):
-        """COLLECTIVE: every rank takes rank `root`'s last commit (its bytes, over the
-        network) as its own and restores it. A joiner calls this to receive the live state."""
+        """COLLECTIVE: every rank ends with rank `root`'s last commit, restored. Only ranks
+        whose commit is not the root's receive it (its bytes, sent point to point): a new
+        process, or a survivor that missed the root's latest commit; the others restore
+        their own copy, which is the same. After a failure with no joiner nothing but one
+        small all_gather crosses the network."""
         g = group or _group.current()
         root = g.check_rank("root", root)
-        data = checkpoint.to_bytes(self._committed) if g.rank == root else b""
-        size = torch.tensor([len(data)], dtype=torch.int64)
-        collectives.broadcast(size, root, group=g)
-        buf = torch.empty(int(size.item()), dtype=torch.uint8)
-        if g.rank == root:
-            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        collectives.broadcast(buf, root, group=g)
-        if g.rank != root:
-            object.__setattr__(self, "_committed", checkpoint.decode(buf.numpy().tobytes(), f"rank {root}'s state"))
+        # A commit's serial is the same on every replica that made it (commits are collective);
+        # a process that never synced has none (a negative of its own: it always receives).
+        mine = self._serial if self._synced else -1 - g.rank
+        serials = [row[0] for row in collectives.gather_rows([mine], group=g)] if g.size > 1 else [mine]
+        needy = [r for r in range(g.size) if r != root and serials[r] != serials[root]]
+        if g.rank == root and needy:
+            data = torch.frombuffer(bytearray(checkpoint.to_bytes(self._committed)), dtype=torch.uint8)
+            size = torch.tensor([data.numel()], dtype=torch.int64)
+            for r in needy:
+                collectives.send(size, r, group=g)
+                collectives.send(data, r, group=g)
+        elif g.rank in needy:
+            size = torch.empty(1, dtype=torch.int64)
+            collectives.recv(size, root, group=g)
+            buf = torch.empty(int(size.item()), dtype=torch.uint8)
+            collectives.recv(buf, root, group=g)
+            committed = checkpoint.decode(buf.numpy().tobytes(), f"rank {root}'s state")
+            object.__setattr__(self, "_committed", committed)
+        object.__setattr__(self, "_serial", serials[root])
+        object.__setattr__(self, "_synced", True)
+        object.__setattr__(self, "last_sync", {"received": g.rank in needy, "sent_to": needy if g.rank == root else []})
         self._load(self._committed)
 
 
@@ -315,8 +339,7 @@ def _admit_joiners(s):
     if g.size > 1:
         collectives.broadcast(n, 0, group=g)
     if int(n.item()) > 0:
-        s.leave()
-        raise s.membership.changed(s.world, cause=f"{int(n.item())} process(es) asked to join at a commit")
+        raise s.change(f"{int(n.item())} process(es) asked to join at a commit")
 
 
 def _copy(live, old):

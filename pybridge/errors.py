@@ -90,8 +90,8 @@ class MembershipChanged(CommError):
         self.new_size = new_size
         self.generation = generation
         self.world = world  # membership.World: the agreed next world
-        # time.time() when the failure was seen here, the old world torn down, the new one
-        # agreed on (None for a change made at a commit): for benchmarks and logs
+        # time.time() when the failure (or the joiners at a commit) was seen here, the old
+        # world torn down, the new one agreed on: for benchmarks and logs
         self.seen_at = self.left_at = self.agreed_at = None
 
 

@@ -23,6 +23,7 @@ dead/<id>, g<n>/count, g<n>/cand/<k> (json), g<n>/members (json, rank order).
 
 import atexit
 import datetime
+import functools
 import json
 import os
 import socket
@@ -31,7 +32,7 @@ import time
 
 import torch.distributed as dist
 
-from .errors import Closed, InvalidArgument, MembershipChanged, Timeout, classify
+from .errors import Closed, CommError, InvalidArgument, MembershipChanged, PyBridgeError, Timeout, classify
 
 PREFIX = "pybridge/elastic/"
 HEARTBEAT = 0.2  # seconds between two beats
@@ -73,6 +74,21 @@ def _gone(pid):
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except (OSError, IndexError):
         return True
+
+
+def _store_calls(method):
+    """A failed store call becomes a CommError that says where the store lives."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except PyBridgeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - torch's store errors
+            host, port = self.address
+            raise CommError(f"elastic: the store at {host}:{port} (hosted by pybridge-launch --elastic on "
+                            f"node 0) stopped answering ({classify(exc)}): the job cannot go on without it") from exc
+    return wrapper
 
 
 class Membership:
@@ -131,6 +147,7 @@ class Membership:
         self._stopped.set()
         self._thread.join(HEARTBEAT + 2.0)  # not for ever: the store may be gone
 
+    @_store_calls
     def finish(self):
         """The training finished (elastic.run returned): a process that comes later has
         nothing to join, and the launcher starts no replacement."""
@@ -142,15 +159,18 @@ class Membership:
 
     # ---- rounds ------------------------------------------------------------------------
 
+    @_store_calls
     def first_world(self):
         """Join the job: the first generation, or (a joiner) the next one the members form."""
         n = int(self.store.add(self._key("gen"), 0)) + 1
         return self._form(n)
 
+    @_store_calls
     def next_world(self, old):
         """Register for the generation after `old` and wait for it to form."""
         return self._form(old.generation + 1, old)
 
+    @_store_calls
     def joiners_waiting(self, world):
         """Candidates registered for the generation after `world` (read by its rank 0 at a commit)."""
         return int(self.store.add(self._key(f"g{world.generation + 1}/count"), 0))

@@ -6,7 +6,9 @@ Each process appends JSON lines to LOG-<id>.jsonl:
   {"ev": "start", "pid"}                                                 at the start
   {"ev": "step", "gen", "rank", "world", "epoch", "step", "ids", "t"}   after each step
   {"ev": "commit", "gen", "step", "t"}                                  after each commit
-  {"ev": "reset", "gen", "old_gen", "lost", "joined", "step", "t"}     after each reset
+  {"ev": "reset", "gen", "lost", "joined", "step", "seen", "left", "agreed", "t"}  after each reset
+  {"ev": "enter", "step", "received", "sent_to", "t"}                    each entry of train()
+  {"ev": "die", "step", "t"}                                             just before --die-at
   {"ev": "done", "gen", "step", "weights"}                              at the end
 A rank with --die-rank R in its first world SIGKILLs itself (or SIGSTOPs itself, --stop)
 at step --die-at, mid-step: batch read, nothing reduced.
@@ -45,6 +47,8 @@ def parse(argv):
                    help="test scaffolding: before the commit of this step, wait until a process asks to join")
     p.add_argument("--step-ms", type=float, default=0.0, help="sleep this long in every step")
     p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--ballast-mb", type=float, default=0.0,
+                   help="a tensor of this size in the state (committed, sent to joiners): a model's size")
     return p.parse_args(argv)
 
 
@@ -65,7 +69,9 @@ def main(opts):
     params = list(model.parameters())
     reducer = pybridge.Reducer(params)
     loader = Loader(opts.data, opts.batch, shuffle=True, seed=7, prefetch=0)
-    state = elastic.State(model=model, optimizer=opt, reducer=reducer, loader=loader, epoch=0, step=0)
+    ballast = {"ballast": torch.zeros(int(opts.ballast_mb * 2**20) // 4)} if opts.ballast_mb else {}
+    state = elastic.State(model=model, optimizer=opt, reducer=reducer, loader=loader, tensors=ballast,
+                          epoch=0, step=0)
 
     @state.on_reset
     def _note():
@@ -75,6 +81,7 @@ def main(opts):
 
     @elastic.run
     def train(state):
+        write(ev="enter", step=state.step, rank=elastic.session().world.rank, **state.last_sync)  # after the sync or reset: who got bytes
         while state.epoch < opts.epochs:
             loader.set_epoch(state.epoch)  # a rolled-back epoch keeps its committed position
             for batch in loader:
@@ -82,6 +89,7 @@ def main(opts):
                 rec = decode_fixed(batch.data, batch.offsets, LAYOUT, as_torch=True)
                 step = state.step + 1
                 if step == opts.die_at and w.rank == opts.die_rank and w.generation == first_gen == 1:
+                    write(ev="die", step=step)
                     os.kill(os.getpid(), signal.SIGSTOP if opts.stop else signal.SIGKILL)
                 if opts.step_ms:
                     time.sleep(opts.step_ms / 1000)

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -52,6 +53,7 @@ def parse(argv):
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--stop-at", type=int, default=0, help="return after this global step")
     p.add_argument("--crash-at", type=int, default=0, help="rank 1 dies in this step on the first attempt")
+    p.add_argument("--save-every", type=int, default=1, help="checkpoint every N steps")
     p.add_argument("--writers", choices=("all", "rank0"), default="all")
     return p.parse_args(argv)
 
@@ -89,10 +91,11 @@ def train(opts):
                 for i, p in enumerate(params):
                     p.grad.copy_(reducer.grad(i))
                 opt.step()
-                if opts.writers == "all" or rank == 0:
+                if (opts.writers == "all" or rank == 0) and step % opts.save_every == 0:
                     checkpoint.save(folder, step, model=model, optimizer=opt, reducer=reducer, loader=loader)
                 log.write(json.dumps({"attempt": attempt, "world": world, "rank": rank, "epoch": epoch,
-                                      "step": step, "ids": rec["id"].tolist()}) + "\n")
+                                      "step": step, "ids": rec["id"].tolist(),
+                                      "t": time.time()}) + "\n")
                 if step == opts.stop_at:
                     return step
         if rank == 0 and opts.out:

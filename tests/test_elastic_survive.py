@@ -12,8 +12,6 @@ reads their JSON logs afterwards. What every run checks (_check):
     batches (rank by rank, gradients averaged over the world of that step).
 """
 
-import glob
-import json
 import os
 import signal
 import subprocess
@@ -24,13 +22,13 @@ import pytest
 import torch
 
 from pybridge.recordio import Loader, decode_fixed
+from elastic_runs import finish, launch, read_logs, wait_for
 from ranks import free_port
 from resume_train import FEATURES, write_dataset
 import elastic_train
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="elastic runs use /proc")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORDS, BATCH, EPOCHS = 400, 4, 3
 RUN_SECONDS = 120
 
@@ -38,49 +36,6 @@ RUN_SECONDS = 120
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return write_dataset(str(tmp_path_factory.mktemp("elastic-data")), RECORDS)
-
-
-def _launch(port, log, data, *extra, nproc=4, node=None, launcher=(), env=None):
-    where = ["--nnodes", "2", "--node-rank", str(node)] if node is not None else []
-    cmd = [sys.executable, "-m", "pybridge.launch", "--elastic", "--nproc-per-node", str(nproc),
-           "--rdzv-endpoint", f"127.0.0.1:{port}", *where, *launcher,
-           os.path.join(ROOT, "tests", "elastic_train.py"), "--data", *data, "--log", log,
-           "--epochs", str(EPOCHS), "--batch", str(BATCH), *extra]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, start_new_session=True)
-
-
-def _events(log):
-    out = {}
-    for path in glob.glob(f"{log}-*.jsonl"):
-        who = path[len(log) + 1:-len(".jsonl")]
-        with open(path) as f:
-            out[who] = [json.loads(line) for line in f if line.strip()]
-    return out
-
-
-def _wait_for(log, what, deadline):
-    while time.monotonic() < deadline:
-        for events in _events(log).values():
-            found = [e for e in events if what(e)]
-            if found:
-                return found[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no event {what} in the logs in time")
-
-
-def _finish(procs, deadline):
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                os.killpg(q.pid, signal.SIGKILL)
-            raise AssertionError("the elastic run did not finish in time:\n"
-                                 + "\n".join((q.communicate()[0] or "")[-3000:] for q in procs)) from None
-        outs.append((p.returncode, out))
-    return outs
 
 
 def _history(events):
@@ -151,7 +106,7 @@ def _reference(accepted):
 
 
 def _check(log, data):
-    events = _events(log)
+    events = read_logs(log)
     accepted = _history(events)
     _check_records(accepted)
     done = [e for evs in events.values() for e in evs if e["ev"] == "done"]
@@ -169,13 +124,13 @@ def test_survivors_continue_and_a_joiner_receives_the_state(tmp_path, data):
     on, without a restart; a process started by hand joins at the commit of step 60."""
     log, port = str(tmp_path / "run"), free_port()
     deadline = time.monotonic() + RUN_SECONDS
-    main = _launch(port, log, data, "--die-at", "37", "--die-rank", "2", "--admit-from", "60",
+    main = launch(port, log, data, "--die-at", "37", "--die-rank", "2", "--admit-from", "60",
                    "--await-joiner-at", "60", "--timeout", "30")
     procs = [main]
     try:
-        _wait_for(log, lambda e: e["ev"] == "reset" and e["gen"] == 2, deadline)
-        procs.append(_launch(port, log, data, "--admit-from", "60", "--timeout", "30", nproc=1, node=1))
-        (rc, out), (jrc, jout) = _finish(procs, deadline)
+        wait_for(log, lambda e: e["ev"] == "reset" and e["gen"] == 2, deadline)
+        procs.append(launch(port, log, data, "--admit-from", "60", "--timeout", "30", nproc=1, node=1))
+        (rc, out), (jrc, jout) = finish(procs, deadline)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -191,6 +146,11 @@ def test_survivors_continue_and_a_joiner_receives_the_state(tmp_path, data):
     joined = [e for e in resets if e["gen"] == 3]
     assert len(joined) == 3 and all(e["joined"] == 1 and e["world"] == 4 and e["step"] == 60 for e in joined)
     assert accepted[61][0] == 3 and len(accepted[61][1]) == 4  # the joiner trained from step 61 on
+    # State bytes went to the joiner only; the survivors rolled back to their own commits.
+    entries = {(w, e["gen"]): e for w, evs in events.items() for e in evs if e["ev"] == "enter"}
+    assert entries[("node1-slot0-0", 3)]["received"] and entries[("node0-slot0-0", 3)]["sent_to"] == [3]
+    assert all(e["received"] == (gen == 1 and e["rank"] != 0) for (w, gen), e in entries.items()
+               if w != "node1-slot0-0")  # the first world starts from rank 0's state
     assert len(done) == 4 and all(e["step"] == max(accepted) for e in done)
     # Recovery: from the failure seen to the first step of the new world, on every survivor.
     for e in survivors:
@@ -207,16 +167,17 @@ def test_rank_0_dies_and_a_replacement_joins(tmp_path, data):
     becomes rank 0 and sends the rolled-back state); the launcher's replacement joins."""
     log, port = str(tmp_path / "run"), free_port()
     deadline = time.monotonic() + RUN_SECONDS
-    proc = _launch(port, log, data, "--die-at", "37", "--die-rank", "0", "--await-joiner-at", "45",
+    proc = launch(port, log, data, "--die-at", "37", "--die-rank", "0", "--await-joiner-at", "45",
                    "--timeout", "30", launcher=["--replace", "1"])
-    [(rc, out)] = _finish([proc], deadline)
+    [(rc, out)] = finish([proc], deadline)
     assert rc == 0, out[-3000:]
     assert "node0-slot0-0 (local rank 0) was killed by signal SIGKILL; the others go on, and node0-slot0-1 " \
            "replaces it" in out
     events, accepted, done = _check(log, data)
     survivors = [e for evs in events.values() for e in evs if e["ev"] == "reset" and e["gen"] == 2]
     assert len(survivors) == 3 and all(e["lost"] == [0] and e["step"] == 35 for e in survivors)
-    assert {e["rank"] for e in survivors} == {0, 1, 2}  # old rank 1 is rank 0 now
+    assert {_who(events, e): e["rank"] for e in survivors} == \
+        {"node0-slot1-0": 0, "node0-slot2-0": 1, "node0-slot3-0": 2}  # old rank 1 is rank 0 now
     joined = [e for evs in events.values() for e in evs if e["ev"] == "reset" and e["gen"] == 3]
     assert len(joined) == 3 and all(e["joined"] == 1 and e["step"] == 45 for e in joined)
     assert any(e["ev"] == "done" for e in events["node0-slot0-1"]) and len(done) == 4
@@ -227,20 +188,20 @@ def test_a_stopped_rank_is_lost_after_the_timeout(tmp_path, data):
     the world goes on without it."""
     log, port = str(tmp_path / "run"), free_port()
     deadline = time.monotonic() + RUN_SECONDS
-    proc = _launch(port, log, data, "--die-at", "12", "--die-rank", "1", "--stop", "--timeout", "3",
+    proc = launch(port, log, data, "--die-at", "12", "--die-rank", "1", "--stop", "--timeout", "3",
                    env={"PYBRIDGE_ELASTIC_LOST_AFTER": "2"})
     try:
-        reset = _wait_for(log, lambda e: e["ev"] == "reset", deadline)
+        reset = wait_for(log, lambda e: e["ev"] == "reset", deadline)
         assert reset["lost"] == [1] and reset["world"] == 3
         for _ in range(3):  # the three others finish
-            _wait_for(log, lambda e: e["ev"] == "done", deadline)
-        while sum(e["ev"] == "done" for evs in _events(log).values() for e in evs) < 3:
+            wait_for(log, lambda e: e["ev"] == "done", deadline)
+        while sum(e["ev"] == "done" for evs in read_logs(log).values() for e in evs) < 3:
             assert time.monotonic() < deadline, "the survivors did not finish"
             time.sleep(0.05)
-        stopped = _wait_for(log, lambda e: e["ev"] == "start" and e["gen"] == 1 and
-                            e in _events(log).get("node0-slot1-0", []), deadline)
+        stopped = wait_for(log, lambda e: e["ev"] == "start" and e["gen"] == 1 and
+                            e in read_logs(log).get("node0-slot1-0", []), deadline)
         os.kill(stopped["pid"], signal.SIGKILL)  # still stopped: the test ends it
-        [(rc, out)] = _finish([proc], deadline)
+        [(rc, out)] = finish([proc], deadline)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -249,3 +210,23 @@ def test_a_stopped_rank_is_lost_after_the_timeout(tmp_path, data):
     assert "node0-slot1-0 (local rank 1) was killed by signal SIGKILL" in out
     events, accepted, done = _check(log, data)
     assert len(done) == 3 and "node0-slot1-0" not in {_who(events, e) for e in done}
+
+
+def test_the_launcher_stops_the_job_below_the_minimum_world(tmp_path):
+    """--min-world 2 on one node: one of two workers dies and no replacement comes, so the
+    launcher says the world fell below the minimum and stops the other (which would wait)."""
+    worker = tmp_path / "worker.py"
+    worker.write_text("import os, sys, time\n"
+                      "if os.environ['LOCAL_RANK'] == '1': sys.exit(3)\n"
+                      "time.sleep(60)\n")
+    run = subprocess.run([sys.executable, "-m", "pybridge.launch", "--elastic", "--nproc-per-node", "2",
+                          "--min-world", "2", str(worker)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run.stderr
+    assert "worker node0-slot1-0 (local rank 1) exited with code 3; the others go on without it" in run.stderr
+    assert "the world fell below the minimum size: 1 worker(s) left, --min-world 2; stopping the job" in run.stderr
+
+
+def test_elastic_launcher_refuses_bad_sizes(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "pybridge.launch", "--elastic", "--min-world", "3",
+                          "--max-world", "2", "x.py"], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "--min-world must be >= 1 and <= --max-world" in run.stderr
