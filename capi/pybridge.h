@@ -48,6 +48,20 @@
  *
  *  Signals.   The library installs no signal handlers; SIGINT and SIGTERM stay
  *             the host program's.
+ *
+ *  Elastic.   In an elastic world (pb_elastic_init) any call that communicates
+ *             (a collective, the reducer, the loader, pb_state_commit) may return
+ *             PB_ERR_MEMBERSHIP: ranks were lost or new ones wait to join, and the
+ *             next world is already agreed on. It is not a failure: roll back and
+ *             go on with pb_state_reset, in a loop that needs no callbacks:
+ *               for (;;) {
+ *                 rc = train(world, step);           // returns the first status != PB_OK
+ *                 if (rc != PB_ERR_MEMBERSHIP) break;
+ *                 do rc = pb_state_reset(state, ..., &world, &step);
+ *                 while (rc == PB_ERR_MEMBERSHIP);   // another change during the reset
+ *                 if (rc != PB_OK) break;
+ *               }
+ *               if (rc == PB_OK) pb_elastic_finish(world);   // no joiners from now on
  */
 #ifndef PYBRIDGE_H
 #define PYBRIDGE_H
@@ -792,7 +806,11 @@ typedef struct pb_state pb_state;
 int pb_state_create(pb_state **out);
 
 /* Commit step `step` (>= 0): copies of the n tensors, the loader's position (NULL: none)
- * and the reducer's counters (NULL: none), replacing the previous commit. */
+ * and the reducer's counters (NULL: none), replacing the previous commit. Local, except in
+ * an elastic world (pb_elastic_init), where it is a COLLECTIVE (call it at the same step on
+ * every rank): after the copy, rank 0 tells every rank whether processes wait to join, and
+ * if so every rank returns PB_ERR_MEMBERSHIP (the commit is made: pb_state_reset rolls
+ * back to it, losing no step, and sends it to the joiners). */
 int pb_state_commit(pb_state *state, int64_t step, int32_t n, const char *const *names,
                     const pb_tensor *tensors, pb_loader *loader, pb_reducer *reducer);
 
@@ -803,11 +821,72 @@ int pb_state_restore(pb_state *state, int32_t n, const char *const *names, const
                      pb_loader *loader, pb_reducer *reducer, int64_t *step);
 
 /* COLLECTIVE over `group`: every rank takes rank `root`'s last commit as its own and
- * restores it as pb_state_restore does (the root included). */
+ * restores it as pb_state_restore does (the root included). A root that has committed
+ * nothing yet sends what its tensors, loader and reducer hold now, as step 0: so the first
+ * world of an elastic job starts from rank 0's values, and a joiner (which must not commit
+ * before it has the state) receives the live commit, by the same call. */
 int pb_state_sync(pb_state *state, pb_group *group, int32_t root, int32_t n, const char *const *names,
                   const pb_tensor *tensors, pb_loader *loader, pb_reducer *reducer, int64_t *step);
 
 int pb_state_close(pb_state *state);
+
+/* ---- Elastic training: the survivors go on ------------------------------------------ */
+/* docs/elastic.md. Run the program under `pybridge-launch --elastic`: a worker's death does
+ * not stop the others. When a peer dies or stops answering (lost after the timeout), or
+ * processes wait to join at a commit, every rank's current call returns PB_ERR_MEMBERSHIP
+ * (its message names the lost ranks, their hosts and pids) and pb_state_reset moves onto
+ * the new world (CONVENTIONS, Elastic, has the loop). Rolled back: the tensors, loader and
+ * reducer given to pb_state_reset, to the last pb_state_commit. Not survived: the death of
+ * node 0's launcher, which hosts the store. */
+
+/* Join an elastic job; *out receives the world group, a pb_group like pb_init's (every
+ * function taking a group takes it). Its size is the launcher's first world (WORLD_SIZE);
+ * a process started later (a replacement) joins the running job at its next commit.
+ *   backend      as pb_init's (NULL or "": "auto").
+ *   store_addr   "host:port" of the job's store; NULL or "": MASTER_ADDR:MASTER_PORT as
+ *                pybridge-launch --elastic sets them (its node 0 launcher hosts it).
+ *   timeout_seconds
+ *                bounds every collective: a peer that stops answering is lost after it;
+ *                <= 0 reads PYBRIDGE_TIMEOUT, else 300 s.
+ * Settings from the launcher's environment: PYBRIDGE_ELASTIC_MIN / _MAX (world sizes),
+ * PYBRIDGE_ELASTIC_LOST_AFTER (seconds without a heartbeat, default 10).
+ * Errors: PB_ERR_INVALID_ARGUMENT (no store address, a bad one, NaN timeout),
+ * PB_ERR_ALREADY_INITIALIZED (a world is live), PB_ERR_TIMEOUT (the store does not answer,
+ * or the world did not form). Leave with pb_finalize on the newest world handle. */
+int pb_elastic_init(const char *backend, const char *store_addr, double timeout_seconds, pb_group **out);
+
+/* After PB_ERR_MEMBERSHIP: move onto the agreed world and roll back. COLLECTIVE on the new
+ * world. The reducer and loader (either may be NULL) are re-bound to the new world (the
+ * loader's epoch continues from the committed position, its unread records re-shared over
+ * the new ranks); every rank rolls back to its last commit and takes the new rank 0's (the
+ * lowest surviving old rank's) committed state, as pb_state_sync does; the tensors, names,
+ * counts and dtypes are as committed (a state with no commit yet, say a change during
+ * the first pb_state_sync, counts what it holds now as step 0). *group receives the new world's handle: the old one,
+ * and its subgroups, now return PB_ERR_CLOSED (pb_finalize on it is a no-op). *step
+ * receives the committed step. The reducer's gradient buckets may be laid out anew: fetch
+ * the pointers again (pb_reducer_grad); memory of old layouts stays valid until
+ * pb_reducer_close. Errors: PB_ERR_MEMBERSHIP (the world changed again during the reset:
+ * call it again), PB_ERR_INVALID_ARGUMENT (not an elastic job, no change to reset after:
+ * the world stays live; NULL group or step, tensors unlike the commit's). */
+int pb_state_reset(pb_state *state, int32_t n, const char *const *names, const pb_tensor *tensors,
+                   pb_loader *loader, pb_reducer *reducer, pb_group **group, int64_t *step);
+
+/* The training on the elastic world `group` finished (call it once the loop above returned
+ * PB_OK, before pb_finalize): a process that comes later finds no world to join, and the
+ * launcher starts no replacement (pybridge.elastic.run does the same). Errors:
+ * PB_ERR_INVALID_ARGUMENT (not an elastic world), PB_ERR_CLOSED (an old world). */
+int pb_elastic_finish(pb_group *group);
+
+/* The latest change this process reset after (pb_state_reset): *n_lost receives how many
+ * ranks of the old world were lost and the first `cap` of them, in the old world's
+ * numbering, go into lost (NULL with cap 0 to count only); *joined how many processes
+ * joined; *old_size and *new_size the world sizes; *generation the new world's number
+ * (the first world is 1). Before any reset: nothing lost or joined, both sizes the current
+ * world's. Any out-pointer may be NULL. The lost ranks' hosts and pids are named in the
+ * PB_ERR_MEMBERSHIP message. Errors: PB_ERR_INVALID_ARGUMENT (not an elastic job, cap < 0,
+ * lost NULL with cap > 0). */
+int pb_elastic_last_change(int32_t *lost, int32_t cap, int32_t *n_lost, int32_t *joined,
+                           int32_t *old_size, int32_t *new_size, int64_t *generation);
 
 /* ---- Federated training ---------------------------------------------------------- */
 /* FLUTE-style federated learning with asynchronous client assignment (docs/federated.md):

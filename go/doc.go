@@ -50,6 +50,15 @@
 // a loop the program drives (Next, then Submit or Fail). Both interoperate
 // with Python and C peers (docs/federated.md).
 //
+// # Elastic training
+//
+// Under pybridge-launch --elastic, ElasticInit joins the job and RunElastic
+// runs the training function over an ElasticState (a Checkpoint's slices,
+// loader and reducer, committed in memory): when a peer dies, or a new process
+// waits to join at a Commit, the current call returns ErrMembership, and
+// RunElastic resets every rank onto the new world, rolled back to the last
+// commit, and calls the function again. No process restarts (docs/elastic.md).
+//
 // # Errors
 //
 // Functions return errors (never panic, also for a nil *Group); each is an

@@ -5,12 +5,92 @@ package pybridge
 */
 import "C"
 
+import (
+	"errors"
+	"unsafe"
+)
+
+// Elastic training (docs/elastic.md): run the program under
+// `pybridge-launch --elastic`, join with ElasticInit, keep the training state
+// in an ElasticState and train inside RunElastic. When a peer dies or stops
+// answering, or processes wait to join at a Commit, every rank's current call
+// returns ErrMembership; RunElastic then resets onto the new world (rolled back
+// to the last Commit) and calls train again. No process restarts, and no
+// callback goes from the library into Go.
+
+// WithElasticStore sets the "host:port" of an elastic job's store for
+// ElasticInit; by default MASTER_ADDR and MASTER_PORT, as pybridge-launch
+// --elastic sets them.
+func WithElasticStore(addr string) Option { return func(c *config) { c.storeAddr = addr } }
+
+// ElasticInit joins an elastic job and returns the world group, a Group like
+// Init's. Its size is the launcher's first world (WORLD_SIZE); a process that
+// starts later (a replacement) joins the running job at its next commit. It
+// takes WithBackend, WithTimeout (every collective's bound: a peer that stops
+// answering is lost after it) and WithElasticStore; the launcher's environment
+// gives the rest (PYBRIDGE_ELASTIC_MIN, _MAX, _LOST_AFTER).
+//
+// After ErrMembership the group is closed (its calls return ErrClosed):
+// ElasticState.Reset returns the new one. Close the newest group at the end.
+func ElasticInit(opts ...Option) (*Group, error) {
+	const op = "ElasticInit"
+	c := configure(opts)
+	if c.initMethod != "" || c.rank != -1 || c.worldSize != -1 || c.localRank != -1 || c.checked || c.watchdog != 0 {
+		return nil, newError(statusInvalidArgument, op, "takes WithBackend, WithTimeout and WithElasticStore only "+
+			"(the launcher gives ranks and sizes; checked mode and the watchdog are not supported)")
+	}
+	backend, store := cStringOrNil(c.backend), cStringOrNil(c.storeAddr)
+	defer C.free(unsafe.Pointer(backend))
+	defer C.free(unsafe.Pointer(store))
+	var h *C.pb_group
+	var msg *C.char
+	if err := check(op, C.pbgo_elastic_init(backend, store, C.double(c.timeout.Seconds()), &h, &msg), msg); err != nil {
+		return nil, err
+	}
+	return newWorld(op, h)
+}
+
+// ElasticChange describes the latest membership change this process reset after.
+type ElasticChange struct {
+	Lost             []int // ranks of the old world that were lost (ErrMembership's message names their hosts and pids)
+	Joined           int   // processes that joined
+	OldSize, NewSize int   // the world sizes before and after
+	Generation       int64 // the new world's number; the first world is 1
+}
+
+// LastElasticChange returns the latest change this process reset after; before
+// any reset, nothing lost or joined and both sizes the current world's. It
+// fails with ErrInvalidArgument outside an elastic job.
+func LastElasticChange() (ElasticChange, error) {
+	const op = "LastElasticChange"
+	var ch ElasticChange
+	var nLost, joined, oldSize, newSize C.int32_t
+	var gen C.int64_t
+	lost := make([]C.int32_t, 16)
+	for {
+		var msg *C.char
+		st := C.pbgo_elastic_last_change(&lost[0], C.int32_t(len(lost)), &nLost, &joined, &oldSize, &newSize, &gen, &msg)
+		if err := check(op, st, msg); err != nil {
+			return ch, err
+		}
+		if int(nLost) <= len(lost) {
+			break
+		}
+		lost = make([]C.int32_t, int(nLost))
+	}
+	for _, r := range lost[:nLost] {
+		ch.Lost = append(ch.Lost, int(r))
+	}
+	ch.Joined, ch.OldSize, ch.NewSize, ch.Generation = int(joined), int(oldSize), int(newSize), int64(gen)
+	return ch, nil
+}
+
 // ElasticState keeps a Checkpoint's registered state (named slices, a loader's
 // position, a reducer's counters) in memory, for elastic training: Commit copies
 // it in, Restore rolls back to the last commit, Sync hands one rank's last commit
-// to every rank over the network (what a rank joining a running job needs). It
-// is the first part of elastic training (docs/elastic.md). Use it from one
-// goroutine at a time, like its Checkpoint.
+// to every rank over the network (what a rank joining a running job needs), and
+// Reset moves onto the next world after ErrMembership. Use it from one goroutine
+// at a time, like its Checkpoint.
 type ElasticState struct {
 	cHandle[*C.pb_state]
 	ck *Checkpoint
@@ -34,10 +114,16 @@ func NewElasticState(ck *Checkpoint) (*ElasticState, error) {
 const stateClosed = "elastic state is closed"
 
 // Commit copies the registered state in as step (>= 0), replacing the last commit.
+//
+// In an elastic world (ElasticInit) it is a collective, made at the same step on
+// every rank: after the copy, rank 0 tells every rank whether processes wait to
+// join, and if so Commit returns ErrMembership. That is not a failure: the commit
+// is made, and Reset rolls back to it (losing no step) and sends it to the
+// joiners. Return the error from the training function to RunElastic.
 func (s *ElasticState) Commit(step int64) error {
 	const op = "ElasticState.Commit"
 	if s == nil {
-		return nilError(op, "*ElasticState")
+		return nilError(op, "ElasticState")
 	}
 	h, err := s.acquire(op, stateClosed)
 	if err != nil {
@@ -62,7 +148,8 @@ func (s *ElasticState) Restore() (int64, error) {
 }
 
 // Sync is a collective over g: every rank takes rank root's last commit as its
-// own and restores it (root included), and gets its step.
+// own and restores it (root included), and gets its step. A root that has
+// committed nothing yet sends what the registered slices hold now, as step 0.
 func (s *ElasticState) Sync(g *Group, root int) (int64, error) {
 	const op = "ElasticState.Sync"
 	gh, err := g.handle(op)
@@ -79,10 +166,89 @@ func (s *ElasticState) Sync(g *Group, root int) (int64, error) {
 	})
 }
 
+// Reset moves onto the world agreed on after ErrMembership, a collective on it:
+// the registered reducer and loader are re-bound to it (the loader's epoch goes
+// on from the committed position, its unread records shared over the new
+// ranks), every rank rolls back to its last commit and takes the new rank 0's
+// (the lowest surviving old rank's). It returns the new world's group (the old
+// one, and groups made from it, now return ErrClosed) and the committed step.
+// Slices from the reducer's Grad must be fetched again. Reset fails with
+// ErrMembership when the world changed again meanwhile (call it again), and
+// with ErrInvalidArgument outside an elastic job or when there was no change
+// (the world then stays live).
+func (s *ElasticState) Reset() (*Group, int64, error) {
+	const op = "ElasticState.Reset"
+	var h *C.pb_group
+	step, err := s.load(op, func(sh *C.pb_state, n C.int32_t, names **C.char, descs *C.pb_tensor, l *C.pb_loader,
+		r *C.pb_reducer, step *C.int64_t, msg **C.char) C.int {
+		return C.pbgo_state_reset(sh, n, names, descs, l, r, &h, step, msg)
+	})
+	if h == nil { // still on the old world
+		return nil, step, err
+	}
+	// On the new world, even if the rollback failed: the caller must be able to close it.
+	g, gerr := newWorld(op, h)
+	if gerr != nil {
+		return nil, -1, errors.Join(err, gerr)
+	}
+	if s.ck.group != nil {
+		s.ck.group = g
+	}
+	if r := s.ck.reducer; r != nil {
+		if rerr := r.reread(op); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	return g, step, err
+}
+
+// RunElastic calls train(g, step) until it returns something other than
+// ErrMembership (matched with errors.Is, so wrap it with %w) and returns the
+// group it ended on (close it) and train's result. When train returns nil the
+// job is marked finished: a process that comes later finds no world to join,
+// and the launcher starts no replacement. Every entry starts from one
+// state on every rank: first st.Sync(g, 0) (rank 0's values or last commit: a
+// joiner receives the live state), after ErrMembership st.Reset onto the new
+// world, rolled back to the last commit. train must go on from the state the
+// slices hold (the step it is given, an epoch registered as a tensor...), as
+// a resumed run goes on from a checkpoint. No callback crosses from the library
+// into Go: the loop is here.
+func RunElastic(st *ElasticState, g *Group, train func(g *Group, step int64) error) (*Group, error) {
+	const op = "RunElastic"
+	if train == nil {
+		return g, newError(statusInvalidArgument, op, "nil train function")
+	}
+	step, err := st.Sync(g, 0)
+	for {
+		if err == nil {
+			if err = train(g, step); err == nil {
+				return g, finishElastic(op, g)
+			}
+		}
+		if !errors.Is(err, ErrMembership) {
+			return g, err
+		}
+		var next *Group
+		if next, step, err = st.Reset(); next != nil {
+			g = next
+		}
+	}
+}
+
+// finishElastic marks the job's training finished (pb_elastic_finish).
+func finishElastic(op string, g *Group) error {
+	h, err := g.handle(op)
+	if err != nil {
+		return err
+	}
+	var msg *C.char
+	return check(op, C.pbgo_elastic_finish(h, &msg), msg)
+}
+
 func (s *ElasticState) load(op string, fn func(h *C.pb_state, n C.int32_t, names **C.char, descs *C.pb_tensor,
 	l *C.pb_loader, r *C.pb_reducer, step *C.int64_t, msg **C.char) C.int) (int64, error) {
 	if s == nil {
-		return -1, nilError(op, "*ElasticState")
+		return -1, nilError(op, "ElasticState")
 	}
 	h, err := s.acquire(op, stateClosed)
 	if err != nil {

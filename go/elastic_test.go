@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,6 +55,17 @@ func roleElastic() error {
 	if err != nil || step != 5 || !slices.Equal(w, []float32{1, 2, 3}) {
 		return fmt.Errorf("Sync: step %d, w %v, %v", step, w, err)
 	}
+	// A world made by Init is not elastic: Reset says so and leaves it live.
+	if ng, _, err := st.Reset(); ng != nil || !errors.Is(err, pybridge.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "not in an elastic job (join it with pb_elastic_init)") {
+		return fmt.Errorf("Reset on a non-elastic world: %v, %v", ng, err)
+	}
+	if _, err := pybridge.LastElasticChange(); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		return fmt.Errorf("LastElasticChange outside an elastic job: %v", err)
+	}
+	if err := g.Barrier(); err != nil {
+		return fmt.Errorf("Barrier after the refused Reset: %v", err)
+	}
 	if err := st.Close(); err != nil {
 		return err
 	}
@@ -61,4 +73,23 @@ func roleElastic() error {
 		return fmt.Errorf("Commit after Close: %v", err)
 	}
 	return nil
+}
+
+// ElasticInit refuses the options it cannot honour before calling the library.
+func TestElasticInitOptions(t *testing.T) {
+	for name, o := range map[string]pybridge.Option{"rank": pybridge.WithRank(1), "checked": pybridge.WithChecked(),
+		"init method": pybridge.WithInitMethod("env://")} {
+		g, err := pybridge.ElasticInit(o)
+		if g != nil || !errors.Is(err, pybridge.ErrInvalidArgument) || !strings.Contains(err.Error(), "WithElasticStore only") {
+			t.Errorf("%s: %v, %v", name, g, err)
+		}
+	}
+	if _, err := pybridge.RunElastic(nil, nil, nil); !errors.Is(err, pybridge.ErrInvalidArgument) {
+		t.Errorf("RunElastic with a nil train: %v", err)
+	}
+	var st *pybridge.ElasticState
+	if g, _, err := st.Reset(); g != nil || !errors.Is(err, pybridge.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "nil *ElasticState") {
+		t.Errorf("Reset on a nil state: %v, %v", g, err)
+	}
 }

@@ -39,6 +39,7 @@ const (
 	statusCorrupt            = C.PB_ERR_CORRUPT
 	statusInternal           = C.PB_ERR_INTERNAL
 	statusClosed             = C.PB_ERR_CLOSED
+	statusMembership         = C.PB_ERR_MEMBERSHIP
 )
 
 // Sentinel errors, one per C status code. Returned errors are *Error values
@@ -53,6 +54,10 @@ var (
 	ErrCorrupt            = &Error{Status: statusCorrupt, Msg: "corrupt data"}
 	ErrInternal           = &Error{Status: statusInternal, Msg: "internal error"}
 	ErrClosed             = &Error{Status: statusClosed, Msg: "closed"}
+	// ErrMembership: in an elastic world (ElasticInit) ranks were lost or new ones
+	// wait to join; the next world is agreed on. Not a failure: ElasticState.Reset
+	// moves onto it (RunElastic does that for you).
+	ErrMembership = &Error{Status: statusMembership, Msg: "elastic membership changed"}
 )
 
 // StatusName returns the C constant name of a status code, e.g. "PB_ERR_TIMEOUT".

@@ -18,7 +18,7 @@ func TestErrorIs(t *testing.T) {
 	sentinels := []*pybridge.Error{
 		pybridge.ErrInvalidArgument, pybridge.ErrNotInitialized, pybridge.ErrAlreadyInitialized,
 		pybridge.ErrTimeout, pybridge.ErrComm, pybridge.ErrIO, pybridge.ErrCorrupt,
-		pybridge.ErrInternal, pybridge.ErrClosed,
+		pybridge.ErrInternal, pybridge.ErrClosed, pybridge.ErrMembership,
 	}
 	for i, s := range sentinels {
 		if want := -(i + 1); s.Status != want {

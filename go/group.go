@@ -35,6 +35,7 @@ type config struct {
 	timeout                    time.Duration
 	checked                    bool
 	watchdog                   time.Duration
+	storeAddr                  string // ElasticInit only
 }
 
 // Option configures Init.
@@ -85,12 +86,7 @@ func WithWatchdog(d time.Duration) Option { return func(c *config) { c.watchdog 
 // ranks that disagree on the world size or checked mode.
 func Init(opts ...Option) (*Group, error) {
 	const op = "Init"
-	c := config{rank: -1, worldSize: -1, localRank: -1}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
+	c := configure(opts)
 	rank, err := toInt32(op, "rank", c.rank)
 	if err != nil {
 		return nil, err
@@ -103,15 +99,9 @@ func Init(opts ...Option) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	var method, backend *C.char // NULL selects the library's default
-	if c.initMethod != "" {
-		method = C.CString(c.initMethod)
-		defer C.free(unsafe.Pointer(method))
-	}
-	if c.backend != "" {
-		backend = C.CString(c.backend)
-		defer C.free(unsafe.Pointer(backend))
-	}
+	method, backend := cStringOrNil(c.initMethod), cStringOrNil(c.backend)
+	defer C.free(unsafe.Pointer(method))
+	defer C.free(unsafe.Pointer(backend))
 	var h *C.pb_group
 	var msg *C.char
 	var flags C.int32_t
@@ -127,6 +117,31 @@ func Init(opts ...Option) (*Group, error) {
 	if err := check(op, st, msg); err != nil {
 		return nil, err
 	}
+	return newWorld(op, h)
+}
+
+// configure applies opts over the defaults (ranks and sizes from the environment).
+func configure(opts []Option) config {
+	c := config{rank: -1, worldSize: -1, localRank: -1}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return c
+}
+
+// cStringOrNil copies s into C memory (free it with C.free), or is NULL for "": the
+// library's default.
+func cStringOrNil(s string) *C.char {
+	if s == "" {
+		return nil
+	}
+	return C.CString(s)
+}
+
+// newWorld describes a world group handle the library just made.
+func newWorld(op string, h *C.pb_group) (*Group, error) {
 	g, err := describe(op, h, true)
 	if err != nil {
 		C.pbgo_finalize(h, nil) // a group we cannot describe is of no use

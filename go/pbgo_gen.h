@@ -421,6 +421,29 @@ static inline int pbgo_state_close(pb_state *state, char **msg) {
 	return pbgo_status(pb_state_close(state), msg);
 }
 
+static inline int pbgo_elastic_init(const char *backend, const char *store_addr,
+                                    double timeout_seconds, pb_group **out, char **msg) {
+	return pbgo_status(pb_elastic_init(backend, store_addr, timeout_seconds, out), msg);
+}
+
+static inline int pbgo_state_reset(pb_state *state, int32_t n, const char *const *names,
+                                   const pb_tensor *tensors, pb_loader *loader, pb_reducer *reducer,
+                                   pb_group **group, int64_t *step, char **msg) {
+	return pbgo_status(pb_state_reset(state, n, names, tensors, loader, reducer, group,
+	                                  step), msg);
+}
+
+static inline int pbgo_elastic_finish(pb_group *group, char **msg) {
+	return pbgo_status(pb_elastic_finish(group), msg);
+}
+
+static inline int pbgo_elastic_last_change(int32_t *lost, int32_t cap, int32_t *n_lost,
+                                           int32_t *joined, int32_t *old_size, int32_t *new_size,
+                                           int64_t *generation, char **msg) {
+	return pbgo_status(pb_elastic_last_change(lost, cap, n_lost, joined, old_size, new_size,
+	                                          generation), msg);
+}
+
 static inline int pbgo_fed_server_new(pb_group *group, int32_t mode, double timeout_seconds,
                                       int32_t requeue, pb_fed_server **out, char **msg) {
 	return pbgo_status(pb_fed_server_new(group, mode, timeout_seconds, requeue, out), msg);

@@ -354,6 +354,16 @@ func (r *Reducer) refresh(op string) error {
 	return nil
 }
 
+// reread fetches the gradient views again: an elastic reset may lay the buckets out anew.
+func (r *Reducer) reread(op string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.open() {
+		return nil
+	}
+	return r.refresh(op)
+}
+
 // rhandle returns the C handle while holding r.mu for reading; the caller must
 // RUnlock when it returns no error. A closed reducer's handle is never passed on.
 func (r *Reducer) rhandle(op string) (*C.pb_reducer, error) {

@@ -159,11 +159,13 @@ def reset(err=None):
     one this process agreed on) and return its group. The old world's objects fail with
     Closed; re-bind them (Reducer.rebind, Loader.rebind) or let State.reset do it."""
     s = _live_session()
+    if err is None and s.world is not None:  # the change the current world ended with (the C ABI keeps none)
+        err = s.membership._failed.get(s.world.generation)
     world = err.world if isinstance(err, MembershipChanged) and err.world is not None else s.membership.world
+    if world is s.world:  # checked before leaving: a reset without a change keeps the live world
+        raise InvalidArgument("elastic.reset(): no new world was agreed on (reset follows a MembershipChanged)")
     s.last_change = err
     s.leave()
-    if world is s.world:
-        raise InvalidArgument("elastic.reset(): no new world was agreed on (reset follows a MembershipChanged)")
     return s.start(world)
 
 

@@ -11,7 +11,9 @@
 // buckets (last layer first, each marked ready as soon as it is complete, so its
 // allreduce overlaps the rest of the backward pass), and steps SGD with momentum.
 // With -federated it is instead a worker of federated_go.py's federated server
-// (federated.go).
+// (federated.go); with -elastic it trains elastically under pybridge-launch
+// --elastic, the survivors of a lost rank going on from the last commit
+// (elastic.go).
 package main
 
 import (
@@ -35,7 +37,8 @@ type options struct {
 	mnistdata.Training
 	checkpoint, initWeights, metrics, reduce, partition string
 	syncEvery, localEpochs, slowRank, slowMS            int
-	resume, federated                                   bool
+	commitEvery, failAt, failRank                       int
+	resume, federated, elastic                          bool
 	proxMu                                              float64
 }
 
@@ -55,6 +58,10 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.slowRank, "slow-rank", -1, "this rank sleeps --slow-ms before each training step (-1: none)")
 	fs.IntVar(&o.slowMS, "slow-ms", 0, "milliseconds --slow-rank sleeps before each step")
 	fs.Float64Var(&o.proxMu, "prox-mu", 0, "federated: FedProx's mu (0: plain local SGD)")
+	fs.BoolVar(&o.elastic, "elastic", false, "elastic training under pybridge-launch --elastic: survivors of a lost rank go on from the last commit (elastic.go)")
+	fs.IntVar(&o.commitEvery, "commit-every", 10, "elastic: commit the state in memory every N steps (and at each epoch's end)")
+	fs.IntVar(&o.failAt, "fail-at", 0, "elastic, for tests: --fail-rank of the first world SIGKILLs itself before this step (0: never)")
+	fs.IntVar(&o.failRank, "fail-rank", -1, "elastic, for tests: the rank --fail-at kills")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -85,6 +92,12 @@ func parseFlags(args []string) (options, error) {
 	if o.resume && o.checkpoint == "" {
 		return o, errors.New("--resume needs --checkpoint")
 	}
+	if o.elastic {
+		return o, checkElastic(o)
+	}
+	if o.failAt != 0 || o.failRank != -1 {
+		return o, errors.New("--fail-at and --fail-rank go with --elastic")
+	}
 	return o, nil
 }
 
@@ -95,6 +108,8 @@ func main() {
 	}
 	if err == nil && opts.federated {
 		err = runFederatedWorker(opts)
+	} else if err == nil && opts.elastic {
+		err = runElastic(opts)
 	} else if err == nil {
 		err = run(opts)
 	}
