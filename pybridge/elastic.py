@@ -160,7 +160,7 @@ def reset(err=None):
     Closed; re-bind them (Reducer.rebind, Loader.rebind) or let State.reset do it."""
     s = _live_session()
     if err is None and s.world is not None:  # the change the current world ended with (the C ABI keeps none)
-        err = s.membership._failed.get(s.world.generation)
+        err = s.membership.change_of(s.world)
     world = err.world if isinstance(err, MembershipChanged) and err.world is not None else s.membership.world
     if world is s.world:  # checked before leaving: a reset without a change keeps the live world
         raise InvalidArgument("elastic.reset(): no new world was agreed on (reset follows a MembershipChanged)")

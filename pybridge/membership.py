@@ -279,6 +279,10 @@ class Membership:
                 err = self._failed[world.generation] = self._change(world, cause)
             return err
 
+    def change_of(self, world):
+        """The MembershipChanged `world` ended with here, or None while it lives."""
+        return self._failed.get(world.generation)
+
     def _change(self, world, cause):
         new = self.next_world(world)
         kept = set(new.ids)
