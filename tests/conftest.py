@@ -13,6 +13,7 @@ SLOW_FILES = (
     "test_mnist.py",
     "test_cluster.py",
     "test_elastic_survive.py",
+    "test_elastic_lost.py",
     "test_launch.py",
     "test_outside_install.py",
     "test_federated.py",
