@@ -13,18 +13,24 @@ from pybridge.errors import Closed, CommError, MembershipChanged, Timeout
 from ranks import free_port
 
 
+_made = []  # every Membership of the test: closed before its store goes
+
+
 @pytest.fixture
 def port():
     p = free_port()
     host = dist.TCPStore("127.0.0.1", p, None, True, datetime.timedelta(seconds=10), wait_for_workers=False,
                          multi_tenant=True)
     yield p
+    while _made:
+        _made.pop().close()
     del host
 
 
 def _member(port, mid, **kw):
     kw.setdefault("timeout", 5)
     m = mb.Membership("127.0.0.1", port, member_id=mid, **kw)
+    _made.append(m)
     return m
 
 
