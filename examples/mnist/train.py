@@ -82,6 +82,13 @@ def parse_args(argv=None):
                         "steps, trained under Join)")
     p.add_argument("--slow-rank", type=int, default=-1, help="this rank sleeps --slow-ms before each step")
     p.add_argument("--slow-ms", type=float, default=0.0, help="milliseconds --slow-rank sleeps before each step")
+    p.add_argument("--elastic", action="store_true",
+                   help="elastic training under pybridge-launch --elastic: survivors of a lost rank go on "
+                        "from the last in-memory commit, new ranks join (elastic.py, docs/elastic.md)")
+    p.add_argument("--commit-every", type=int, default=10, help="--elastic: commit every N steps (default 10)")
+    p.add_argument("--fail-at", type=int, default=0, help="--elastic test aid: --fail-rank SIGKILLs itself "
+                                                          "before this step, in the first world")
+    p.add_argument("--fail-rank", type=int, default=-1, help="--elastic test aid: the rank that --fail-at kills")
     p.add_argument("--device", default=None,
                    help="cpu or cuda[:N] (default: env PYBRIDGE_DEVICE set by pybridge-launch, else cpu)")
     opts = p.parse_args(argv)
@@ -233,6 +240,11 @@ def main(argv=None):
     device = torch.device(opts.device or os.environ.get("PYBRIDGE_DEVICE") or "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if opts.elastic:
+        import train_elastic
+        return train_elastic.run(opts, device, sys.modules[__name__])
+    if opts.fail_at or opts.fail_rank >= 0:
+        raise SystemExit("--fail-at and --fail-rank go with --elastic")
     group = init_group(device)
     rank, world = group.rank, group.size
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)

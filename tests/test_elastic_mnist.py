@@ -1,16 +1,18 @@
-"""Elastic training from Go: the MNIST trainer's --elastic (examples/mnist/elastic.go) under
-pybridge-launch --elastic on 4 ranks; rank 2 SIGKILLs itself before step 37, the 3 survivors
-get ErrMembership, RunElastic resets them onto the smaller world, rolled back to the commit of
-step 30, and they finish with identical weights."""
+"""Elastic training from the MNIST trainers: --elastic of the Go trainer (examples/mnist/
+elastic.go) and of its Python twin (train.py, train_elastic.py) under pybridge-launch --elastic
+on 4 ranks; rank 2 SIGKILLs itself before step 37, the 3 survivors get ErrMembership /
+MembershipChanged, are reset onto the smaller world, rolled back to the commit of step 30,
+and finish with identical weights."""
 
 import re
 import subprocess
+import sys
 
 import pytest
 
 from gobuild import go_build
 from launcher import launch
-from test_mnist import MNIST, small_data
+from test_mnist import MNIST, TRAIN_PY, small_data
 
 
 @pytest.fixture(scope="module")
@@ -18,9 +20,11 @@ def trainer(tmp_path_factory):
     return go_build(MNIST, tmp_path_factory.mktemp("gobin") / "mnist"), small_data(tmp_path_factory)
 
 
-def test_go_mnist_survivors_finish_identical(trainer, tmp_path):
+@pytest.mark.parametrize("twin", ["go", "python"])
+def test_mnist_survivors_finish_identical(trainer, tmp_path, twin):
     exe, data = trainer
-    code, out, _ = launch(["--elastic", "--nproc-per-node", "4", exe, "--elastic", "--data", data, "--epochs", "2",
+    program = exe if twin == "go" else TRAIN_PY
+    code, out, _ = launch(["--elastic", "--nproc-per-node", "4", program, "--elastic", "--data", data, "--epochs", "2",
                            "--batch-size", "32", "--fail-at", "37", "--fail-rank", "2",
                            "--save-weights", str(tmp_path / "w.bin")], timeout=150)
     assert code == 0, out
@@ -40,5 +44,6 @@ def test_elastic_flags_are_checked(trainer):
     for args, words in ((["--elastic", "--partition", "dynamic"], "--elastic takes the static partition only"),
                         (["--fail-at", "3"], "--fail-at and --fail-rank go with --elastic"),
                         (["--elastic", "--commit-every", "0"], "--commit-every must be positive")):
-        p = subprocess.run([exe, "--data", data, *args], capture_output=True, text=True, timeout=30)
-        assert p.returncode != 0 and words in p.stderr, (args, p.stderr)
+        for program in ([exe], [sys.executable, TRAIN_PY]):
+            p = subprocess.run([*program, "--data", data, *args], capture_output=True, text=True, timeout=60)
+            assert p.returncode != 0 and words in p.stderr, (program, args, p.stderr)
