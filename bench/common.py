@@ -7,7 +7,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,10 +19,7 @@ if ROOT not in sys.path:  # benchmark this checkout, whatever an editable instal
     sys.path.insert(1, ROOT)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pybridge.netif import free_port  # noqa: E402,F401 - below the ephemeral range
 
 
 def launch(cmd, world, timeout, extra_env=None):

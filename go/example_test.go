@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"time"
@@ -15,12 +16,14 @@ import (
 // examples run under go test. A real job calls pybridge.Init() with no options
 // and lets its launcher (torchrun, pybridge-launch) provide rank and rendezvous.
 func singleRank() *pybridge.Group {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
+	port := 0
+	for port == 0 { // below the ephemeral range, as pybridge.netif.free_port
+		p := 20000 + rand.IntN(12000)
+		if l, err := net.Listen("tcp", ":"+strconv.Itoa(p)); err == nil {
+			l.Close()
+			port = p
+		}
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
 	g, err := pybridge.Init(
 		pybridge.WithRank(0),
 		pybridge.WithWorldSize(1),

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -55,14 +56,27 @@ func logf(format string, args ...any) {
 	fmt.Printf("rank %s: %s\n", os.Getenv("RANK"), fmt.Sprintf(format, args...))
 }
 
+// freePort picks a rendezvous port below Linux's ephemeral range (32768-60999),
+// as pybridge.netif.free_port does: one found free there can be taken, before
+// rank 0 binds it, as the source port of any outgoing connection (seen in CI).
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := belowEphemeral()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
+}
+
+func belowEphemeral() (int, error) {
+	for range 200 {
+		port := 20000 + rand.IntN(12000)
+		if l, err := net.Listen("tcp", ":"+strconv.Itoa(port)); err == nil {
+			l.Close()
+			return port, nil
+		}
+	}
+	return 0, errors.New("no free port in 20000-31999")
 }
 
 // lockedBuffer lets a test read a rank's output while it is still running.

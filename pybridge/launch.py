@@ -278,7 +278,7 @@ def elastic_main(opts):
         raise SystemExit(f"{PROG}: an elastic multi-node job needs --rdzv-endpoint HOST:PORT (node 0's "
                          "address, where its launcher hosts the store) and --node-rank")
     if endpoint is None:
-        endpoint = ("127.0.0.1", _free_port())
+        endpoint = ("127.0.0.1", netif.free_port())
     elif node_rank == 0:
         _check_port_free(*endpoint)
     command = worker_command(opts)
@@ -297,12 +297,6 @@ def elastic_main(opts):
         print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
         sup.stop()
         return 130
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _signal_exit(code):

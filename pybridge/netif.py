@@ -9,6 +9,7 @@ rendezvous host: the one this node already reaches the others through.
 """
 
 import fcntl
+import random
 import socket
 import struct
 
@@ -48,3 +49,24 @@ def interface_towards(host):
     except OSError:
         return None, None
     return interface_with(address), address
+
+
+# Rendezvous ports are picked below Linux's default ephemeral range (32768-60999): a port
+# found free there can be taken, before the store binds it, as the source port of any
+# outgoing connection on the machine (seen in CI: "address already in use").
+PORTS = range(20000, 32000)
+
+
+def free_port():
+    """A TCP port nothing listens on now, below the ephemeral range (for a rendezvous)."""
+    for _ in range(200):
+        port = random.choice(PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as s:  # the range is full: let the kernel choose
+        s.bind(("", 0))
+        return s.getsockname()[1]

@@ -13,15 +13,11 @@ environment as it is when run_ranks is called, as a spawned rank would.
 import atexit
 import multiprocessing as mp
 import os
-import socket
 import tempfile
 import traceback
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pybridge.netif import free_port  # noqa: E402,F401 - the tests' one port picker
 
 
 class RanksFailed(AssertionError):

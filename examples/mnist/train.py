@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 
@@ -49,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mnist_format as fmt  # noqa: E402
 
 import pybridge  # noqa: E402
-from pybridge import join, recordio  # noqa: E402
+from pybridge import join, netif, recordio  # noqa: E402
 
 EVAL_BATCH = 500  # test records per rank and batch
 
@@ -101,19 +100,13 @@ def parse_args(argv=None):
     return opts
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_group(device):
     backend = "gloo" if device.type == "cpu" else "auto"
     if os.environ.get("WORLD_SIZE"):
         return pybridge.init(backend=backend)
     # Started without a launcher: a group of one.
     return pybridge.init(backend=backend, rank=0, world_size=1, master_addr="127.0.0.1",
-                         master_port=free_port())
+                         master_port=netif.free_port())
 
 
 def build_model(seed):
