@@ -45,6 +45,9 @@ def parse(argv):
     p.add_argument("--admit-from", type=int, default=0, help="commits admit joiners from this step on")
     p.add_argument("--await-joiner-at", type=int, default=0,
                    help="test scaffolding: before the commit of this step, wait until a process asks to join")
+    p.add_argument("--join-after-gen", type=int, default=0,
+                   help="test scaffolding: start (import torch, build the data) at once, but ask to join "
+                        "only once the job's world number reaches this")
     p.add_argument("--step-ms", type=float, default=0.0, help="sleep this long in every step")
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--ddp", action="store_true", help="pybridge.DistributedDataParallel instead of a Reducer")
@@ -53,7 +56,20 @@ def parse(argv):
     return p.parse_args(argv)
 
 
+def _await_generation(n):
+    """Until the job's newest world is number n or later (tests/test_elastic_survive.py)."""
+    import datetime
+    import torch.distributed as dist
+    from pybridge import membership
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                          datetime.timedelta(seconds=60), wait_for_workers=False)
+    while int(store.add(membership.PREFIX + "gen", 0)) < n:
+        time.sleep(0.05)
+
+
 def main(opts):
+    if opts.join_after_gen:
+        _await_generation(opts.join_after_gen)
     g = elastic.init(timeout=opts.timeout)
     first_gen = g.elastic.world.generation
     me = os.environ.get("PYBRIDGE_ELASTIC_ID", str(os.getpid()))

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from elastic_runs import check, finish, launch, wait_for, who
+from elastic_runs import check, finish, launch, who
 from ranks import free_port
 from resume_train import write_dataset
 
@@ -37,11 +37,12 @@ def test_survivors_continue_and_a_joiner_receives_the_state(tmp_path, data):
     log, port = str(tmp_path / "run"), free_port()
     deadline = time.monotonic() + RUN_SECONDS
     main = launch(port, log, data, "--die-at", "37", "--die-rank", "2", "--admit-from", "60",
-                   "--await-joiner-at", "60", "--timeout", "30")
-    procs = [main]
+                  "--await-joiner-at", "60", "--timeout", "30")
+    # The joiner starts beside them (its start-up overlaps theirs) but asks to join only once
+    # the survivors' world 2 exists, so that it is admitted at a commit, not in that round.
+    procs = [main, launch(port, log, data, "--admit-from", "60", "--timeout", "30", "--join-after-gen", "2",
+                          nproc=1, node=1)]
     try:
-        wait_for(log, lambda e: e["ev"] == "reset" and e["gen"] == 2, deadline)
-        procs.append(launch(port, log, data, "--admit-from", "60", "--timeout", "30", nproc=1, node=1))
         (rc, out), (jrc, jout) = finish(procs, deadline)
     finally:
         for p in procs:
