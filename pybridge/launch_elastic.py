@@ -12,21 +12,18 @@ are left on a single node to reach --min-world.
 
 import datetime
 import os
-import signal
 import subprocess
 import sys
 import time
 
-PROG = "pybridge-launch"
+import torch.distributed as dist
+
+from . import membership
+from .launch import PROG, _signal_exit
 
 
 def _how(code):
-    if code >= 0:
-        return f"exited with code {code}"
-    try:
-        return f"was killed by signal {signal.Signals(-code).name}"
-    except ValueError:
-        return f"was killed by signal {-code}"
+    return f"exited with code {code}" if code >= 0 else _signal_exit(code)
 
 
 class Supervisor:
@@ -34,7 +31,6 @@ class Supervisor:
 
     def __init__(self, command, *, nproc, node_rank, nnodes, store_addr, min_world, max_world, replace,
                  monitor_interval, shutdown_timeout, hosting):
-        import torch.distributed as dist
         self.command = command
         self.nproc, self.node_rank, self.nnodes = nproc, node_rank, nnodes
         self.host, self.port = store_addr
@@ -68,7 +64,6 @@ class Supervisor:
         return wid
 
     def run(self):
-        from . import membership
         for slot in range(self.nproc):
             self._start(slot)
         print(f"{PROG}: elastic: {self.nproc} worker(s) on node {self.node_rank}; the store is at "
@@ -110,7 +105,6 @@ class Supervisor:
         return self._summary()
 
     def _in_latest_world(self, wid):
-        from . import membership
         try:
             return wid in membership.latest_ids(self.store)
         except Exception:  # noqa: BLE001 - no world formed yet, or the store is gone
