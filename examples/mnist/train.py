@@ -194,6 +194,24 @@ def evaluate(model, test, device, group):
     return correct, counted
 
 
+def train_step(ddp, opt, batch, device):
+    """One SGD step on a batch through the DDP wrapper; the batch's loss."""
+    x, y = to_inputs(batch, device)
+    opt.zero_grad(set_to_none=False)
+    loss = F.cross_entropy(ddp(x), y)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def global_accuracy(model, test, device, group):
+    """The accuracy over the whole test set, every rank's share counted (a collective)."""
+    correct, counted = evaluate(model, test, device, group)
+    totals = torch.tensor([correct, counted], dtype=torch.float64, device=device)
+    pybridge.all_reduce(totals)
+    return totals[0].item() / max(totals[1].item(), 1)
+
+
 def sync_after_join(model, opt, group, device, done):
     """After a dynamic epoch's join: every rank takes the momentum of the rank that trained
     longest (the largest such rank, whose parameters the join already gave everyone).
@@ -289,12 +307,7 @@ def main(argv=None):
                 maybe_fail(step, rank)
                 if rank == opts.slow_rank:
                     time.sleep(opts.slow_ms / 1000)
-                x, y = to_inputs(batch, device)
-                opt.zero_grad(set_to_none=False)
-                loss = F.cross_entropy(ddp(x), y)
-                loss.backward()
-                opt.step()
-                loss_sum += loss.item()
+                loss_sum += train_step(ddp, opt, batch, device)
                 loss_n += 1
                 done += 1
                 step += 1
@@ -322,10 +335,7 @@ def main(argv=None):
                                       "ranks": world}) + "\n")
 
     if acc is None:  # nothing left to train (resumed a finished run): just evaluate
-        correct, counted = evaluate(model, test, device, group)
-        totals = torch.tensor([correct, counted], dtype=torch.float64, device=device)
-        pybridge.all_reduce(totals)
-        acc = totals[0].item() / max(totals[1].item(), 1)
+        acc = global_accuracy(model, test, device, group)
     if rank == 0 and opts.save_weights:
         fmt.write_checkpoint(opts.save_weights, epoch, step, state_arrays(model, opt))
     say(f"final test accuracy: {acc:.4f}")

@@ -15,7 +15,6 @@ import signal
 import sys
 
 import torch
-import torch.nn.functional as F
 
 import mnist_format as fmt
 import pybridge
@@ -80,12 +79,7 @@ def run(opts, device, train_py):
                 if state.step + 1 == opts.fail_at and rank == opts.fail_rank and elastic.session().world.generation == 1:
                     print(f"rank {rank}: SIGKILL before step {state.step + 1} (--fail-at)", file=sys.stderr, flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
-                x, y = train_py.to_inputs(batch, device)
-                opt.zero_grad(set_to_none=False)
-                loss = F.cross_entropy(ddp(x), y)
-                loss.backward()
-                opt.step()
-                loss_sum += loss.item()
+                loss_sum += train_py.train_step(ddp, opt, batch, device)
                 done += 1
                 state.step += 1
                 if state.step % opts.commit_every == 0:
@@ -98,11 +92,8 @@ def run(opts, device, train_py):
             say(f"epoch {state.epoch}/{opts.epochs}  loss {totals[0].item() / max(totals[1].item(), 1):.4f}  "
                 f"test-acc {acc:.4f}  (rank {rank} of {world})")
             state.commit()
-        if acc is None:
-            correct, counted = train_py.evaluate(model, test, device, g)
-            totals = torch.tensor([correct, counted], dtype=torch.float64, device=device)
-            pybridge.all_reduce(totals)
-            acc = totals[0].item() / max(totals[1].item(), 1)
+        if acc is None:  # nothing left to train: just evaluate
+            acc = train_py.global_accuracy(model, test, device, g)
         return acc
 
     acc = loop(state)
