@@ -199,8 +199,8 @@ class Membership:
             cands = self._candidates(n)
             members, waiting = self._decide(n, prev, cands)
             if members is not None:
-                won = self.store.compare_set(key, "", json.dumps(members))
-                if won == json.dumps(members).encode():
+                listed = json.dumps(members)
+                if self.store.compare_set(key, "", listed) == listed.encode():
                     self.store.set(self._key("gen"), str(n))  # only grows: the winner of round n writes it
                 continue
             self._check_not_done()
