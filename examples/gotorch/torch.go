@@ -30,6 +30,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/cgo"
 	"unsafe"
 
@@ -45,7 +46,15 @@ type Model struct {
 	device int        // pybridge.CPU or a CUDA index
 }
 
-func lastError(op string) error {
+// call runs one mlp_* function and, on failure, returns its message prefixed by op.
+// mlp_last_error is thread-local and a goroutine may move to another OS thread
+// between two cgo calls, so the thread stays locked from the call to the read.
+func call(op string, f func() C.int) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if f() == 0 {
+		return nil
+	}
 	return fmt.Errorf("%s: %s", op, C.GoString(C.mlp_last_error()))
 }
 
@@ -53,9 +62,11 @@ func lastError(op string) error {
 // after torch.manual_seed(seed), on device (-1 CPU, k CUDA device k).
 func NewModel(hidden int, seed int64, device int) (*Model, error) {
 	var m *C.mlp
-	if C.mlp_new(C.int32_t(imageSize), C.int32_t(hidden), C.int32_t(numClasses), C.int64_t(seed),
-		C.int32_t(device), &m) != 0 {
-		return nil, lastError("NewModel")
+	if err := call("NewModel", func() C.int {
+		return C.mlp_new(C.int32_t(imageSize), C.int32_t(hidden), C.int32_t(numClasses), C.int64_t(seed),
+			C.int32_t(device), &m)
+	}); err != nil {
+		return nil, err
 	}
 	return &Model{m: m, device: device}, nil
 }
@@ -81,8 +92,10 @@ func (md *Model) Param(i int) (unsafe.Pointer, int, []int, error) {
 	var count C.int64_t
 	var ndim C.int32_t
 	var dims [2]C.int64_t
-	if C.mlp_param(md.m, C.int32_t(i), &data, &count, &ndim, &dims[0]) != 0 {
-		return nil, 0, nil, lastError("Param")
+	if err := call("Param", func() C.int {
+		return C.mlp_param(md.m, C.int32_t(i), &data, &count, &ndim, &dims[0])
+	}); err != nil {
+		return nil, 0, nil, err
 	}
 	shape := make([]int, int(ndim))
 	for d := range shape {
@@ -103,8 +116,10 @@ func (md *Model) HostCopy(i int, momentum bool) ([]float32, error) {
 	if momentum {
 		which = 1
 	}
-	if C.mlp_copy_to_host(md.m, C.int32_t(i), which, (*C.float)(unsafe.Pointer(&out[0])), &defined) != 0 {
-		return nil, lastError("HostCopy")
+	if err := call("HostCopy", func() C.int {
+		return C.mlp_copy_to_host(md.m, C.int32_t(i), which, (*C.float)(unsafe.Pointer(&out[0])), &defined)
+	}); err != nil {
+		return nil, err
 	}
 	if defined == 0 {
 		return nil, nil
@@ -115,8 +130,10 @@ func (md *Model) HostCopy(i int, momentum bool) ([]float32, error) {
 // SetGradView makes parameter i's gradient a view of data (a reducer bucket's
 // memory): backward then accumulates straight into the bucket.
 func (md *Model) SetGradView(i int, data unsafe.Pointer) error {
-	if C.mlp_set_grad_view(md.m, C.int32_t(i), data) != 0 {
-		return lastError("SetGradView")
+	if err := call("SetGradView", func() C.int {
+		return C.mlp_set_grad_view(md.m, C.int32_t(i), data)
+	}); err != nil {
+		return err
 	}
 	return nil
 }
@@ -124,8 +141,10 @@ func (md *Model) SetGradView(i int, data unsafe.Pointer) error {
 // GradPointer returns where parameter i's gradient lives (nil if it has none).
 func (md *Model) GradPointer(i int) (unsafe.Pointer, error) {
 	var data unsafe.Pointer
-	if C.mlp_grad(md.m, C.int32_t(i), &data) != 0 {
-		return nil, lastError("GradPointer")
+	if err := call("GradPointer", func() C.int {
+		return C.mlp_grad(md.m, C.int32_t(i), &data)
+	}); err != nil {
+		return nil, err
 	}
 	return data, nil
 }
@@ -174,8 +193,10 @@ func cFloats(n int) ([]float32, func()) {
 
 // ZeroGrad zeroes every gradient in place.
 func (md *Model) ZeroGrad() error {
-	if C.mlp_zero_grad(md.m) != 0 {
-		return lastError("ZeroGrad")
+	if err := call("ZeroGrad", func() C.int {
+		return C.mlp_zero_grad(md.m)
+	}); err != nil {
+		return err
 	}
 	return nil
 }
@@ -189,9 +210,11 @@ func (md *Model) ForwardBackward(pixels, labels []byte) (float32, int, error) {
 	}
 	var loss C.float
 	var correct C.int32_t
-	if C.mlp_forward_backward(md.m, (*C.uint8_t)(&pixels[0]), (*C.uint8_t)(&labels[0]), C.int32_t(n),
-		&loss, &correct) != 0 {
-		return 0, 0, lastError("ForwardBackward")
+	if err := call("ForwardBackward", func() C.int {
+		return C.mlp_forward_backward(md.m, (*C.uint8_t)(&pixels[0]), (*C.uint8_t)(&labels[0]), C.int32_t(n),
+			&loss, &correct)
+	}); err != nil {
+		return 0, 0, err
 	}
 	return float32(loss), int(correct), nil
 }
@@ -203,8 +226,10 @@ func (md *Model) Evaluate(pixels, labels []byte) (int, error) {
 		return 0, nil
 	}
 	var correct C.int32_t
-	if C.mlp_evaluate(md.m, (*C.uint8_t)(&pixels[0]), (*C.uint8_t)(&labels[0]), C.int32_t(n), &correct) != 0 {
-		return 0, lastError("Evaluate")
+	if err := call("Evaluate", func() C.int {
+		return C.mlp_evaluate(md.m, (*C.uint8_t)(&pixels[0]), (*C.uint8_t)(&labels[0]), C.int32_t(n), &correct)
+	}); err != nil {
+		return 0, err
 	}
 	return int(correct), nil
 }
@@ -212,16 +237,20 @@ func (md *Model) Evaluate(pixels, labels []byte) (int, error) {
 // Synchronize waits for the work queued on the model's GPU (a no-op on CPU):
 // for timings, since CUDA calls return before their kernels finish.
 func (md *Model) Synchronize() error {
-	if C.mlp_synchronize(md.m) != 0 {
-		return lastError("Synchronize")
+	if err := call("Synchronize", func() C.int {
+		return C.mlp_synchronize(md.m)
+	}); err != nil {
+		return err
 	}
 	return nil
 }
 
 // Step applies SGD with torch's momentum to every parameter that has a gradient.
 func (md *Model) Step(lr, momentum float32) error {
-	if C.mlp_sgd_step(md.m, C.float(lr), C.float(momentum)) != 0 {
-		return lastError("Step")
+	if err := call("Step", func() C.int {
+		return C.mlp_sgd_step(md.m, C.float(lr), C.float(momentum))
+	}); err != nil {
+		return err
 	}
 	return nil
 }
