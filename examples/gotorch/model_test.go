@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"unsafe"
 )
@@ -100,6 +102,38 @@ func TestHookErrorAndBadIndexAreReported(t *testing.T) {
 	}
 	if err := m.SetGradView(4, nil); err == nil || !strings.Contains(err.Error(), "out of range") {
 		t.Fatalf("got %v, want an out-of-range error", err)
+	}
+}
+
+// mlp_last_error is per OS thread; goroutines that fail at once, each with its own bad
+// index, must each get their own message (CI once saw an empty one: the goroutine had
+// moved to another thread between the failing call and the read).
+func TestConcurrentFailuresKeepTheirOwnMessages(t *testing.T) {
+	m, err := NewModel(8, 1, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			bad := 100 + g
+			want := fmt.Sprintf("parameter index %d is out of range", bad)
+			for range 500 {
+				if err := m.SetGradView(bad, nil); err == nil || !strings.Contains(err.Error(), want) {
+					errs <- fmt.Errorf("goroutine %d: got %v, want %q", g, err, want)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
 
