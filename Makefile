@@ -28,7 +28,10 @@ LIB := $(BUILD)/libpybridge.so
 
 .PHONY: setup test test-python test-go lint ruff go-lint go-test demo demo-real demo-gotorch demo-collectives bench clean
 
+# Bytecode written once here: every rank, launcher and CLI a test starts imports pybridge,
+# and with PYTHONDONTWRITEBYTECODE set (as on CI's machines) each would compile it again.
 setup: $(LIB)
+	@$(PYTHON) -m compileall -q -j 0 pybridge tests examples bench capi >/dev/null
 
 # torch==2.13.0 first: any other spec would pull a multi-GB CUDA build.
 $(DEPS_STAMP): pyproject.toml
