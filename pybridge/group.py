@@ -2,7 +2,7 @@
 
 This module sits below collectives.py: it builds groups and their backends but issues no
 collective. Creation that needs one (split, node_groups) lives in subgroups.py, above the
-collectives; it adds Group.split.
+collectives; Group.split imports it when called.
 """
 
 import datetime
@@ -149,6 +149,11 @@ class Group:
         self.stream = _streams.external(stream, device)
 
     # ---- subgroups -------------------------------------------------------------------------
+
+    def split(self, color, key=None, *, timeout=None, backend=None):
+        """pybridge.split over this group: see pybridge.subgroups.split."""
+        from . import subgroups  # above this module: a split needs a collective
+        return subgroups.split(color, key, group=self, timeout=timeout, backend=backend)
 
     def new_group(self, ranks):
         """A subgroup of the members with these ranks (ranks within this group), ranked in

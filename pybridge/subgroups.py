@@ -1,8 +1,8 @@
 """Subgroups that need a collective to be made: split (MPI_Comm_split) and node_groups.
 
 Above the collectives (this module imports group and collectives; group.py imports
-neither), so group.py stays below collectives.py. Group.split is this module's split as a
-method, added here; pybridge.split and pybridge.node_groups are the public names
+neither), so group.py stays below collectives.py. Group.split calls this module's split
+(importing it then); pybridge.split and pybridge.node_groups are the public names
 (new_group needs no collective: it is group.new_group).
 """
 
@@ -11,7 +11,7 @@ import torch
 from . import collectives
 from .checks import integer, positive_seconds
 from .errors import InvalidArgument
-from .group import Group, current, env_int, pick_backend
+from .group import current, env_int, pick_backend
 
 
 def split(color, key=None, *, group=None, timeout=None, backend=None):
@@ -34,15 +34,6 @@ def split(color, key=None, *, group=None, timeout=None, backend=None):
     pairs = every.view(g.size, 2).tolist()
     members = None if color < 0 else [r for _, r in sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)]
     return g.subgroup(members, timeout=timeout, backend=backend)
-
-
-def _split_method(self, color, key=None, *, timeout=None, backend=None):
-    return split(color, key, group=self, timeout=timeout, backend=backend)
-
-
-_split_method.__name__ = _split_method.__qualname__ = "split"
-_split_method.__doc__ = split.__doc__.replace("over `group` (default: the world)", "over this group")
-Group.split = _split_method
 
 
 def node_groups(ranks_per_node=None, *, group=None):
