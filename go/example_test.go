@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"math/rand/v2"
-	"net"
 	"strconv"
 	"time"
 
@@ -16,13 +14,9 @@ import (
 // examples run under go test. A real job calls pybridge.Init() with no options
 // and lets its launcher (torchrun, pybridge-launch) provide rank and rendezvous.
 func singleRank() *pybridge.Group {
-	port := 0
-	for port == 0 { // below the ephemeral range, as pybridge.netif.free_port
-		p := 20000 + rand.IntN(12000)
-		if l, err := net.Listen("tcp", ":"+strconv.Itoa(p)); err == nil {
-			l.Close()
-			port = p
-		}
+	port, err := belowEphemeral() // main_test.go's port picker, as pybridge.netif.free_port
+	if err != nil {
+		log.Fatal(err)
 	}
 	g, err := pybridge.Init(
 		pybridge.WithRank(0),
