@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pybridge import elastic  # noqa: E402
 import pybridge  # noqa: E402
 from pybridge.recordio import Loader, decode_fixed  # noqa: E402
-from resume_train import FEATURES, LAYOUT  # noqa: E402,F401
+from resume_train import FEATURES, LAYOUT, sgd_step  # noqa: E402,F401
 
 LR, MOMENTUM = 0.02, 0.9
 
@@ -114,17 +114,7 @@ def main(opts):
                     os.kill(os.getpid(), signal.SIGSTOP if opts.stop else signal.SIGKILL)
                 if opts.step_ms:
                     time.sleep(opts.step_ms / 1000)
-                x, y = rec["x"].double(), rec["y"].double()
-                loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
-                opt.zero_grad()
-                loss.backward()
-                if reducer is not None:
-                    for i, p in enumerate(params):
-                        reducer.set_grad(i, p.grad)
-                    reducer.wait()
-                    for i, p in enumerate(params):
-                        p.grad.copy_(reducer.grad(i))
-                opt.step()
+                sgd_step(model, opt, reducer, params, rec["x"].double(), rec["y"].double())
                 state.step = step
                 write(ev="step", rank=w.rank, world=w.size, epoch=state.epoch, step=step,
                       ids=rec["id"].tolist())

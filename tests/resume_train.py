@@ -43,6 +43,21 @@ def write_dataset(directory, records, files=2, chunk_records=16):
     return paths
 
 
+def sgd_step(model, opt, reducer, params, x, y):
+    """One step of the linear model on (x, y), its gradients averaged over the ranks by the
+    reducer (None: one process, no averaging)."""
+    loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+    opt.zero_grad()
+    loss.backward()
+    if reducer is not None:
+        for i, p in enumerate(params):
+            reducer.set_grad(i, p.grad)
+        reducer.wait()
+        for i, p in enumerate(params):
+            p.grad.copy_(reducer.grad(i))
+    opt.step()
+
+
 def parse(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--data", nargs="+", required=True)
@@ -82,15 +97,7 @@ def train(opts):
                 rec = decode_fixed(batch.data, batch.offsets, LAYOUT, as_torch=True)
                 if step == opts.crash_at and attempt == 0 and rank == 1:
                     os._exit(3)  # dies mid-step: batch read, nothing trained or saved
-                loss = torch.nn.functional.mse_loss(model(rec["x"]).squeeze(1), rec["y"])
-                opt.zero_grad()
-                loss.backward()
-                for i, p in enumerate(params):
-                    reducer.set_grad(i, p.grad)
-                reducer.finalize()
-                for i, p in enumerate(params):
-                    p.grad.copy_(reducer.grad(i))
-                opt.step()
+                sgd_step(model, opt, reducer, params, rec["x"], rec["y"])
                 if (opts.writers == "all" or rank == 0) and step % opts.save_every == 0:
                     checkpoint.save(folder, step, model=model, optimizer=opt, reducer=reducer, loader=loader)
                 log.write(json.dumps({"attempt": attempt, "world": world, "rank": rank, "epoch": epoch,
