@@ -151,7 +151,8 @@ class Group:
     # ---- subgroups -------------------------------------------------------------------------
 
     def split(self, color, key=None, *, timeout=None, backend=None):
-        """pybridge.split over this group: see pybridge.subgroups.split."""
+        """MPI_Comm_split over this group: pybridge.split(color, key, group=self, ...), a
+        collective over its members (the rules: pybridge.subgroups.split)."""
         from . import subgroups  # above this module: a split needs a collective
         return subgroups.split(color, key, group=self, timeout=timeout, backend=backend)
 
