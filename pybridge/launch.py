@@ -284,9 +284,7 @@ def elastic_main(opts):
     command = worker_command(opts)
     gpus = _gpu_count()
     nproc = _nproc(opts.nproc_per_node, gpus)
-    os.environ["PYBRIDGE_NUM_GPUS"] = str(gpus)
-    os.environ["PYBRIDGE_ISOLATE_GPUS"] = "1" if opts.isolate_gpus else "0"
-    _choose_interface(opts)
+    _worker_settings(opts, gpus)
     sup = Supervisor(command, nproc=nproc, node_rank=node_rank, nnodes=nnodes, store_addr=endpoint,
                      min_world=opts.min_world, max_world=opts.max_world, replace=opts.replace,
                      monitor_interval=opts.monitor_interval, shutdown_timeout=opts.shutdown_timeout,
@@ -392,6 +390,15 @@ def _kept(log_dir):
     return False
 
 
+def _worker_settings(opts, gpus):
+    """What the workers inherit from this launcher, with torchrun's agent or the elastic one:
+    the GPU count and isolation the worker shim picks its device by, and the network
+    interface of a multi-node job."""
+    os.environ["PYBRIDGE_NUM_GPUS"] = str(gpus)
+    os.environ["PYBRIDGE_ISOLATE_GPUS"] = "1" if opts.isolate_gpus else "0"
+    _choose_interface(opts)
+
+
 def _choose_interface(opts):
     """Multi-node: name the interface that reaches the rendezvous host for gloo and NCCL
     (pybridge/netif.py says why), unless the user named one."""
@@ -432,8 +439,7 @@ def main(argv=None):
     import torch.distributed.run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    os.environ["PYBRIDGE_NUM_GPUS"] = str(gpus)
-    os.environ["PYBRIDGE_ISOLATE_GPUS"] = "1" if opts.isolate_gpus else "0"
+    _worker_settings(opts, gpus)
     os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
     # The c10d rendezvous otherwise hands the workers of every restart the same store: keys of
     # the failed attempt (gloo peer addresses) are still there and a restarted rank can read a
@@ -442,7 +448,6 @@ def main(argv=None):
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if nproc > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun does, without its banner
-    _choose_interface(opts)
     # torchrun's parser takes abbreviations: a target argument such as --log would be
     # read as an ambiguous prefix of --log-dir. Ours has already split its own options off.
     parser = torchrun.get_args_parser()
