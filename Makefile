@@ -44,12 +44,12 @@ $(DEPS_STAMP): pyproject.toml
 # trampolines (go/pbgo_gen.h) are generated from it, and committed; gen_abi.py rewrites
 # only a file that changed.
 GENERATED := $(BUILD)/.generated
-$(GENERATED): capi/pybridge.h capi/gen_abi.py pybridge/_capi_gen.py
+$(GENERATED): capi/pybridge.h capi/gen_abi.py pybridge/cbuild/gen.py
 	@mkdir -p $(BUILD)
 	$(PYTHON) capi/gen_abi.py
 	@touch $@
 
-$(LIB): $(DEPS_STAMP) $(GENERATED) capi/pybridge.h capi/build.py $(wildcard pybridge/_capi_*)
+$(LIB): $(DEPS_STAMP) $(GENERATED) capi/pybridge.h capi/build.py $(wildcard pybridge/cbuild/*)
 	$(PYTHON) capi/build.py --out $(BUILD)
 
 # `make test`: lint, then the Go tests in the background while pytest runs (both mostly

@@ -1,5 +1,5 @@
 """Data-parallel training when the network is the bottleneck: a simulated cluster of 4 nodes
-of 2 ranks (pybridge/cluster.py: network namespaces, each node's link limited with tc htb),
+of 2 ranks (pybridge/testing/cluster.py: network namespaces, each node's link limited with tc htb),
 pybridge-launch in every node, as on real machines. Needs root.
 
     python bench/cluster.py [--quick] [--rates 1000,10000,0] [--methods ...] [--steps N]
@@ -29,7 +29,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import ROOT, free_port, progress, save, table  # noqa: E402
 
-from pybridge import cluster  # noqa: E402
+from pybridge.testing import cluster  # noqa: E402
 
 NODES, PER_NODE = 4, 2
 METHODS = ["torch_ddp", "pybridge", "fp16", "hierarchical", "hierarchical_fp16", "powersgd", "gossip",

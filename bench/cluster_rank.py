@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 import pybridge
-from pybridge import comm_hooks, local_sgd
+from pybridge.algorithms import comm_hooks, local_sgd
 from pybridge import recordio as rio
-from pybridge.gossip import GossipState, average_parameters, gossip_hook
+from pybridge.algorithms.gossip import GossipState, average_parameters, gossip_hook
 
 torch.set_num_threads(1)
 

@@ -19,7 +19,7 @@ if ROOT not in sys.path:  # benchmark this checkout, whatever an editable instal
     sys.path.insert(1, ROOT)
 
 
-from pybridge.netif import free_port  # noqa: E402,F401 - below the ephemeral range
+from pybridge.base.netif import free_port  # noqa: E402,F401 - below the ephemeral range
 
 
 def launch(cmd, world, timeout, extra_env=None):

@@ -1,4 +1,4 @@
-"""Elastic training (pybridge/elastic.py) beside restarting the world, in one run.
+"""Elastic training (pybridge/runtime/elastic.py) beside restarting the world, in one run.
 
     python bench/elastic.py [--quick] [--ballast-mb MB]
 
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import progress, save, table  # noqa: E402
 
-from pybridge.elastic import State  # noqa: E402
+from pybridge.runtime.elastic import State  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))

@@ -1,7 +1,7 @@
 """Elastic training through the C ABI (what C and Go programs pay), beside Python:
 
 1. commit cost: pb_state_commit (the call Go's ElasticState.Commit makes) beside
-   pybridge.elastic.State.commit on the same tensors (parameters + momentum), in one
+   pybridge.runtime.elastic.State.commit on the same tensors (parameters + momentum), in one
    process, for the MNIST example's MLP and two larger models; the difference is the C
    ABI's conversion (names, descriptors, binding);
 2. recovery from C: tests/c/elastic.c under `pybridge-launch --elastic` on 3 ranks, rank 2
@@ -38,8 +38,8 @@ def _commit_times(n, repeat, out):
     import cffi
     import numpy as np
     import torch
-    from pybridge import _capi_gen
-    from pybridge.elastic import State
+    from pybridge.cbuild import gen as _capi_gen
+    from pybridge.runtime.elastic import State
     ffi = cffi.FFI()
     with open(os.path.join(ROOT, "capi", "pybridge.h")) as f:
         ffi.cdef(_capi_gen.public_cdef(f.read()))

@@ -26,8 +26,7 @@ ADD_BASE, STEP_BASE = "add: FedAvg.add (baseline)", "step: FedAvg add + step, SG
 def timings(numel, repeat):
     import torch
 
-    from pybridge.federated import (TRAIN, CentralDP, FedAdagrad, FedAdam, FedAvg, FedYogi, Result, ServerSGD,
-                                    staleness)
+    from pybridge.federated import TRAIN, CentralDP, FedAdagrad, FedAdam, FedAvg, FedYogi, Result, ServerSGD, staleness
     from pybridge.federated.buffered import UpdateBuffer
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)

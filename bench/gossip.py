@@ -56,8 +56,8 @@ def written_bytes():
 
 
 def gossip_step(topology, model):
-    from pybridge.ddp import DistributedDataParallel
-    from pybridge.gossip import GossipState, gossip_hook
+    from pybridge.ddp.wrapper import DistributedDataParallel
+    from pybridge.algorithms.gossip import GossipState, gossip_hook
     wrapped = DistributedDataParallel(model, bucket_cap_mb=25)
     state = GossipState(topology=topology, seed=0)
     wrapped.register_comm_hook(state, gossip_hook)

@@ -37,7 +37,7 @@ TIMING = re.compile(r"^timing: forward\+backward (\S+) ms  wait (\S+) ms  step (
 
 
 def build_gotorch():
-    from pybridge._capi_build import torch_flags
+    from pybridge.cbuild.cli import torch_flags
     cflags, libs = torch_flags()
     build_go(os.path.join("examples", "gotorch"), GOTORCH, {"CGO_CXXFLAGS": cflags, "CGO_LDFLAGS": libs})
 

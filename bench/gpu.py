@@ -47,7 +47,7 @@ def worker(backend, steps):
     import torch.distributed as dist
 
     import pybridge
-    from pybridge.ddp import DistributedDataParallel as PDDP
+    from pybridge.ddp.wrapper import DistributedDataParallel as PDDP
     g = pybridge.init(backend=backend, timeout=120)
     sync = torch.cuda.synchronize
     sizes = {"nccl": [1, 16 << 20], "gloo": [4 << 20]}[backend]  # float32 elements

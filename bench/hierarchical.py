@@ -6,7 +6,7 @@ bytes written per rank per step, on 4 loopback ranks pretending to be 2 nodes of
 Methods, each a full training step (zero_grad, forward, backward, gradient sync, SGD step)
 on bench/reducer.py's models: torch DDP (the baseline), pybridge's DDP wrapper with its
 allreduce, with the hierarchical hook (float32 and fp16 on the wire), and local SGD (no
-gradient sync; parameters averaged every 4 and every 16 steps, pybridge.local_sgd). One job
+gradient sync; parameters averaged every 4 and every 16 steps, pybridge.algorithms.local_sgd). One job
 of 4 ranks holds them all (each its own copy of the model); they take turns, round by round,
 so machine noise hits all.
 
@@ -69,7 +69,7 @@ def make_step(method, model, per_node):
     from torch.nn.parallel import DistributedDataParallel as TDDP
 
     import pybridge
-    from pybridge import comm_hooks, local_sgd
+    from pybridge.algorithms import comm_hooks, local_sgd
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     extra, wrapped = None, model
     if method == "torch_ddp":

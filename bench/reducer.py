@@ -66,7 +66,7 @@ def make_step(method, model, world):
     """A function running one training step's forward, backward and gradient sync."""
     import torch
     import torch.distributed as dist
-    from pybridge.ddp import DistributedDataParallel as PDDP
+    from pybridge.ddp.wrapper import DistributedDataParallel as PDDP
     from torch.nn.parallel import DistributedDataParallel as TDDP
 
     params = list(model.parameters())

@@ -2,7 +2,7 @@
 
 Usage: python capi/build.py [--out DIR]
 
-The build code is pybridge/_capi_library.py (also behind `python -m pybridge.capi build` for
+The build code is pybridge/cbuild/library.py (also behind `python -m pybridge.capi build` for
 an installed package); here the library embeds this checkout's pybridge first, whatever an
 editable install points at, and pybridge.pc points at capi/ for the header.
 """
@@ -16,7 +16,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
 # Importing pybridge (and so torch) here also checks that the build environment can run the core.
-from pybridge._capi_library import build_checkout  # noqa: E402
+from pybridge.cbuild.library import build_checkout  # noqa: E402
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -6,7 +6,7 @@
                     makes the call and copies the error message in the same cgo call
 
 Both are committed (the Go module must build without Python); the header is parsed by
-pybridge/_capi_gen.py, as for the library itself.
+pybridge/cbuild/gen.py, as for the library itself.
 
 Usage: python capi/gen_abi.py [--check]
   --check  exit 1 (and say what differs) when a generated file is not what the header
@@ -24,7 +24,7 @@ TARGET = os.path.join(ROOT, "pybridge", "abi.py")
 GO_TARGET = os.path.join(ROOT, "go", "pbgo_gen.h")
 
 # The parser on its own, not through the package (which would import torch).
-_spec = importlib.util.spec_from_file_location("_pb_capi_gen", os.path.join(ROOT, "pybridge", "_capi_gen.py"))
+_spec = importlib.util.spec_from_file_location("_pb_capi_gen", os.path.join(ROOT, "pybridge", "cbuild", "gen.py"))
 _capi_gen = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_capi_gen)
 constants = _capi_gen.constants

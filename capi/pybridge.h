@@ -760,7 +760,7 @@ int pb_averager_close(pb_averager *averager);
 
 /* ---- Training state (checkpoints) ---------------------------------------------- */
 /* A checkpoint is one file, directory/step-NNNNNNNNNNNN.pt (the step in 12 digits; format:
- * docs/checkpoint.md, readable by pybridge.checkpoint in Python), written atomically: a
+ * docs/checkpoint.md, readable by pybridge.runtime.checkpoint in Python), written atomically: a
  * temporary file in the same folder, fsync, rename. It holds named flat tensors (the
  * caller's parameters, optimizer state...), a loader's position and a reducer's counters. */
 
@@ -873,7 +873,7 @@ int pb_state_reset(pb_state *state, int32_t n, const char *const *names, const p
 
 /* The training on the elastic world `group` finished (call it once the loop above returned
  * PB_OK, before pb_finalize): a process that comes later finds no world to join, and the
- * launcher starts no replacement (pybridge.elastic.run does the same). Errors:
+ * launcher starts no replacement (pybridge.runtime.elastic.run does the same). Errors:
  * PB_ERR_INVALID_ARGUMENT (not an elastic world), PB_ERR_CLOSED (an old world). */
 int pb_elastic_finish(pb_group *group);
 

@@ -14,7 +14,7 @@ import (
 // examples run under go test. A real job calls pybridge.Init() with no options
 // and lets its launcher (torchrun, pybridge-launch) provide rank and rendezvous.
 func singleRank() *pybridge.Group {
-	port, err := belowEphemeral() // main_test.go's port picker, as pybridge.netif.free_port
+	port, err := belowEphemeral() // main_test.go's port picker, as pybridge.base.netif.free_port
 	if err != nil {
 		log.Fatal(err)
 	}

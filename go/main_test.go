@@ -57,7 +57,7 @@ func logf(format string, args ...any) {
 }
 
 // freePort picks a rendezvous port below Linux's ephemeral range (32768-60999),
-// as pybridge.netif.free_port does: one found free there can be taken, before
+// as pybridge.base.netif.free_port does: one found free there can be taken, before
 // rank 0 binds it, as the source port of any outgoing connection (seen in CI).
 func freePort(t testing.TB) int {
 	t.Helper()

@@ -70,7 +70,7 @@ class Closed(PyBridgeError, RuntimeError):
 
 
 class MembershipChanged(CommError):
-    """Elastic training (pybridge.elastic): the world changed. Ranks were lost (a peer died
+    """Elastic training (pybridge.runtime.elastic): the world changed. Ranks were lost (a peer died
     or stopped answering during a collective, the reducer or a barrier) or new ranks are
     waiting to join (raised by a commit). The new world is already agreed on when this is
     raised: `lost` are the old ranks that are gone (with `lost_names`, who they were),

@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIB_PATH = os.environ.get("PYBRIDGE_LIB", os.path.join(ROOT, "build", "libpybridge.so"))
 # The header's parser on its own, not through the package: importing pybridge here would
 # decide which core the library's embedded interpreter finds.
-_spec = importlib.util.spec_from_file_location("_pb_capi_gen", os.path.join(ROOT, "pybridge", "_capi_gen.py"))
+_spec = importlib.util.spec_from_file_location("_pb_capi_gen", os.path.join(ROOT, "pybridge", "cbuild", "gen.py"))
 _capi_gen = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_capi_gen)
 

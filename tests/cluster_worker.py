@@ -1,5 +1,5 @@
 """One rank of the multi-node test (tests/test_cluster.py), started by pybridge-launch in
-every node of a simulated cluster (pybridge/cluster.py). Prints one line
+every node of a simulated cluster (pybridge/testing/cluster.py). Prints one line
 `RESULT {json}` with what it saw; the test compares the ranks' lines.
 
 Usage: cluster_worker.py DATA_DIR   (RecordIO shards written by the test, shared by all)
@@ -13,10 +13,10 @@ import sys
 import torch
 
 import pybridge
-from pybridge import netif
+from pybridge.base import netif
 from pybridge import recordio as rio
 from pybridge.federated import FedAvg, Server, Worker
-from pybridge.gossip import GossipState
+from pybridge.algorithms.gossip import GossipState
 
 
 def main(data):

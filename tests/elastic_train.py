@@ -1,4 +1,4 @@
-"""An elastic data-parallel run (pybridge.elastic.run) for the elastic tests and benchmark.
+"""An elastic data-parallel run (pybridge.runtime.elastic.run) for the elastic tests and benchmark.
 
 Run by `pybridge-launch --elastic ... tests/elastic_train.py ...`. A linear model in float64
 with SGD + momentum on tests/resume_train.py's dataset; a commit every --commit-every steps.
@@ -24,7 +24,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from pybridge import elastic  # noqa: E402
+from pybridge.runtime import elastic  # noqa: E402
 import pybridge  # noqa: E402
 from pybridge.recordio import Loader, decode_fixed  # noqa: E402
 from resume_train import FEATURES, LAYOUT, sgd_step  # noqa: E402,F401
@@ -60,7 +60,7 @@ def _await_generation(n):
     """Until the job's newest world is number n or later (tests/test_elastic_survive.py)."""
     import datetime
     import torch.distributed as dist
-    from pybridge import membership
+    from pybridge.runtime import membership
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
                           datetime.timedelta(seconds=60), wait_for_workers=False)
     while int(store.add(membership.PREFIX + "gen", 0)) < n:

@@ -25,7 +25,7 @@ def rank_main(rank, world):
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
     import pybridge
-    from pybridge.reducer import Reducer
+    from pybridge.ddp.reducer import Reducer
     pybridge.init(backend="gloo", timeout=60)
     red = Reducer([(s, "float32") for s in SHAPES])
     red.register_comm_hook(psgd.PowerSGDState(process_group=None, matrix_approximation_rank=2,

@@ -17,7 +17,7 @@ import tempfile
 import traceback
 
 
-from pybridge.netif import free_port  # noqa: E402,F401 - the tests' one port picker
+from pybridge.base.netif import free_port  # noqa: E402,F401 - the tests' one port picker
 
 
 class RanksFailed(AssertionError):

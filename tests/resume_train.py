@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pybridge  # noqa: E402
-from pybridge import checkpoint  # noqa: E402
+from pybridge.runtime import checkpoint  # noqa: E402
 from pybridge.recordio import Loader, decode_fixed, write_file  # noqa: E402
 
 FEATURES = 8

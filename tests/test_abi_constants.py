@@ -10,7 +10,10 @@ import sys
 
 import pytest
 
-from pybridge import abi, collectives, dtypes, errors, reducer
+from pybridge import abi, errors
+from pybridge.comm import collectives
+from pybridge.base import dtypes
+from pybridge.ddp import reducer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "capi"))

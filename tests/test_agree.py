@@ -4,7 +4,8 @@ comparison (agree.check) every "all ranks must pass the same" check uses."""
 import numpy as np
 import pytest
 
-from pybridge import agree, checks
+from pybridge.base import agree
+from pybridge.base import checks
 from pybridge.errors import InvalidArgument
 
 

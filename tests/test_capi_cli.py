@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from pybridge import _capi_build as cli
-from pybridge._capi_library import write_pc
+from pybridge.cbuild import cli as cli
+from pybridge.cbuild.library import write_pc
 
 
 def fake_prefix(root):

@@ -117,7 +117,7 @@ def reduce_ranks(rank, world):
 
     # Gossip (pb_reducer_set_gossip): two steps follow the documented schedule (each rank
     # averages with the node it receives from), and with sync_every 2 the second is exact.
-    from pybridge.gossip_schedule import peers
+    from pybridge.algorithms.gossip_schedule import peers
     for topology, name in ((lib.PB_GOSSIP_CUBE, "cube"), (lib.PB_GOSSIP_DISSEMINATION, "dissemination")):
         r = _new(ffi, lib, g, [5])
         assert lib.pb_reducer_set_gossip(r, topology, 1, 9, 2) == 0, _err(ffi, lib)

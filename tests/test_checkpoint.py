@@ -1,4 +1,4 @@
-"""Training state checkpoints (pybridge.checkpoint) and elastic resume.
+"""Training state checkpoints (pybridge.runtime.checkpoint) and elastic resume.
 
 A crash mid-run restarted by the launcher (--max-restarts) ends with the weights of an
 uninterrupted run; 4 ranks stopped mid-epoch resume on 2; each record is trained on exactly
@@ -18,7 +18,7 @@ from ranks import run_ranks
 import resume_train
 
 import pybridge
-from pybridge import checkpoint
+from pybridge.runtime import checkpoint
 from pybridge.errors import CorruptData, InvalidArgument, IOFailure
 from pybridge.recordio import Loader
 

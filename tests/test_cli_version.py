@@ -44,7 +44,7 @@ def run_python(code):
 def test_the_tools_start_without_importing_torch():
     # `import pybridge` loads its exported names on first use, so the tools' usage errors,
     # --help and --version do not pay torch's import (1.5 s of CPU) first.
-    loaded = run_python("import sys, pybridge, pybridge.launch, pybridge._capi_build, pybridge.recordio.__main__;"
+    loaded = run_python("import sys, pybridge, pybridge.launch, pybridge.cbuild.cli, pybridge.recordio.__main__;"
                         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     assert loaded == "[]"
 
@@ -55,8 +55,8 @@ def test_every_exported_name_and_submodule_loads_on_first_use():
                      "exec('from pybridge import *', names)\n"
                      "missing = [n for n in pybridge.__all__ if n not in names]\n"
                      "assert not missing, missing\n"
-                     "assert pybridge.Reducer is pybridge.reducer.Reducer and 'torch' in sys.modules\n"
-                     "assert pybridge.elastic.State.__module__ == 'pybridge.elastic'\n"
+                     "assert pybridge.Reducer is pybridge.ddp.reducer.Reducer and 'torch' in sys.modules\n"
+                     "assert pybridge.recordio.Loader.__module__ == 'pybridge.recordio.loader'\n"
                      "assert set(pybridge.__all__) <= set(dir(pybridge))\n"
                      "try:\n    pybridge.no_such_name\nexcept AttributeError as e:\n    print(e)\n")
     assert out == "module 'pybridge' has no attribute 'no_such_name'"

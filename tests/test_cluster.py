@@ -1,4 +1,4 @@
-"""Multi-node runs on a simulated cluster (pybridge/cluster.py): network namespaces on one
+"""Multi-node runs on a simulated cluster (pybridge/testing/cluster.py): network namespaces on one
 bridge, each node with its own address, pybridge-launch started in every node with
 --nnodes, --node-rank and node 0's address, as on real machines. Needs root; skipped
 without it. Every run is bounded: a hang fails at its timeout and the cluster (processes
@@ -20,7 +20,7 @@ import threading
 
 import pytest
 
-from pybridge import cluster
+from pybridge.testing import cluster
 from pybridge import recordio as rio
 from ranks import free_port
 

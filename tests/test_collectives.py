@@ -86,7 +86,7 @@ def test_every_collective_and_dtype(world):
 def buffer_kinds(rank, world):
     """numpy arrays, bytearrays, memoryviews and raw pointers are reduced in place (zero copy)."""
     import ctypes
-    from pybridge.buffers import from_pointer
+    from pybridge.base.buffers import from_pointer
     pybridge.init(timeout=30)
     a = np.full(4, rank + 1, dtype=np.int32)
     pybridge.all_reduce(a)
@@ -115,8 +115,8 @@ def prepared_collectives(rank, world):
     current contents on every run; a finalized group fails them with Closed."""
     pybridge.init(timeout=30)
     a = np.zeros(3, dtype=np.float32)
-    reduce_sum = pybridge.collectives.prepare_all_reduce(a, "sum")
-    reduce_max = pybridge.collectives.prepare_all_reduce(a, "max")
+    reduce_sum = pybridge.comm.collectives.prepare_all_reduce(a, "sum")
+    reduce_max = pybridge.comm.collectives.prepare_all_reduce(a, "max")
     got = []
     for step in range(3):
         a[:] = rank + step
@@ -126,16 +126,16 @@ def prepared_collectives(rank, world):
         reduce_max()
         got.append(a.tolist())
     b = torch.full((2,), float(rank))
-    from_last = pybridge.collectives.prepare_broadcast(b, world - 1)
+    from_last = pybridge.comm.collectives.prepare_broadcast(b, world - 1)
     from_last()
     got.append(b.tolist())
     b.fill_(rank + 7)
     from_last()
     got.append(b.tolist())
     errors = []
-    for bad in (lambda: pybridge.collectives.prepare_all_reduce(a, "median"),
-                lambda: pybridge.collectives.prepare_all_reduce(np.zeros(2, np.int32), "avg"),
-                lambda: pybridge.collectives.prepare_broadcast(b, world)):
+    for bad in (lambda: pybridge.comm.collectives.prepare_all_reduce(a, "median"),
+                lambda: pybridge.comm.collectives.prepare_all_reduce(np.zeros(2, np.int32), "avg"),
+                lambda: pybridge.comm.collectives.prepare_broadcast(b, world)):
         try:
             bad()
         except pybridge.InvalidArgument as err:

@@ -50,7 +50,7 @@ def _torch_hook(name):
 
 def torch_hooks_vs_torch_ddp(rank, world, names):
     import pybridge
-    from pybridge import comm_hooks
+    from pybridge.algorithms import comm_hooks
     pybridge.init(backend="gloo", timeout=60)
     data = _data(rank, world)
     out = {}
@@ -112,7 +112,7 @@ def custom_hook_errors(rank, world):
 
     def counting(state, bucket):
         calls.append((bucket.index(), bucket.is_last(), len(bucket.gradients()), len(bucket.parameters())))
-        return pybridge.collectives.all_reduce_future(bucket.buffer().div_(world))
+        return pybridge.comm.collectives.all_reduce_future(bucket.buffer().div_(world))
 
     ddp = pybridge.DistributedDataParallel(_model(1), bucket_cap_mb=0.002, first_bucket_cap_mb=0.002)
     ddp.register_comm_hook(None, counting)
@@ -145,7 +145,7 @@ def test_custom_hook_contract_and_errors():
 
 
 def test_builtin_codes_are_checked():
-    from pybridge import comm_hooks
+    from pybridge.algorithms import comm_hooks
     from pybridge.errors import InvalidArgument
     for kw in (dict(code=99), dict(code=comm_hooks.HOOK_POWERSGD, rank=0)):
         with pytest.raises(InvalidArgument):
@@ -156,7 +156,7 @@ def hook_start_order(rank, world):
     """Buckets 0..2 whose hooks return futures completed only by hand: which hooks have
     started once every gradient is marked, before any future is done?"""
     import pybridge
-    from pybridge.comm_hooks import declare_eager
+    from pybridge.algorithms.comm_hooks import declare_eager
     pybridge.init(backend="gloo", timeout=30)
     started = {}
     for kind in ("default", "eager"):
@@ -198,7 +198,7 @@ def hooks_bind_their_dtype(rank, world):
     import warnings
 
     import pybridge
-    from pybridge import comm_hooks
+    from pybridge.algorithms import comm_hooks
     pybridge.init(backend="gloo", timeout=30)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -225,12 +225,12 @@ def test_compress_hooks_bind_their_wire_type():
 def test_identity_names_the_hook_its_state_and_settings():
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    from pybridge import comm_hooks
+    from pybridge.algorithms import comm_hooks
     ident = comm_hooks.identity
     assert ident(None, default_hooks.fp16_compress_hook) == \
         "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook"
     assert ident(comm_hooks.HookContext(None), comm_hooks.fp16_compress_hook) == \
-        "pybridge.comm_hooks.fp16_compress_hook(state pybridge.comm_hooks.HookContext)"
+        "pybridge.algorithms.comm_hooks.fp16_compress_hook(state pybridge.algorithms.comm_hooks.HookContext)"
     # A built-in chosen by settings has the identity of the (state, hook) it builds, so
     # Python's, C's and Go's ways of choosing a hook agree across ranks.
     for code in (comm_hooks.HOOK_ALLREDUCE, comm_hooks.HOOK_FP16, comm_hooks.HOOK_BF16):
@@ -248,7 +248,7 @@ def test_identity_names_the_hook_its_state_and_settings():
 
 def gossip_identity(rank, world):
     import pybridge
-    from pybridge import comm_hooks
+    from pybridge.algorithms import comm_hooks
     pybridge.init(backend="gloo", timeout=30)
     spec = comm_hooks.GossipHook("Dissemination", ranks_per_node=1, seed=4, sync_every=3)
     state, hook = spec.build(pybridge.current())
@@ -266,7 +266,7 @@ def test_gossip_spec_identity_matches_its_state():
 
 
 def test_hook_step_is_typed():
-    from pybridge import comm_hooks
+    from pybridge.algorithms import comm_hooks
     state = comm_hooks.powersgd_state(None)
     assert comm_hooks.hook_step(state) == 0
     comm_hooks.set_hook_step(state, 7)

@@ -75,7 +75,7 @@ def _model(seed):
 def ddp_against_torch_on_cuda(rank, world, compression):
     import torch.distributed as dist
     import pybridge
-    from pybridge.ddp import DistributedDataParallel as PDDP
+    from pybridge.ddp.wrapper import DistributedDataParallel as PDDP
     pybridge.init(backend="gloo", timeout=60)
     gen = torch.Generator().manual_seed(3)
     data = [(torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)) for _ in range(5)]
@@ -179,7 +179,7 @@ def test_federated_server_and_worker_on_nccl():
     assert devices == ["cuda"] and failed == (1, 99)
 
 
-# ---- The stream contract (pybridge/streams.py, pb_group_set_stream) --------------------------
+# ---- The stream contract (pybridge/comm/streams.py, pb_group_set_stream) --------------------------
 
 def _slow_fill(x, value, stream):
     """Queue, on `stream`, work that ends with x == value and takes long enough (a chain

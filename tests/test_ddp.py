@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import pybridge
-from pybridge.ddp import DistributedDataParallel as PDDP
+from pybridge.ddp.wrapper import DistributedDataParallel as PDDP
 from pybridge.errors import InvalidArgument, InvalidState, NotSupported
-from pybridge.reducer import MiB
+from pybridge.ddp.reducer import MiB
 from ranks import run_ranks
 
 H = 8

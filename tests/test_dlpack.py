@@ -1,6 +1,6 @@
 """DLPack: other frameworks' tensors in the collectives, zero-copy.
 
-- pybridge.dlpack.describe reads DLManagedTensor / DLManagedTensorVersioned as torch
+- pybridge.base.dlpack.describe reads DLManagedTensor / DLManagedTensorVersioned as torch
   produces them, and refuses, naming the field, what the collectives cannot use;
 - pb_tensor_from_dlpack(_versioned) through the C ABI, and from a C program compiled
   against torch's dlpack.h, then an allreduce in place on the producer's memory;
@@ -20,7 +20,8 @@ from capi_loader import LIB_PATH, ROOT, load
 from ranks import free_port, run_ranks
 
 import pybridge
-from pybridge import abi, dlpack
+from pybridge import abi
+from pybridge.base import dlpack
 from pybridge.errors import InvalidArgument
 
 _get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -199,7 +200,7 @@ def test_python_collectives_take_dlpack_objects_in_place():
 
 def test_numpy_through_dlpack_shares_memory():
     a = np.arange(4, dtype=np.float32)
-    t = pybridge.buffers.as_tensor(Foreign(torch.from_numpy(a)))
+    t = pybridge.base.buffers.as_tensor(Foreign(torch.from_numpy(a)))
     t += 1
     assert a.tolist() == [1, 2, 3, 4]
 
@@ -265,7 +266,7 @@ def test_c_async_calls_on_caller_memory():
 # ---- one libtorch in the process -------------------------------------------------------------
 
 def test_a_second_libtorch_is_named():
-    from pybridge import libtorch
+    from pybridge.capi import libtorch
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     maps = "\n".join([
         f"7f00-7f01 r-xp 00000000 08:01 11 {torch_lib}/libtorch_cpu.so",

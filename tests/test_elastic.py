@@ -1,4 +1,4 @@
-"""Elastic training, part 1 (pybridge/elastic.py): state committed and rolled back in memory,
+"""Elastic training, part 1 (pybridge/runtime/elastic.py): state committed and rolled back in memory,
 and one rank's committed state sent to the others over the network (what a joiner needs)."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import pybridge
 from pybridge import recordio as rio
-from pybridge.elastic import State
+from pybridge.runtime.elastic import State
 from pybridge.errors import InvalidArgument
 from ranks import run_ranks
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from pybridge.errors import InvalidArgument
-from pybridge.federated import (TRAIN, CentralDP, FedAdagrad, FedAdam, FedAvgRounds, FedYogi, Result,
-                                ServerSGD, Staleness, StaleUpdate, add_proximal_grad, proximal_loss)
+from pybridge.federated import TRAIN, CentralDP, FedAdagrad, FedAdam, FedAvgRounds, FedYogi, Result, ServerSGD, Staleness, StaleUpdate, add_proximal_grad, proximal_loss
 from pybridge.federated import staleness as st
 from pybridge.federated.buffered import UpdateBuffer
 

@@ -13,8 +13,8 @@ from test_gossip_schedule import _simulate
 
 def _mix_steps(state, values, steps, buckets=1):
     """Feed `values` (one per bucket) through the gossip hook `steps` times; the history."""
-    from pybridge.gossip import gossip_hook
-    from pybridge.reducer import Reducer
+    from pybridge.algorithms.gossip import gossip_hook
+    from pybridge.ddp.reducer import Reducer
     red = Reducer([(4, "float32")] * buckets, group=state.group, bucket_cap_mb=1e-6,
                   first_bucket_cap_mb=1e-6, rebuild=False)
     red.register_comm_hook(state, gossip_hook)
@@ -32,7 +32,7 @@ def _mix_steps(state, values, steps, buckets=1):
 
 def mixing(rank, world, rotate, steps):
     import pybridge
-    from pybridge.gossip import GossipState
+    from pybridge.algorithms.gossip import GossipState
     pybridge.init(backend="gloo", timeout=60)
     out = {}
     for topology in ("cube", "dissemination"):
@@ -67,7 +67,7 @@ def test_six_nodes_follow_the_schedule_and_converge():
 
 def nodes_of_two(rank, world):
     import pybridge
-    from pybridge.gossip import GossipState
+    from pybridge.algorithms.gossip import GossipState
     pybridge.init(backend="gloo", timeout=60)
     state = GossipState(topology="cube", ranks_per_node=2, rotate=False)
     values = [float(rank * rank)]  # node averages m = 0.5, 6.5, 20.5
@@ -86,7 +86,7 @@ def test_nodes_of_two_on_six_ranks():
 
 def buckets_and_training(rank, world):
     import pybridge
-    from pybridge.gossip import GossipState, gossip_hook
+    from pybridge.algorithms.gossip import GossipState, gossip_hook
     pybridge.init(backend="gloo", timeout=60)
     out = {}
     # Three buckets, rotating topology: every bucket of a step mixes with the same peer.

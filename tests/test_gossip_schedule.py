@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from pybridge import gossip_schedule as gs
+from pybridge.algorithms import gossip_schedule as gs
 from pybridge.errors import InvalidArgument
 
 SIZES = range(1, 18)

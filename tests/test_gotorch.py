@@ -25,7 +25,7 @@ GOTORCH = os.path.join(ROOT, "examples", "gotorch")
 sys.path.insert(0, MNIST)
 import mnist_format as fmt  # noqa: E402
 
-from pybridge._capi_build import torch_flags  # noqa: E402
+from pybridge.cbuild.cli import torch_flags  # noqa: E402
 
 
 def torch_cgo_env():

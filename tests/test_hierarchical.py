@@ -55,7 +55,7 @@ def _gap(a, b):
 
 def hierarchical_ranks(rank, world):
     import pybridge
-    from pybridge import comm_hooks, hierarchical
+    from pybridge.algorithms import comm_hooks, hierarchical
     from pybridge.errors import InvalidArgument
     pybridge.init(backend="gloo", timeout=30)
     out = {}
@@ -115,7 +115,7 @@ def test_hierarchical_hook_on_two_pretend_nodes():
 def test_settings_and_identity(monkeypatch):
     import pytest
 
-    from pybridge import comm_hooks, hierarchical
+    from pybridge.algorithms import comm_hooks, hierarchical
     from pybridge.errors import InvalidArgument
     spec = comm_hooks.HierarchicalHook(4, compression="bf16")
     assert spec.identity() == comm_hooks.identity(*comm_hooks.builtin(comm_hooks.HOOK_HIERARCHICAL, None,

@@ -239,7 +239,7 @@ def test_ranks_exit_cleanly_after_finalize(tmp_path):
 def test_failure_report_names_the_cause_not_the_ranks_that_lost_it(tmp_path):
     from types import SimpleNamespace
 
-    from pybridge.launch import format_failure
+    from pybridge.launch.torchrun import format_failure
 
     for local_rank, text in ((0, "pb_all_reduce: Connection closed by peer [PB_ERR_COMM]"),
                              (1, "rank 1: out of memory")):
@@ -264,7 +264,7 @@ def test_failure_report_names_the_cause_not_the_ranks_that_lost_it(tmp_path):
 def test_worker_device_choice(local_rank, gpus, isolate, visible, want):
     """The per-rank device the worker shim sets before exec'ing the target (GPU counts faked:
     the shim only reads them from the launcher's environment)."""
-    from pybridge import launch as launch_mod
+    from pybridge.launch import torchrun as launch_mod
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     env.update({"LOCAL_RANK": str(local_rank), "PYBRIDGE_NUM_GPUS": str(gpus), "PYBRIDGE_ISOLATE_GPUS": isolate})
     if visible is not None:

@@ -1,58 +1,223 @@
-"""Who may import and call whom in the core: the seams issue 20 drew, kept from drifting."""
+"""The layers of pybridge/ (docs/design.md, "Layers"): which subpackage may import which, no
+import circle anywhere (lazy imports inside functions count), and the seams inside a layer
+that keep state with its owner. The table below is the one in design.md; a test checks
+that the two say the same."""
 
 import ast
 import os
+import re
+import subprocess
+import sys
+import warnings
 
-ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pybridge")
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.join(REPO, "pybridge")
+TOP = ("errors", "abi", "_version")  # modules that stay at the top: everything may import them
+
+# Each layer (a subpackage) and the layers it may import, besides TOP. Lowest first.
+LAYERS = {
+    "base": (),
+    "comm": ("base",),
+    "algorithms": ("comm", "base"),
+    "ddp": ("algorithms", "comm", "base"),
+    "runtime": ("comm", "base"),
+    "recordio": ("comm", "base"),
+    "federated": ("comm", "base"),
+    "launch": ("runtime", "base"),
+    "cbuild": (),
+    "capi": ("cbuild", "federated", "recordio", "runtime", "ddp", "algorithms", "comm", "base"),
+    "testing": (),
+}
 
 
-def _imports(name, anywhere=False):
-    """Modules `name` imports: when it is imported (top-level statements), or `anywhere`
-    (also inside functions, which import only when called)."""
-    tree = ast.parse(open(os.path.join(ROOT, name)).read())
-    found = set()
-    for node in ast.walk(tree) if anywhere else tree.body:
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            found.update([node.module] if node.module else [a.name for a in node.names])
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
+def _modules():
+    """{module name: path} of every module of the package."""
+    found = {}
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(folder, f)
+                name = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                found[name[:-len(".__init__")] if name.endswith(".__init__") else name] = path
     return found
 
 
-def _source(name):
-    return open(os.path.join(ROOT, name)).read()
+MODULES = _modules()
+
+
+def _imports(name, anywhere=True):
+    """The pybridge modules that module `name` imports: at module level, or `anywhere` (also
+    inside functions, which import only when called). `from . import x` names the package
+    too, as Python runs the package's __init__ first."""
+    path = MODULES[name]
+    tree = ast.parse(open(path).read(), path)
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree) if anywhere else tree.body:
+        if isinstance(node, ast.If) and not anywhere:  # if TYPE_CHECKING: ... at module level
+            continue
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                anchor = ".".join(parts[:len(parts) - node.level + 1])
+                module = f"{anchor}.{node.module}" if node.module else anchor
+            else:
+                module = node.module or ""
+            targets = [module] + [f"{module}.{a.name}" for a in node.names]
+        for t in targets:
+            while t and t not in MODULES:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def _layer(name):
+    parts = name.split(".")
+    if len(parts) == 1:
+        return "pybridge"
+    return parts[1] if parts[1] in LAYERS else "top"
+
+
+def test_every_module_sits_in_a_layer():
+    loose = sorted(n for n in MODULES if _layer(n) == "top" and n.split(".")[1] not in TOP)
+    assert not loose, f"modules outside the layer subpackages (add them to one, or to TOP): {loose}"
+    unknown = sorted({n.split(".")[1] for n in MODULES if n.count(".") >= 1 and
+                      os.path.isdir(os.path.join(ROOT, n.split(".")[1])) and n.split(".")[1] not in LAYERS})
+    assert not unknown, f"subpackages missing from LAYERS: {unknown}"
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    wrong = []
+    for name in sorted(MODULES):
+        mine = _layer(name)
+        if mine == "pybridge":
+            continue  # the package's __init__ loads the exported names on first use (strings, no import)
+        allowed = {"top", "pybridge", mine} | set(LAYERS.get(mine, ()))
+        wrong += [f"{name} ({mine}) imports {t} ({_layer(t)})" for t in sorted(_imports(name))
+                  if _layer(t) not in allowed]
+    assert not wrong, "imports that run up or across the layers:\n" + "\n".join(wrong)
+
+
+def test_the_top_modules_import_no_layer():
+    for top in TOP:
+        assert {_layer(t) for t in _imports(f"pybridge.{top}")} <= {"top", "pybridge"}, top
+
+
+def _circles(graph):
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_anywhere():
+    # A package's __init__ importing its own modules is not a circle with them.
+    graph = {n: {t for t in _imports(n) if not (MODULES[n].endswith("__init__.py") and t.startswith(n + "."))}
+             for n in MODULES}
+    assert _circles(graph) == []
+
+
+def test_design_md_has_the_same_table():
+    text = open(os.path.join(REPO, "docs", "design.md")).read()
+    rows = dict(re.findall(r"^\| \*\*`(\w+)/`\*\* \|[^|]*\| ([^|]*) \|$", text, re.M))
+    assert set(rows) == set(LAYERS), "design.md's layer table lists other subpackages than LAYERS"
+    for layer, below in LAYERS.items():
+        said = set(re.findall(r"`(\w+)/`", rows[layer]))
+        assert said == set(below), f"design.md says {layer}/ may import {sorted(said)}; the test says {sorted(below)}"
+
+
+def test_cli_entry_points_import_no_torch():
+    code = ("import sys, pybridge.launch, pybridge.cbuild.cli, pybridge.recordio.__main__; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+# ---- seams inside the layers --------------------------------------------------------------
+
+def _source(rel):
+    return open(os.path.join(ROOT, rel)).read()
 
 
 def test_group_sits_below_the_collectives():
     # group.py builds groups; split/node_groups (which need a collective) live in subgroups.py
-    assert "collectives" not in _imports("group.py", anywhere=True)
-    assert "subgroups" not in _imports("group.py")  # only pybridge.group.split's deprecated redirect
-    assert {"collectives", "group"} <= _imports("subgroups.py")
+    assert not {"pybridge.comm.collectives", "pybridge.comm.subgroups"} & _imports("pybridge.comm.group")
+    assert {"pybridge.comm.collectives", "pybridge.comm.group"} <= _imports("pybridge.comm.subgroups")
+
+
+def test_group_split_is_there_whatever_is_imported_first():
+    out = subprocess.run([sys.executable, "-c", "from pybridge.comm.group import Group; print(Group.split.__doc__)"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "MPI_Comm_split" in out.stdout, out.stderr
+
+
+def test_the_hooks_import_the_contract_not_the_registry():
+    for hook in ("gossip", "hierarchical", "default_hooks"):
+        imported = _imports(f"pybridge.algorithms.{hook}")
+        assert "pybridge.algorithms.contract" in imported and "pybridge.algorithms.comm_hooks" not in imported, hook
 
 
 def test_checked_mode_issues_no_collective_itself():
     # its allreduce and all_gather run in collectives.py (_verify), like every other one
-    assert "torch.distributed" not in _imports("checked.py")
-    assert ".pg." not in _source("checked.py")
+    assert "torch.distributed" not in _source("comm/checked.py")
+    assert ".pg." not in _source("comm/checked.py")
 
 
 def test_group_state_has_owners():
     # only the watchdog's Progress and checked mode's State hold this state now
-    for name in ("collectives.py", "checked.py", "watchdog.py", "gossip.py", "subgroups.py", "hierarchical.py",
-                 "local_sgd.py", "hook_thread.py"):
-        text = _source(name)
+    for rel in ("comm/collectives.py", "comm/checked.py", "comm/watchdog.py", "algorithms/gossip.py",
+                "comm/subgroups.py", "algorithms/hierarchical.py", "algorithms/local_sgd.py",
+                "algorithms/hook_thread.py"):
+        text = _source(rel)
         for private in ("._children", "._world_store", ".issued =", ".inflight", ".fingerprint_buffer"):
-            assert private not in text, (name, private)
+            assert private not in text, (rel, private)
 
 
 def test_the_shuffle_belongs_to_neither_user():
-    assert "shuffle" in _imports("gossip_schedule.py")
-    assert "recordio.partition" not in _imports("gossip_schedule.py")
+    assert "pybridge.base.shuffle" in _imports("pybridge.algorithms.gossip_schedule")
+    assert "pybridge.base.shuffle" in _imports("pybridge.recordio.partition")
+
+
+def test_parameter_broadcast_is_not_the_reducers():
+    assert "def broadcast_parameters" not in _source("ddp/reducer.py")
+    assert "BroadcastParams" not in open(os.path.join(REPO, "go", "reducer.go")).read()
 
 
 def test_progress_is_changed_only_through_its_methods():
-    import pytest
-    from pybridge.watchdog import Progress
+    from pybridge.comm.watchdog import Progress
     world = Progress()
     assert not world.watched and world.begin("op") == 1 and world.first_unfinished() == (None, None)
     world._watch()  # what watchdog.start does
@@ -66,19 +231,33 @@ def test_progress_is_changed_only_through_its_methods():
         child.issued = 5
 
 
-def test_old_names_still_work_with_a_warning():
-    import warnings
+# ---- the old paths ---------------------------------------------------------------------
 
-    import pytest
+def test_old_module_paths_load_the_moved_module_with_a_warning():
+    import importlib
 
     import pybridge
-    from pybridge import group, subgroups
-    with pytest.warns(DeprecationWarning, match="use pybridge.split"):
-        assert group.split is subgroups.split is pybridge.split
-    with pytest.warns(DeprecationWarning, match="use pybridge.node_groups"):
-        assert group.node_groups is pybridge.node_groups
+    for old, new in pybridge.MOVED.items():
+        with pytest.warns(DeprecationWarning, match=f"pybridge.{old} moved to pybridge.{new}"):
+            module = importlib.import_module(f"pybridge.{old}")
+        assert module is importlib.import_module(f"pybridge.{new}"), old
+        assert module.__spec__.name == f"pybridge.{new}", old  # its own spec, not the old name's
+
+
+def test_old_attribute_paths_warn_too():
+    out = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c",
+                          "import pybridge; pybridge.elastic"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "pybridge.elastic moved to pybridge.runtime.elastic" in out.stderr, out.stderr
+    out = subprocess.run([sys.executable, "-c", "from pybridge import comm_hooks, reducer; "
+                          "print(comm_hooks.__name__, reducer.Reducer.__module__)"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["pybridge.algorithms.comm_hooks", "pybridge.ddp.reducer"], out.stderr
+
+
+def test_group_deprecated_attributes_still_warn():
+    from pybridge.comm import group
     g = group.Group(None, [0], 0, 0, "gloo", 5.0, owned=True)
-    assert g.split.__func__ is pybridge.Group.split and g.children == () and g.issued == 0
+    assert g.children == () and g.issued == 0
     for name in ("inflight", "fingerprint_buffer", "p2p"):
         with pytest.warns(DeprecationWarning, match=f"Group.{name} is deprecated"):
             getattr(g, name)

@@ -48,7 +48,7 @@ def averagers_vs_torch(rank, world):
     from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import HierarchicalModelAverager
 
     import pybridge
-    from pybridge import local_sgd
+    from pybridge.algorithms import local_sgd
     out = {}
     ours = _run(_model(), local_sgd.PeriodicModelAverager(period=3, warmup_steps=2), rank)
     theirs = _run(_model(), averagers.PeriodicModelAverager(period=3, warmup_steps=2), rank)
@@ -111,7 +111,7 @@ def post_local_sgd(rank, world):
     from torch.distributed.algorithms.model_averaging import averagers
 
     import pybridge
-    from pybridge import comm_hooks, local_sgd
+    from pybridge.algorithms import comm_hooks, local_sgd
     warmup = 3
     # torch's default after the warm-up: gradients still averaged within a subgroup (here
     # pairs of ranks, a pretend node); and without any gradient allreduce after it.
@@ -137,7 +137,7 @@ def post_local_sgd(rank, world):
 
 
 def test_averager_arguments():
-    from pybridge import local_sgd
+    from pybridge.algorithms import local_sgd
     from pybridge.errors import InvalidArgument
     for bad, what in (((0,), "period"), ((2, -1), "warmup_steps"), ((2, 0, "world"), "process_group")):
         with pytest.raises(InvalidArgument, match=what):

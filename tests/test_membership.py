@@ -1,4 +1,4 @@
-"""Elastic membership rounds (pybridge/membership.py) in one process, over a real TCPStore:
+"""Elastic membership rounds (pybridge/runtime/membership.py) in one process, over a real TCPStore:
 who forms each world, in which order, and when a member counts as lost."""
 
 import datetime
@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from pybridge import membership as mb
+from pybridge.runtime import membership as mb
 from pybridge.errors import Closed, CommError, MembershipChanged, Timeout
 from ranks import free_port
 

@@ -1,4 +1,4 @@
-"""Progress display (pybridge.progress): off unless stderr is a terminal or PYBRIDGE_PROGRESS=1;
+"""Progress display (pybridge.base.progress): off unless stderr is a terminal or PYBRIDGE_PROGRESS=1;
 tqdm when installed, a plain line otherwise; used by `pybridge-recordio pack` and the MNIST
 example's prepare.py."""
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pybridge import progress as prog
+from pybridge.base import progress as prog
 from pybridge.recordio.__main__ import main as recordio_main
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "mnist"))

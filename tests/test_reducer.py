@@ -8,7 +8,8 @@ import torch
 
 import pybridge
 from pybridge.errors import Closed, InvalidArgument, NotInitialized
-from pybridge.reducer import (MiB, ParamSpec, Reducer, assign_buckets, broadcast_parameters)
+from pybridge.comm.params import broadcast_parameters
+from pybridge.ddp.reducer import MiB, ParamSpec, Reducer, assign_buckets
 from ranks import run_ranks
 
 # Mixed dtypes and shapes; sizes chosen so that a 1 KiB cap makes several buckets.
@@ -124,7 +125,7 @@ def check_rebuild(rank, world):
     for i in orders[rank]:
         red.mark_ready(i)
     red.finalize()
-    want = assign_buckets([ParamSpec((n,), pybridge.dtypes.torch_dtype(d), torch.device("cpu"))
+    want = assign_buckets([ParamSpec((n,), pybridge.base.dtypes.torch_dtype(d), torch.device("cpu"))
                            for n, d in specs], orders[0], 2 * 1024, 1024)
     assert red.bucket_indices == want, (red.bucket_indices, want)
     assert red.bucket_indices != before and red.generation == 1
@@ -274,7 +275,7 @@ def test_bucket_assignment_caps_and_order():
 
 
 def test_bucket_caps_follow_torch_ddp():
-    from pybridge.reducer import bucket_caps
+    from pybridge.ddp.reducer import bucket_caps
     assert bucket_caps() == (25.0, 1.0)              # defaults: a small first bucket
     assert bucket_caps(25) == (25, 25)               # a cap the caller chose: the first bucket too
     assert bucket_caps(4, 0.5) == (4, 0.5)           # unless that is given as well
@@ -322,9 +323,9 @@ def agreement_cases(rank, world):
     iteration after register_comm_hook/set_shapes; and two spellings of one hook agree."""
     import threading
 
-    from pybridge import comm_hooks
-    from pybridge.comm_hooks import BuiltinHook, GossipHook
-    from pybridge.gossip import GossipState, gossip_hook
+    from pybridge.algorithms import comm_hooks
+    from pybridge.algorithms.comm_hooks import BuiltinHook, GossipHook
+    from pybridge.algorithms.gossip import GossipState, gossip_hook
     pybridge.init(timeout=30)
     out = {}
     odd = rank == world - 1
@@ -386,7 +387,7 @@ def agreement_cases(rank, world):
     # A Python hook by name: module, qualified name and the state's type.
     state = GossipState(seed=int(odd))
     red.register_comm_hook(state, gossip_hook)
-    refused(lambda: red.mark_ready(0), "pybridge.gossip.gossip_hook", "seed 0", "seed 1")
+    refused(lambda: red.mark_ready(0), "pybridge.algorithms.gossip.gossip_hook", "seed 0", "seed 1")
     red.close()
     assert not state._worker.is_alive(), "Reducer.close() left the gossip state's thread running"
     pybridge.barrier()
@@ -406,8 +407,8 @@ def test_every_setting_is_agreed_across_ranks():
 def gossip_closed_with_reducer(rank, world):
     import threading
 
-    from pybridge import comm_hooks
-    from pybridge.comm_hooks import GossipHook
+    from pybridge.algorithms import comm_hooks
+    from pybridge.algorithms.comm_hooks import GossipHook
     pybridge.init(timeout=30)
     gossip = lambda: sum(t.name == "pybridge-gossip" for t in threading.enumerate())  # noqa: E731
     before = gossip()

@@ -87,7 +87,7 @@ def bound_hooks(rank, world):
     """Each built-in hook in both modes on the same gradients: bound (the program's tensors,
     copied in and out) and bucket views (written in place) reduce to the same values."""
     from pybridge import abi
-    from pybridge.comm_hooks import BuiltinHook, GossipHook
+    from pybridge.algorithms.comm_hooks import BuiltinHook, GossipHook
     pybridge.init(backend="gloo")
     try:
         hooks = {"fp16": BuiltinHook(abi.PB_HOOK_FP16), "bf16": BuiltinHook(abi.PB_HOOK_BF16),

@@ -21,7 +21,7 @@ def _fails(fn, kind):
 def subgroup_suite(rank, world, data_dir):
     import pybridge
     from pybridge.errors import Closed, InvalidArgument
-    from pybridge.reducer import Reducer
+    from pybridge.ddp.reducer import Reducer
     g = pybridge.init(backend="gloo", timeout=30)
     out = {}
 

@@ -44,8 +44,7 @@ from train import build_model, data_kind  # noqa: E402
 
 import pybridge  # noqa: E402
 from pybridge import recordio  # noqa: E402
-from pybridge.federated import (EVALUATE, CentralDP, FedAdagrad, FedAdam, FedAvgRounds, FedYogi, Server,  # noqa: E402
-                                ServerSGD, Worker, add_proximal_grad)
+from pybridge.federated import EVALUATE, CentralDP, FedAdagrad, FedAdam, FedAvgRounds, FedYogi, Server, ServerSGD, Worker, add_proximal_grad
 
 STRATEGIES = {"fedavg": ServerSGD, "fedadam": FedAdam, "fedyogi": FedYogi, "fedadagrad": FedAdagrad}
 

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mnist_format as fmt  # noqa: E402
 
 from pybridge import __version__, recordio  # noqa: E402
-from pybridge.progress import progress  # noqa: E402
+from pybridge.base.progress import progress  # noqa: E402
 
 IDX_FILES = {
     ("train", "images"): "train-images-idx3-ubyte",

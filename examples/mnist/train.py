@@ -48,7 +48,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mnist_format as fmt  # noqa: E402
 
 import pybridge  # noqa: E402
-from pybridge import join, netif, recordio  # noqa: E402
+from pybridge.ddp import join
+from pybridge.base import netif
+from pybridge import recordio  # noqa: E402
 
 EVAL_BATCH = 500  # test records per rank and batch
 

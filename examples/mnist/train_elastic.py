@@ -18,7 +18,8 @@ import torch
 
 import mnist_format as fmt
 import pybridge
-from pybridge import elastic, recordio
+from pybridge.runtime import elastic
+from pybridge import recordio
 
 
 def check(opts):

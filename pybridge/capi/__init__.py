@@ -12,9 +12,9 @@ import importlib
 import itertools
 import pkgutil
 
-from .. import group as _group
-from .. import libtorch
-from ..buffers import PointerViews
+from ..comm import group as _group
+from . import libtorch
+from ..base.buffers import PointerViews
 from ..errors import INTERNAL, InvalidArgument, NotInitialized, PyBridgeError, classify
 
 ffi = None  # set by install(): the embedding module's FFI

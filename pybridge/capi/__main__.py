@@ -1,9 +1,9 @@
 """python -m pybridge.capi build | check | --cflags | --libs | --pkg-config-path | --go-dir
-(the same as pybridge-capi): see pybridge/_capi_build.py."""
+(the same as pybridge-capi): see pybridge/cbuild/cli.py."""
 
 import sys
 
-from .._capi_build import main
+from ..cbuild.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,11 +1,12 @@
 """C ABI functions for training state checkpoints (capi/pybridge.h, "Training state").
 
 Conversion only: names and descriptors become a dict of tensors over the caller's memory;
-pybridge.checkpoint saves, agrees on the newest and restores.
+pybridge.runtime.checkpoint saves, agrees on the newest and restores.
 """
 
-from .. import capi, checkpoint
-from ..checks import integer
+from .. import capi
+from ..runtime import checkpoint
+from ..base.checks import integer
 from ..errors import InvalidArgument
 from . import handles, live_group, put, tensor, text
 from .recordio import LoaderHandle

@@ -2,9 +2,12 @@
 
 import torch
 
-from .. import abi, capi, collectives, dtypes
-from .. import group as _group
-from ..buffers import CPU, check_extent
+from .. import abi, capi
+from ..comm import collectives, params
+from ..base import dtypes
+from ..comm import group as _group
+from ..base.buffers import CPU, check_extent
+from ..base.checks import integer
 from ..errors import InvalidArgument, PyBridgeError
 from . import descriptor_key, handles, live_group, put, tensor, text
 
@@ -233,3 +236,10 @@ def pb_work_close(work):
 pb_work_free = pb_work_close  # deprecated name (pybridge.h), the same function
 
 
+def pb_broadcast_params(group, n, tensors, root):
+    g = live_group(group)
+    integer("n", n, low=0)
+    if n and tensors == capi.ffi.NULL:
+        raise InvalidArgument(f"tensors is NULL with n = {n}")
+    ts = [tensor(tensors + i, f"tensors[{i}]") for i in range(n)]
+    params.broadcast_parameters(ts, root, group=g)

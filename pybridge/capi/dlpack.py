@@ -1,10 +1,11 @@
 """C ABI functions for DLPack tensors (capi/pybridge.h, section "DLPack").
 
-Conversion only: reading the DLPack structs lives in pybridge/dlpack.py.
+Conversion only: reading the DLPack structs lives in pybridge/base/dlpack.py.
 """
 
-from .. import capi, dlpack
-from ..buffers import check_extent
+from .. import capi
+from ..base import dlpack
+from ..base.buffers import check_extent
 from ..errors import InvalidArgument
 
 

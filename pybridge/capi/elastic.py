@@ -1,11 +1,12 @@
 """C ABI functions for elastic training (capi/pybridge.h, "Elastic state" and "Elastic
 training"). Conversion only: the caller's tensors, loader and reducer are bound to a
-pybridge.elastic.State for the length of each call; pybridge.elastic does the rest."""
+pybridge.runtime.elastic.State for the length of each call; pybridge.runtime.elastic does the rest."""
 
 import math
 
-from .. import capi, elastic
-from ..elastic import State
+from .. import capi
+from ..runtime import elastic
+from ..runtime.elastic import State
 from ..errors import InvalidArgument
 from . import handles, live_group, put, text
 from .checkpoint import _named, _objects

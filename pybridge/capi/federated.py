@@ -8,8 +8,9 @@ call only.
 
 import math
 
-from .. import abi, capi, dtypes
-from ..checks import integer
+from .. import abi, capi
+from ..base import dtypes
+from ..base.checks import integer
 from ..errors import InvalidArgument, WorkerFailed
 from ..federated import EVALUATE, TRAIN, FedAvgRounds, Server, Worker, sample_clients
 from . import flag, handles, live_group, tensor, text

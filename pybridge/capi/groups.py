@@ -1,9 +1,10 @@
-"""C ABI functions for subgroups (pybridge.group): split, explicit member lists, node
+"""C ABI functions for subgroups (pybridge.comm.group): split, explicit member lists, node
 groups, rank mapping, free. Conversion only."""
 
-from .. import capi, subgroups
-from .. import group as _group
-from ..checks import integer
+from .. import capi
+from ..comm import subgroups
+from ..comm import group as _group
+from ..base.checks import integer
 from ..errors import InvalidArgument
 from . import handles, live_group, put
 

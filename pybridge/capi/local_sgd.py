@@ -1,9 +1,9 @@
-"""C ABI functions for periodic model averaging (pybridge.local_sgd). Conversion only: the
+"""C ABI functions for periodic model averaging (pybridge.algorithms.local_sgd). Conversion only: the
 schedule and the averaging live in the core."""
 
 from .. import capi
-from .. import local_sgd as _local_sgd
-from ..checks import integer
+from ..algorithms import local_sgd as _local_sgd
+from ..base.checks import integer
 from ..errors import InvalidArgument
 from . import handles, live_group, put, tensor
 

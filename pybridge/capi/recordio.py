@@ -8,8 +8,8 @@ until the next pb_loader_next or pb_loader_close (the data may view a pooled chu
 import numpy as np
 
 from .. import abi, capi
-from .. import group as _group
-from ..checks import integer
+from ..comm import group as _group
+from ..base.checks import integer
 from ..errors import Closed, InvalidArgument
 from ..recordio import Loader
 from ..recordio.partition import LocalStore

@@ -1,16 +1,18 @@
-"""C ABI functions for the gradient reducer (pybridge.reducer) and parameter broadcast.
+"""C ABI functions for the gradient reducer (pybridge.ddp.reducer) and parameter broadcast.
 
 Conversion only: the bucketing, hooks, their states and the cross-rank check live in
-pybridge/reducer.py and pybridge/comm_hooks.py. What stays here is C's concern: memory of
+pybridge/ddp/reducer.py and pybridge/algorithms/comm_hooks.py. What stays here is C's concern: memory of
 superseded bucket layouts that C callers may still point at.
 """
 
 import math
 
-from .. import abi, capi, comm_hooks, dtypes
-from .. import reducer as _reducer
-from ..buffers import CPU
-from ..checks import integer
+from .. import abi, capi
+from ..algorithms import comm_hooks
+from ..base import dtypes
+from ..ddp import reducer as _reducer
+from ..base.buffers import CPU
+from ..base.checks import integer
 from ..errors import InvalidArgument
 from . import handles, live_group, options, put, tensor
 
@@ -266,12 +268,3 @@ def pb_reducer_close(reducer):
 
 
 pb_reducer_free = pb_reducer_close  # Deprecated in the header: the one destructor is named _close
-
-
-def pb_broadcast_params(group, n, tensors, root):
-    g = live_group(group)
-    integer("n", n, low=0)
-    if n and tensors == capi.ffi.NULL:
-        raise InvalidArgument(f"tensors is NULL with n = {n}")
-    ts = [tensor(tensors + i, f"tensors[{i}]") for i in range(n)]
-    _reducer.broadcast_parameters(ts, root, group=g)

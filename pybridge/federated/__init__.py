@@ -7,7 +7,8 @@ from .fedprox import add_proximal_grad, proximal_loss
 from .protocol import EVALUATE, TRAIN, Header
 from .rounds import FedAvgRounds
 from .sampling import sample_clients
-from .server import Result, RoundResults, Server
+from .results import Result, RoundResults
+from .server import Server
 from .staleness import Staleness
 from .strategies import CentralDP, FedAdagrad, FedAdam, FedYogi, ServerSGD
 from .worker import Task, Worker

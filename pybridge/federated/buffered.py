@@ -26,12 +26,13 @@ import collections
 
 import torch
 
-from ..checks import integer
+from ..base.checks import integer
 from ..errors import InvalidArgument
+from .modes import BUFFERED as MODES  # noqa: F401  (buffered.MODES: the modes handled here)
 from .protocol import EVALUATE, TRAIN
+from .results import RoundResults, client_list
 from .staleness import Staleness
 
-MODES = ("fedbuff", "fedasync")  # Server modes handled here
 REFUSED_RETRIES = 1  # with requeue, a client whose update was refused (NaN, Inf, norm) goes out once more
 DEFAULT_BUFFER = 10  # FedBuff's K when none is given
 
@@ -136,8 +137,7 @@ class Stream:
     def add(self, clients, command):
         """A round: `clients` join the queue, and the server's `current` summary (metrics,
         samples, refusals) starts afresh for the results taken from now on."""
-        from .server import RoundResults, _client_list  # server.py imports this module
-        self.pending[command].extend(_client_list(clients))
+        self.pending[command].extend(client_list(clients))
         self.server.current = RoundResults(self.server.round, command)  # filled by _record, not iterated
 
     def _left(self):

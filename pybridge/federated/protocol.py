@@ -31,7 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import abi, collectives, dtypes
+from .. import abi
+from ..comm import collectives
+from ..base import dtypes
 from ..errors import CorruptData, InvalidArgument
 from .metrics import MAX_BYTES as MAX_METRICS_BYTES
 

@@ -12,7 +12,7 @@ with mode "fedbuff" or "fedasync", see buffered.py) the model steps by itself ev
 
 import torch
 
-from ..checks import integer, positive_finite
+from ..base.checks import integer, positive_finite
 from ..errors import InvalidArgument
 from . import buffered
 from .protocol import EVALUATE, TRAIN, flat

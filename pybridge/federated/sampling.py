@@ -3,7 +3,7 @@
 
 import random
 
-from ..checks import integer
+from ..base.checks import integer
 
 
 def sample_clients(num_clients, per_round, seed, round):

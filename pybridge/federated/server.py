@@ -10,45 +10,25 @@ from bench/federated_mechanisms.py).
 """
 
 import collections
-import operator
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from .. import dtypes
-from .. import group as _group
-from ..checks import integer, positive_finite, positive_seconds
-from ..errors import (Closed, InvalidArgument, PyBridgeError, UpdateRefused, WorkerFailed, WorkerTimeout,
-                      classify)
+from ..base import dtypes
+from ..comm import group as _group
+from ..base.checks import integer, positive_finite, positive_seconds
+from ..errors import Closed, InvalidArgument, PyBridgeError, UpdateRefused, WorkerFailed, WorkerTimeout, classify
 from . import buffered
+from .modes import BUFFERED as BUFFERED_MODES, MODES
+from .results import Result, RoundResults, client_list
 from .integrity import refusal
-from .metrics import RoundMetrics
 from .metrics import decode as decode_metrics
-from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN,
-                       UPDATE, Header, Links, decode_message, flat)
+from .protocol import DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE, Header, Links, decode_message, flat
 
-MODES = ("async", "sync") + buffered.MODES  # the last two: FedBuff / FedAsync (buffered.py)
 REFUSED_RETRIES = 1  # with requeue, a client whose update was refused is handed out once more
-
-
-@dataclass
-class Result:
-    """One client's answer. TRAIN: `payload` is the pseudo-gradient (round model - trained
-    weights) from `samples` examples; EVALUATE: the worker's metrics tensor. `seconds`: from
-    handing the client out to the result's arrival. `metrics`: the floats the worker sent
-    with it (loss, accuracy, ...; empty when none)."""
-
-    command: int
-    round: int
-    client: int
-    worker: int
-    samples: int
-    payload: torch.Tensor
-    seconds: float
-    metrics: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -58,37 +38,6 @@ class _Assignment:
     command: int
     seq: int
     start: float
-
-
-class RoundResults:
-    """What run_round returns: an iterator over the round's Results in completion order,
-    which also keeps the round's summary of the results taken so far: `clients` (in
-    order), `samples` (their sum), `metrics` (sample-weighted means, metrics.RoundMetrics)
-    and `refused` (client -> UpdateRefused, for updates the server would not take)."""
-
-    def __init__(self, number, command):
-        self.round = number
-        self.command = command
-        self.clients = []
-        self.samples = 0
-        self.refused = {}
-        self._metrics = RoundMetrics()
-        self._gen = None
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        r = next(self._gen)
-        self.clients.append(r.client)
-        self.samples += r.samples
-        self._metrics.add(r.samples, r.metrics)
-        return r
-
-    @property
-    def metrics(self):
-        """Each metric's sample-weighted mean over the results taken so far."""
-        return self._metrics.means()
 
 
 class Server:
@@ -180,10 +129,10 @@ class Server:
         not waited for; their late results are dropped by round number, and they get the
         next round's model and clients once they are back."""
         self._check_open()
-        if self.mode in buffered.MODES:  # FedBuff / FedAsync dispatch: no rounds there
+        if self.mode in BUFFERED_MODES:  # FedBuff / FedAsync dispatch: no rounds there
             raise InvalidArgument(f"mode {self.mode} hands clients out across model versions, not in rounds: "
                                   "drive it with FedAvgRounds (or server.stream)")
-        clients = _client_list(clients)
+        clients = client_list(clients)
         if not clients:
             raise InvalidArgument("run_round needs at least one client: an empty round would send the "
                                   "model and advance the round for nothing")
@@ -280,7 +229,7 @@ class Server:
         """Mode fedbuff or fedasync: a buffered.Stream handing clients out on `model` (the
         server's flat model, read at each send) across versions. FedAvgRounds uses it."""
         self._check_open()
-        if self.mode not in buffered.MODES:
+        if self.mode not in BUFFERED_MODES:
             raise InvalidArgument(f"stream is for the fedbuff and fedasync modes; this server's mode is {self.mode}")
         if model.device != self._links.device:  # it is sent as is, whenever a worker is behind
             raise InvalidArgument(f"in mode {self.mode} the model must be on the group's device "
@@ -387,7 +336,7 @@ class Server:
             text = decode_message(payload) if payload is not None else ""
             return "failed", a, WorkerFailed(f"federated worker rank {w} failed on client {a.client} "
                                              f"(round {a.round}): {text}", w, a.client, a.round)
-        if a.round != self.round and self.mode not in buffered.MODES:  # FedBuff / FedAsync apply late ones
+        if a.round != self.round and self.mode not in BUFFERED_MODES:  # FedBuff / FedAsync apply late ones
             return "result", a, None  # late, from an abandoned round: dropped by the caller
         if h.command == TRAIN:
             if (h.length, h.dtype) != (self._model.numel(), dtypes.code(self._model.dtype)):
@@ -490,20 +439,3 @@ class Server:
 def _answers(h, a):
     """Whether header `h` answers assignment `a` (its result, or its reported failure)."""
     return (h.round, h.client, h.seq) == (a.round, a.client, a.seq) and h.command in (a.command, FAILED)
-
-
-def _client_list(clients):
-    try:
-        given = list(clients)
-        if any(isinstance(c, bool) for c in given):
-            raise TypeError
-        ids = [operator.index(c) for c in given]
-    except TypeError:
-        raise InvalidArgument(f"clients must be a list of integer ids, got {clients!r}") from None
-    bad = [c for c in ids if c < 0]
-    if bad:
-        raise InvalidArgument(f"client ids must be >= 0, got {bad}")
-    if len(set(ids)) != len(ids):
-        dup = sorted({c for c in ids if ids.count(c) > 1})
-        raise InvalidArgument(f"clients {dup} are listed more than once (each is trained once per round)")
-    return ids

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from ..checks import positive_finite
+from ..base.checks import positive_finite
 from ..errors import InvalidArgument
 
 

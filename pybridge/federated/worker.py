@@ -13,13 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import dtypes
-from .. import group as _group
-from ..checks import integer
+from ..base import dtypes
+from ..comm import group as _group
+from ..base.checks import integer
 from ..errors import Closed, CommError, CorruptData, InvalidArgument
 from . import metrics as _metrics
-from .protocol import (DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE, Header,
-                       Links, encode_message, flat)
+from .protocol import DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE, Header, Links, encode_message, flat
 
 
 @dataclass

@@ -13,11 +13,10 @@ Byte layout: format.py. Command line: python -m pybridge.recordio --help.
 """
 
 from .batch import Batch, decode_fixed
-from .format import (COMPRESSORS, DEFAULT_MAX_CHUNK_BYTES, GZIP, NONE, SNAPPY, compressor_id)
+from .format import COMPRESSORS, DEFAULT_MAX_CHUNK_BYTES, GZIP, NONE, SNAPPY, compressor_id
 from .index import ChunkInfo, Index
 from .loader import Loader, expand_files
-from .partition import (DynamicPartition, LocalStore, Task, chunk_tasks, epoch_order, make_tasks,
-                        num_batches, per_rank_records, permutation, static_shard)
+from .partition import DynamicPartition, LocalStore, Task, chunk_tasks, epoch_order, make_tasks, num_batches, per_rank_records, permutation, static_shard
 from .reader import Reader, read_file
 from .writer import Writer, write_file
 

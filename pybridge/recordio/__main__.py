@@ -10,7 +10,7 @@ import sys
 
 from .._version import __version__
 from ..errors import CorruptData, PyBridgeError
-from ..progress import progress
+from ..base.progress import progress
 from .format import COMPRESSORS, DEFAULT_MAX_CHUNK_BYTES
 from .reader import Reader
 from .writer import Writer

@@ -16,8 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .format import (COMPRESSOR_NAMES, HEADER_SIZE, MAGIC, MAGIC_BYTES, corrupt, io_failure,
-                     unpack_header)
+from .format import COMPRESSOR_NAMES, HEADER_SIZE, MAGIC, MAGIC_BYTES, corrupt, io_failure, unpack_header
 
 SIDECAR_SUFFIX = ".rioidx"
 _SIDECAR_MAGIC = b"PBRIOIDX"

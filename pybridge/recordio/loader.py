@@ -11,13 +11,12 @@ import queue
 import threading
 
 
-from .. import agree
-from ..checks import index, integer
+from ..base import agree
+from ..base.checks import index, integer
 from ..errors import Closed, InvalidArgument
 from .batch import Batch, decode_fixed  # noqa: F401 - decode_fixed is part of the loader API
 from .index import SIDECAR_SUFFIX
-from .partition import (DynamicPartition, LocalStore, _merge, chunk_tasks, dataset_name, next_instance,
-                        num_batches, plan_remaining, static_shard)
+from .partition import DynamicPartition, LocalStore, _merge, chunk_tasks, dataset_name, next_instance, num_batches, plan_remaining, static_shard
 from .reader import Reader, join
 
 PARTITIONS = ("static", "dynamic")
@@ -480,5 +479,5 @@ def _describe_open(row):
 
 
 def _live_group():
-    from .. import group  # late: keeps `import pybridge.recordio` free of process-group state
+    from ..comm import group  # late: keeps `import pybridge.recordio` free of process-group state
     return group.current() if group.is_initialized() else None

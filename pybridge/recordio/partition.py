@@ -18,7 +18,7 @@ Dynamic partition:
   process group's store (store.add(key, 1)), so a faster rank reads more tasks; every record
   is read exactly once per epoch, and ranks may end with different numbers of batches.
 
-The shuffle is pybridge.shuffle.permutation (Fisher-Yates driven by splitmix64, seeded with
+The shuffle is pybridge.base.shuffle.permutation (Fisher-Yates driven by splitmix64, seeded with
 seed and epoch), the same one gossip's topology uses, so that every rank derives the same order.
 """
 
@@ -28,9 +28,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..checks import index, integer
+from ..base.checks import index, integer
 from ..errors import InvalidArgument, classify
-from ..shuffle import permutation
+from ..base.shuffle import permutation
 
 
 class Task(NamedTuple):

@@ -37,11 +37,10 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import Closed, CorruptData, InvalidArgument
-from ..checks import integer
+from ..base.checks import integer
 from .batch import Batch
 from .checksum import crc32_combine, crc32_update
-from .format import (HEADER_SIZE, NONE, FormatError, corrupt, decompress, gather_into, io_failure,
-                     parse_records)
+from .format import HEADER_SIZE, NONE, FormatError, corrupt, decompress, gather_into, io_failure, parse_records
 from .index import build_index
 
 _PAGE = 4096

@@ -7,9 +7,8 @@ import zlib
 import numpy as np
 
 from ..errors import Closed, InvalidArgument
-from ..checks import integer
-from .format import (DEFAULT_MAX_CHUNK_BYTES, MAX_U32, compress, compressor_id, io_failure,
-                     pack_header)
+from ..base.checks import integer
+from .format import DEFAULT_MAX_CHUNK_BYTES, MAX_U32, compress, compressor_id, io_failure, pack_header
 
 _U32 = struct.Struct("<I")
 MAX_CHUNK_LIMIT = 1 << 31  # keeps payload + length prefixes far from the uint32 size field

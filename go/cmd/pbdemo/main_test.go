@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 
 func TestDemoTwoRanks(t *testing.T) {
 	port := 0
-	for port == 0 { // below the ephemeral range, as pybridge.netif.free_port
+	for port == 0 { // below the ephemeral range, as pybridge.base.netif.free_port
 		p := 20000 + rand.IntN(12000)
 		if l, err := net.Listen("tcp", ":"+strconv.Itoa(p)); err == nil {
 			l.Close()

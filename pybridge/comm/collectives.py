@@ -1,0 +1,374 @@
+"""Collectives and point-to-point messages, in place, on anything `as_tensor` accepts.
+
+Every call takes `group=` (default: the world); roots and peers are ranks within that group.
+
+Every rank must issue collectives in the same order: torch.distributed matches them
+by sequence, not by name. Calls that may run concurrently (threads, goroutines) must
+therefore be ordered by the caller.
+
+Every collective pybridge issues goes through _run (numbered and watched by the group's
+watchdog.Progress, verified first in checked mode, errors explained): also checked mode's
+own fingerprint exchange (_verify) and the agreement checks (agree, gather_rows).
+"""
+
+import threading
+
+import torch
+import torch.distributed as dist
+
+from .. import abi
+from . import checked
+from ..base import agree as _agree
+from . import group as _group
+from . import streams as _streams
+from . import watchdog as _watchdog
+from ..base.buffers import as_tensor
+from .checked import Op
+from ..base.checks import integer, positive_seconds
+from ..errors import InvalidArgument, Timeout, classify
+
+# The C ABI's op codes (PB_SUM ... in capi/pybridge.h).
+SUM, AVG, MIN, MAX, PRODUCT = abi.PB_SUM, abi.PB_AVG, abi.PB_MIN, abi.PB_MAX, abi.PB_PRODUCT
+OPS = {SUM: dist.ReduceOp.SUM, AVG: dist.ReduceOp.AVG, MIN: dist.ReduceOp.MIN,
+       MAX: dist.ReduceOp.MAX, PRODUCT: dist.ReduceOp.PRODUCT}
+OP_NAMES = {"sum": SUM, "avg": AVG, "mean": AVG, "min": MIN, "max": MAX,
+            "product": PRODUCT, "prod": PRODUCT}
+
+
+def _allreduce_options(rop):
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = rop
+    return opts
+
+
+# Hot paths call the ProcessGroup directly with prebuilt options: torch.distributed's
+# Python wrappers cost several microseconds per call, which dominates small messages.
+_ALLREDUCE_OPTS = {code: _allreduce_options(rop) for code, rop in OPS.items()}
+_MAX_OPTS = _ALLREDUCE_OPTS[MAX]
+
+
+def _op_code(op, dtype):
+    if type(op) is int and SUM <= op <= PRODUCT and (op != AVG or dtype.is_floating_point):
+        return op  # the hot path: a valid code (bool, a subclass of int, is not one)
+    code = OP_NAMES.get(op.lower()) if isinstance(op, str) else op
+    if isinstance(code, bool) or code not in OPS:
+        raise InvalidArgument(f"unknown reduce op {op!r}; valid: sum, avg, min, max, product (codes 0..4)")
+    if code == AVG and not dtype.is_floating_point:
+        raise InvalidArgument(f"op avg needs a floating-point dtype, got {dtype}; use sum and divide")
+    return code
+
+
+def reduce_op(op, dtype):
+    """The torch ReduceOp for an op code or name, checked against the element type."""
+    return OPS[_op_code(op, dtype)]
+
+
+class Work:
+    """An asynchronous operation in flight. The buffers it uses stay referenced until
+    it is done; their contents are defined only after wait() or a True test()."""
+
+    def __init__(self, work, *buffers, explain=None, finish=None, stream=None):
+        self._work = work
+        self._stream = stream  # the CUDA stream it was issued on: completion waits there
+        self._buffers = buffers
+        self._explain = explain or classify  # exception -> the pybridge error to raise
+        self._finish = finish  # called once done (the watchdog's bookkeeping)
+        self._error = None
+        self._finished = False
+        self._waiter = None  # thread that completes the work for test(), once started
+        self._lock = threading.Lock()
+
+    def wait(self, timeout=None):
+        """Block until done; raise Timeout if `timeout` seconds pass first."""
+        if timeout is not None:
+            timeout = positive_seconds("timeout", timeout)
+        waiter = self._start_waiter() if timeout is not None else self._waiter
+        if waiter is not None:
+            waiter.join(timeout)
+            if waiter.is_alive():
+                raise Timeout(f"operation did not finish within {timeout} s")
+        else:
+            self._complete()
+        return self._result()
+
+    def test(self) -> bool:
+        """True once done (raising its error if it failed); never blocks."""
+        if not self._finished:
+            # torch's gloo isend/irecv/reduce_scatter report is_completed() only after
+            # wait() was called, so a background thread does the waiting.
+            self._start_waiter()
+            if not self._finished:
+                return False
+        self._result()
+        return True
+
+    def _start_waiter(self):
+        with self._lock:
+            if self._waiter is None and not self._finished:
+                self._waiter = threading.Thread(target=self._complete, daemon=True,
+                                                name="pybridge-work-waiter")
+                self._waiter.start()
+            return self._waiter
+
+    def _complete(self):
+        if self._finished:
+            return
+        try:
+            with _streams.waiting_on(self._stream):
+                self._work.wait()  # bounded by the process group's timeout
+        except Exception as exc:  # noqa: BLE001
+            self._error = self._explain(exc)
+        if self._finish is not None:
+            self._finish()
+        self._buffers = ()
+        self._finished = True
+
+    def _result(self):
+        if self._error is not None:
+            raise self._error
+        return None
+
+
+def _run(g, op, start, async_op, *buffers):
+    """Start collective `op` on g (`start()` returns torch's work object) and wait for it,
+    or wrap it in a Work that keeps `buffers` alive while it is in flight. Numbered by the
+    group's progress (the watchdog's, which sees it while it runs); checked mode verifies
+    its fingerprint first."""
+    progress = g.progress
+    seq = progress.begin(op)
+    try:
+        if g.checks is not None:
+            _verify(g, seq, op)
+        with _streams.scope(g, buffers):  # the group's stream, else the current one (torch's rule)
+            work = start()
+            if not async_op:
+                work.wait()
+                progress.end(seq)
+                return None
+    except InvalidArgument:
+        progress.end(seq)
+        raise
+    except Exception as exc:  # noqa: BLE001
+        err = _watchdog.explain(g, seq, op, exc)  # while still in flight: it is part of the answer
+        progress.end(seq)
+        raise err from exc
+    progress.running(seq, work)
+    return Work(work, *buffers, explain=lambda exc: _watchdog.explain(g, seq, op, exc),
+                finish=(lambda: progress.end(seq)) if progress.watched else None,
+                stream=_streams.issued_on(g, buffers))
+
+
+def _verify(g, seq, op):
+    """Checked mode: one allreduce(max) of the members' fingerprint hashes says whether they
+    all match; only if not, the rows are all-gathered to say who differs. Part of
+    collective `seq`: not numbered on its own. Every member sees the same answer, so all
+    take the same path."""
+    buf = g.checks.fingerprint(seq, op)
+    _inner(lambda: g.pg.allreduce([buf], _MAX_OPTS))
+    if not checked.agreed(buf):
+        raise checked.mismatch(g, seq, op, _gather_rows(g, op.row(seq), inner=True))
+
+
+def _inner(start):
+    """Run a collective that is part of another one (checked mode's): wait, classify errors."""
+    try:
+        start().wait()
+    except Exception as exc:  # noqa: BLE001
+        raise classify(exc) from exc
+
+
+def _gather_rows(g, row, inner=False):
+    n = len(row)
+    mine = torch.tensor(row, dtype=torch.int64, device=g.device)
+    every = torch.empty(g.size * n, dtype=torch.int64, device=g.device)
+    if inner:
+        _inner(lambda: g.pg._allgather_base(every, mine))
+    else:
+        all_gather(mine, every, group=g)
+    return [tuple(r) for r in every.view(g.size, n).tolist()]
+
+
+def gather_rows(row, *, group=None):
+    """Every member's `row` (a few integers, as many on every rank: the length is not
+    checked outside checked mode), by group rank: one all_gather. A collective: every
+    member calls it, in order with the others."""
+    g = group or _group.current()
+    g.check_open()
+    return _gather_rows(g, [integer("row item", v) for v in row])
+
+
+def agree(row, what, *, group=None, **how):
+    """Check that every member passes the same `row` (a few integers, as many on every
+    rank; a list of any length can be folded into one with agree.signature): a collective
+    (one all_gather); on any difference every member raises the same InvalidArgument,
+    "{what}: ...", naming the ranks that differ and how (agree.check: describe, fields, hint)."""
+    g = group or _group.current()
+    if g.size > 1:
+        _agree.check(what, gather_rows(row, group=g), **how)
+
+
+def _prepare(buf, group, dtype=None):
+    g = group or _group.current()
+    g.check_open()
+    t = as_tensor(buf, dtype)
+    if g.backend == "nccl" and not t.is_cuda:
+        raise InvalidArgument("the nccl backend needs CUDA tensors; this one is on the CPU")
+    return g, t
+
+
+def _pair(inp, out, group, dtype, factor_in, factor_out, what):
+    g, t_in = _prepare(inp, group, dtype)
+    _, t_out = _prepare(out, g, dtype)
+    if t_in.dtype != t_out.dtype:
+        raise InvalidArgument(f"{what}: input is {t_in.dtype} but output is {t_out.dtype}")
+    if t_in.numel() * factor_in != t_out.numel() * factor_out:
+        n = "output" if factor_in > 1 else "input"
+        raise InvalidArgument(
+            f"{what}: {n} must hold world size ({g.size}) x the other's elements; "
+            f"got input {t_in.numel()} and output {t_out.numel()}")
+    return g, t_in, t_out
+
+
+def _broadcast_call(buf, root, group, dtype):
+    """Check a broadcast's arguments; return the group, the tensor, its Op and what starts it."""
+    g, t = _prepare(buf, group, dtype)
+    root = g.check_rank("root", root)
+    opts = dist.BroadcastOptions()
+    opts.rootRank = root
+    return g, t, Op(checked.BROADCAST, t, root), lambda: g.pg.broadcast([t], opts)
+
+
+def _all_reduce_call(buf, op, group, dtype):
+    """Check an all_reduce's arguments; return the group, the tensor, its Op and what starts it."""
+    g, t = _prepare(buf, group, dtype)
+    code = _op_code(op, t.dtype)
+    opts = _ALLREDUCE_OPTS[code]
+    return g, t, Op(checked.ALL_REDUCE, t, code), lambda: g.pg.allreduce([t], opts)
+
+
+def broadcast(buf, root, *, group=None, async_op=False, dtype=None):
+    """Copy `buf` from rank `root` into `buf` on every rank."""
+    g, t, op, start = _broadcast_call(buf, root, group, dtype)
+    return _run(g, op, start, async_op, t)
+
+
+def all_reduce(buf, op=SUM, *, group=None, async_op=False, dtype=None):
+    """Reduce `buf` element-wise over all ranks (sum, avg, min, max, product), in place."""
+    g, t, what, start = _all_reduce_call(buf, op, group, dtype)
+    return _run(g, what, start, async_op, t)
+
+
+def prepare_broadcast(buf, root, *, group=None, dtype=None):
+    """Check a synchronous broadcast's arguments once and return a function that runs it
+    each time it is called: for callers that send the same buffer again and again."""
+    g, _, op, start = _broadcast_call(buf, root, group, dtype)
+    return _runner(g, op, start)
+
+
+def prepare_all_reduce(buf, op=SUM, *, group=None, dtype=None):
+    """Check a synchronous all_reduce's arguments once and return a function that runs it
+    each time it is called: for callers that reduce the same buffer again and again."""
+    g, _, what, start = _all_reduce_call(buf, op, group, dtype)
+    return _runner(g, what, start)
+
+
+def _runner(g, op, start):
+    def run():
+        g.check_open()  # the group may have been finalized since
+        _run(g, op, start, False)
+    return run
+
+
+def all_reduce_future(buf, op=SUM, *, group=None, dtype=None):
+    """Start an all_reduce and return a torch.futures.Future of [buf] (what DDP comm hooks
+    return). Argument errors raise at once; a failure of the operation raises from the
+    future's wait()."""
+    g, t, what, start = _all_reduce_call(buf, op, group, dtype)
+    return _run(g, what, start, True)._work.get_future()
+
+
+def all_gather(input, output, *, group=None, async_op=False, dtype=None):
+    """Concatenate every rank's `input` in rank order into `output` (world size x input)."""
+    g, t_in, t_out = _pair(input, output, group, dtype, _group_size(group), 1, "all_gather")
+    op = Op(checked.ALL_GATHER, t_in, out=t_out)
+    return _run(g, op, lambda: g.pg._allgather_base(t_out, t_in), async_op, t_in, t_out)
+
+
+def reduce_scatter(input, output, op=SUM, *, group=None, async_op=False, dtype=None):
+    """Reduce `input` (world size x output) over ranks; rank r keeps block r in `output`."""
+    g, t_in, t_out = _pair(input, output, group, dtype, 1, _group_size(group), "reduce_scatter")
+    opts = dist.ReduceScatterOptions()
+    code = _op_code(op, t_in.dtype)
+    opts.reduceOp = OPS[code]
+    what = Op(checked.REDUCE_SCATTER, t_in, code, out=t_out)
+    return _run(g, what, lambda: g.pg._reduce_scatter_base(t_out, t_in, opts), async_op, t_in, t_out)
+
+
+def barrier(*, group=None):
+    """Block until every rank reaches the barrier."""
+    g = group or _group.current()
+    g.check_open()
+    _run(g, Op(checked.BARRIER), lambda: g.pg.barrier(), False)
+
+
+def send(buf, dst, tag=0, *, group=None, dtype=None):
+    isend(buf, dst, tag, group=group, dtype=dtype).wait()
+
+
+def recv(buf, src, tag=0, *, group=None, dtype=None):
+    irecv(buf, src, tag, group=group, dtype=dtype).wait()
+
+
+def isend(buf, dst, tag=0, *, group=None, dtype=None) -> Work:
+    """Start sending `buf` to rank `dst` (a rank within `group`); matched by a recv/irecv
+    with the same tag."""
+    g, t = _prepare(buf, group, dtype)
+    dst = g.check_rank("destination", dst, allow_self=False)
+    tag = _check_tag(tag)
+    return _p2p(g, checked.SEND, dst, tag, t, lambda: g.pg.send([t], dst, tag))  # the group's own ranks
+
+
+def irecv(buf, src, tag=0, *, group=None, dtype=None) -> Work:
+    """Start receiving into `buf` from rank `src` (a rank within `group`)."""
+    g, t = _prepare(buf, group, dtype)
+    src = g.check_rank("source", src, allow_self=False)
+    tag = _check_tag(tag)
+    return _p2p(g, checked.RECV, src, tag, t, lambda: g.pg.recv([t], src, tag))
+
+
+def _p2p(g, direction, peer, tag, t, post):
+    """Start a send or receive; its errors name the peer. Not numbered by g.progress: only
+    two members take part, so the group's collective numbering stays the same everywhere."""
+    op = Op(direction, t)
+    where = "to" if direction == checked.SEND else "from"
+
+    def explain(exc):
+        err = classify(exc)
+        if isinstance(err, InvalidArgument):  # checked mode's message says it all
+            return err
+        err.args = (f"{op.name} {where} {g.who(peer)} (tag {tag}, {op.nbytes} bytes) on "
+                    f"{g.describe()}: {err}",)
+        return err
+    try:
+        if g.checks is not None:
+            work = checked.p2p(g, _group.world_store(), direction, peer, tag, op, post)
+        else:
+            work = post()
+    except InvalidArgument:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise explain(exc) from exc
+    return Work(work, t, explain=explain)
+
+
+def _check_tag(tag):
+    return integer("tag", tag, low=0)
+
+
+def _group_size(group):
+    return (group or _group.current()).size
+
+
+__all__ = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "Work", "broadcast", "all_reduce",
+           "prepare_broadcast", "prepare_all_reduce", "all_reduce_future",
+           "all_gather", "reduce_scatter", "barrier", "send", "recv", "isend", "irecv"]

@@ -1,0 +1,150 @@
+"""The rendezvous store of init(), built by pybridge so that every way of failing is bounded.
+
+torch's own rendezvous (init_process_group(init_method=...)) has two unbounded waits:
+  * file:// in a directory that does not exist: FileStore retries opening the file for its
+    default timeout (5 minutes), whatever timeout init was given;
+  * tcp:// and env:// with rank 0 (the store's host) missing: the TCPStore client retries
+    connecting with a back-off that overshoots, taking 1.5-3x the timeout.
+Here a missing directory fails at once, naming it, and a client first waits for the store's
+host itself (a plain connect loop with a deadline, then the TCPStore gets what is left), so
+init fails within the timeout and says that rank 0, the store's host, is missing.
+"""
+
+import datetime
+import os
+import socket
+import struct
+import time
+from urllib.parse import urlparse
+
+import torch.distributed as dist
+
+from ..errors import InvalidArgument, Timeout, classify
+
+RETRY_SECONDS = 0.05  # between connection attempts to a store host that is not up yet
+MIN_STORE_SECONDS = 1.0  # the least a TCPStore is given to connect to a host that answered
+REPLY_MARGIN_SECONDS = 2.0  # a store reply may take the store's timeout (a wait for a key), plus this
+
+
+def store(method, rank, world_size, timeout):
+    """The store for init_process_group(store=...): as torch's rendezvous would build it for
+    `method` (env://, tcp://HOST:PORT or file://PATH), under the same key prefix."""
+    url = urlparse(method)
+    if url.scheme == "file":
+        return _file_store(url.path, world_size, timeout)
+    host, port = tcp_address(method)
+    return dist.PrefixStore("default_pg", _tcp_store(host, port, rank, world_size, timeout))
+
+
+def tcp_address(method):
+    """(host, port) of the store of an env:// or tcp://HOST:PORT method."""
+    url = urlparse(method)
+    if url.scheme == "env":
+        return os.environ["MASTER_ADDR"], _port(os.environ["MASTER_PORT"], "MASTER_PORT")
+    host, port = url.hostname, _port(url.port, f"init_method {method!r}")
+    if not host:
+        raise InvalidArgument(f"init_method {method!r} names no host")
+    return host, port
+
+
+def agent_hosts_store():
+    """Under torchrun's agent store, the agent (not rank 0) hosts the store."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def _port(value, what):
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        port = -1
+    if not 0 < port < 65536:
+        raise InvalidArgument(f"{what} must give a port in 1..65535, got {value!r}")
+    return port
+
+
+def _file_store(path, world_size, timeout):
+    if not path:
+        raise InvalidArgument("init_method file:// names no file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InvalidArgument(f"init_method file://{path}: the directory {folder} does not exist "
+                              "(it must exist, on a file system every rank shares)")
+    try:
+        s = dist.FileStore(path, world_size)
+        s.set_timeout(datetime.timedelta(seconds=timeout))
+    except Exception as exc:  # noqa: BLE001
+        raise classify(exc) from exc
+    return dist.PrefixStore("default_pg", s)
+
+
+def _tcp_store(host, port, rank, world_size, timeout):
+    hosting = rank == 0 and not agent_hosts_store()
+    deadline = time.monotonic() + timeout
+    if not hosting:
+        _wait_for_host(host, port, rank, timeout, deadline)
+    left = max(deadline - time.monotonic(), MIN_STORE_SECONDS)
+    try:
+        # No wait for all workers here (it says only "1/2 clients joined"): the roster
+        # (roster.py) waits instead and names the ranks that are missing.
+        s = dist.TCPStore(host, port, world_size, hosting, datetime.timedelta(seconds=left),
+                          wait_for_workers=False, multi_tenant=True)
+        s.set_timeout(datetime.timedelta(seconds=timeout))  # for the keys waited on later
+        _bound_replies(host, port, timeout + REPLY_MARGIN_SECONDS)
+    except Exception as exc:  # noqa: BLE001
+        err = classify(exc)
+        if hosting and "address already in use" in str(exc).lower():
+            err = InvalidArgument(f"rank 0 cannot host the rendezvous store on port {port}: it is "
+                                  f"already in use ({exc})")
+        raise err from exc
+    return s
+
+
+def _wait_for_host(host, port, rank, timeout, deadline):
+    """Return once the store's host accepts a connection; Timeout at the deadline."""
+    last = None
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.01)):
+                return
+        except OSError as exc:
+            last = exc
+        if time.monotonic() + RETRY_SECONDS >= deadline:
+            break
+        time.sleep(RETRY_SECONDS)
+    raise Timeout(f"rank {rank}: the rendezvous store at {host}:{port}, hosted by rank 0, did not "
+                  f"accept a connection within {timeout:g} s ({last.strerror or last}): rank 0 is "
+                  "missing, has not started yet, or the address is wrong")
+
+
+def _bound_replies(host, port, seconds):
+    """Give this process's connections to the store a receive timeout.
+
+    The TCPStore client waits for each reply in a recv() without a deadline: with the host
+    stopped or cut off (no FIN, no RST), an add() or a subgroup's rendezvous waited for ever.
+    Every legitimate reply comes within the store's timeout (waits for a key are bounded by
+    it), so `seconds` above it only ends the hangs; torch then raises a timeout. Linux
+    (/proc/self/fd); elsewhere nothing changes."""
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+        addrs = {ai[4][0] for ai in socket.getaddrinfo(host, port)}
+    except OSError:
+        return
+    limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    for fd in fds:
+        try:
+            copy = os.dup(fd)  # closing the copy leaves the store's own
+        except OSError:
+            continue  # closed meanwhile
+        try:
+            s = socket.socket(fileno=copy)
+        except OSError:
+            os.close(copy)
+            continue  # not a socket
+        try:
+            peer = s.getpeername()
+            if peer[1] == port and peer[0].removeprefix("::ffff:") in addrs:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+        except (OSError, IndexError, TypeError):
+            pass  # unconnected, or not an IP socket
+        finally:
+            s.close()

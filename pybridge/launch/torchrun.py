@@ -1,0 +1,469 @@
+"""pybridge-launch: start one process per GPU (or N CPU processes) on this node.
+
+    pybridge-launch [options] TARGET [ARGS...]
+    python -m pybridge.launch [options] TARGET [ARGS...]
+
+TARGET is a Python script (a path ending in .py, run with this interpreter), a module
+(with -m), or any executable (a Go binary, a shell script, ...; found on PATH like a shell
+would). Everything after TARGET is passed to it unchanged.
+
+This is a thin front end over torch's elastic launcher (torch.distributed.run, i.e. torchrun):
+rendezvous, multi-node, restarts and failure handling are torchrun's. pybridge adds
+  * defaults that fit pybridge: --nproc-per-node defaults to the number of GPUs, or to 2 CPU
+    processes when there is none (env PYBRIDGE_NPROC overrides the default); a single-node job
+    uses a private rendezvous on a free port (torchrun --standalone);
+  * a per-rank device: PYBRIDGE_DEVICE is "cuda:<LOCAL_RANK mod #GPUs>" on GPU machines and
+    "cpu" otherwise (with --isolate-gpus, CUDA_VISIBLE_DEVICES is set to that one GPU and
+    PYBRIDGE_DEVICE to "cuda:0");
+  * a readable failure report: when a rank fails, torchrun stops the others and this launcher
+    exits non-zero with a line naming the rank that failed first (exit times are taken to the
+    millisecond, see exit_clock.py; ranks that report a lost peer come after it),
+        pybridge-launch: rank 1 (local rank 1, node 0) failed with exit code 3
+        pybridge-launch: rank 1 (local rank 1) was killed by signal SIGKILL
+    followed by the last lines of that rank's stderr. The exit status is the failed rank's
+    exit code (128 + N when it was killed by signal N; 1 when unknown).
+
+Environment of every process (set by torchrun unless noted):
+  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (= node rank), MASTER_ADDR,
+  MASTER_PORT, TORCHELASTIC_RESTART_COUNT (0 on the first attempt), PYBRIDGE_DEVICE (pybridge),
+  OMP_NUM_THREADS=1 when several processes share a node and it is not already set.
+
+Output: each process's stdout goes straight to the console; stderr is also copied to the
+console with a "[rank<R>]:" prefix on each line and kept in a log file (under --log-dir, or
+a temporary folder that is removed after a successful run) so that a failure can show it.
+
+Multi-node: run one launcher per node with the same --nnodes and --rdzv-endpoint HOST:PORT
+(reachable by every node; HOST is node 0's address).
+  * with --node-rank (0 .. nnodes-1) the rendezvous is static: node 0 hosts it on PORT;
+  * without --node-rank it is torchrun's dynamic c10d rendezvous (nodes get ranks in order of
+    arrival; every launcher must use the same --rdzv-id). --master-addr/--master-port are
+    accepted as another spelling of --rdzv-endpoint.
+"""
+
+import argparse
+import glob
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+
+from .._version import __version__
+from ..base import netif
+from .exits import PROG, ExitClock, signal_exit
+
+DEFAULT_CPU_NPROC = 2
+STDERR_TAIL_LINES = 30
+
+# Run in every worker before its target: sets the per-rank device, then execs the target, so the
+# worker keeps torchrun's pid (signals, exit codes). Plain `python -c`: no import of pybridge or
+# torch on the way. argv: MODE TARGET ARGS...; MODE is "script", "module" or "exec".
+_WORKER_SHIM = r"""
+import os, sys
+mode, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+gpus = int(os.environ.get("PYBRIDGE_NUM_GPUS", "0"))
+if gpus > 0:
+    gpu = local_rank % gpus
+    if os.environ.get("PYBRIDGE_ISOLATE_GPUS") == "1":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [v for v in visible.split(",") if v] if visible else [str(i) for i in range(gpus)]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ids[gpu % len(ids)]
+        gpu = 0
+    os.environ["PYBRIDGE_DEVICE"] = "cuda:%d" % gpu
+else:
+    os.environ["PYBRIDGE_DEVICE"] = "cpu"
+sys.stdout.flush()
+try:
+    if mode == "script":
+        os.execv(sys.executable, [sys.executable, "-u", target] + args)
+    elif mode == "module":
+        os.execv(sys.executable, [sys.executable, "-u", "-m", target] + args)
+    else:
+        os.execvp(target, [target] + args)
+except OSError as exc:
+    sys.stderr.write("pybridge-launch: cannot run %s: %s\n" % (target, exc.strerror or exc))
+    sys.exit(127)
+"""
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog=PROG, allow_abbrev=False,
+        description="Start one process per GPU (or N CPU processes) running TARGET, over torch's "
+                    "elastic launcher (torchrun).",
+        epilog="Each process gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and "
+               "PYBRIDGE_DEVICE. See `python -c 'import pybridge.launch as l; help(l)'`.")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", default=None,
+                   help="processes on this node: an integer, 'gpu' or 'auto' (default: the number "
+                        f"of GPUs, or {DEFAULT_CPU_NPROC} without GPUs; env PYBRIDGE_NPROC)")
+    p.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX (default 1)")
+    p.add_argument("--node-rank", "--node_rank", type=int, default=None,
+                   help="this node's rank (0..nnodes-1): static rendezvous hosted by node 0")
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None,
+                   help="HOST:PORT of the rendezvous (node 0's address) for multi-node jobs")
+    p.add_argument("--master-addr", "--master_addr", default=None,
+                   help="same as the HOST of --rdzv-endpoint")
+    p.add_argument("--master-port", "--master_port", type=int, default=None,
+                   help="same as the PORT of --rdzv-endpoint")
+    p.add_argument("--rdzv-id", "--rdzv_id", default="pybridge",
+                   help="job id shared by all launchers of a dynamic (c10d) rendezvous")
+    p.add_argument("--standalone", action="store_true",
+                   help="single node, private rendezvous on a free port (the default for --nnodes 1 "
+                        "without an endpoint)")
+    p.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
+                   help="restart the whole group up to this many times after a failure (default 0)")
+    p.add_argument("--monitor-interval", type=float, default=0.1,
+                   help="seconds between checks of the processes (default 0.1)")
+    p.add_argument("--shutdown-timeout", type=int, default=10,
+                   help="seconds the other ranks get after SIGTERM before SIGKILL (default 10)")
+    p.add_argument("--log-dir", default=None,
+                   help="keep per-rank logs here (default: a temporary folder, removed on success)")
+    p.add_argument("--isolate-gpus", action="store_true",
+                   help="set CUDA_VISIBLE_DEVICES to each process's one GPU")
+    p.add_argument("--elastic", action="store_true",
+                   help="elastic mode: a worker's death does not stop the others; they go on from their "
+                        "last commit (pybridge.runtime.elastic, docs/elastic.md). The launcher of node 0 hosts "
+                        "the store")
+    p.add_argument("--min-world", type=int, default=1,
+                   help="elastic: the smallest world the job may continue with (default 1)")
+    p.add_argument("--max-world", type=int, default=None,
+                   help="elastic: the largest world (joiners beyond it wait; default: no limit)")
+    p.add_argument("--replace", type=int, default=0,
+                   help="elastic: start up to this many replacements of dead workers (default 0)")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("-m", "--module", action="store_true", help="TARGET is a Python module")
+    p.add_argument("--no-python", action="store_true",
+                   help="run TARGET as an executable even if it ends in .py")
+    p.add_argument("target", help="a .py script, a module (-m) or an executable")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for TARGET")
+    return p
+
+
+def _gpu_count():
+    try:
+        import torch
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken CUDA setup means: no GPUs
+        return 0
+
+
+def _nproc(value, gpus):
+    value = value or os.environ.get("PYBRIDGE_NPROC") or "auto"
+    if value == "auto":
+        return gpus or DEFAULT_CPU_NPROC
+    if value == "gpu":
+        if not gpus:
+            raise SystemExit(f"{PROG}: --nproc-per-node gpu, but no GPU is available")
+        return gpus
+    try:
+        n = int(value)
+    except ValueError:
+        raise SystemExit(f"{PROG}: --nproc-per-node must be an integer, 'gpu' or 'auto', "
+                         f"got {value!r}") from None
+    if n < 1:
+        raise SystemExit(f"{PROG}: --nproc-per-node must be at least 1, got {n}")
+    return n
+
+
+def _endpoint(opts):
+    """HOST:PORT from --rdzv-endpoint or --master-addr/--master-port, or None."""
+    if opts.rdzv_endpoint:
+        if opts.master_addr or opts.master_port:
+            raise SystemExit(f"{PROG}: give --rdzv-endpoint or --master-addr/--master-port, not both")
+        host, sep, port = opts.rdzv_endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise SystemExit(f"{PROG}: --rdzv-endpoint must be HOST:PORT, got {opts.rdzv_endpoint!r}")
+        return host, int(port)
+    if opts.master_addr or opts.master_port:
+        if not opts.master_port:
+            raise SystemExit(f"{PROG}: --master-addr needs --master-port")
+        return opts.master_addr or "127.0.0.1", opts.master_port
+    return None
+
+
+def _check_port_free(host, port):
+    """Refuse a rendezvous port that another program holds on this machine, before torchrun
+    connects to that program and waits for ever (c10d) or fails seconds later (static)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError:
+            return  # not an address of this machine: another node hosts the rendezvous
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's server
+        try:
+            probe.bind(("", port))
+        except OSError as exc:
+            raise SystemExit(f"{PROG}: rendezvous port {port} is already in use on this machine "
+                             f"({exc.strerror or exc}): another job or program holds it; choose "
+                             "another --master-port / --rdzv-endpoint port (a single-node job "
+                             "without one gets a free port)") from None
+
+
+def torchrun_args(opts, log_dir, gpus):
+    """The torchrun argument list equivalent to our options (worker command included), and the
+    number of processes on this node. gpus: a function returning the number of GPUs (it imports
+    torch, so it is called after the cheap checks)."""
+    max_nodes = int(str(opts.nnodes).split(":")[-1])
+    endpoint = _endpoint(opts)
+    args = ["--nnodes", str(opts.nnodes),
+            "--max-restarts", str(opts.max_restarts),
+            "--monitor-interval", str(opts.monitor_interval),
+            "--shutdown-timeout", str(opts.shutdown_timeout),
+            "--log-dir", log_dir, "--tee", "2", "--no-python"]
+    if opts.standalone or (endpoint is None and max_nodes == 1):
+        if opts.node_rank not in (None, 0):
+            raise SystemExit(f"{PROG}: --node-rank {opts.node_rank} needs a multi-node job "
+                             "(--nnodes and --rdzv-endpoint)")
+        args.append("--standalone")
+    elif endpoint is None:
+        raise SystemExit(f"{PROG}: a multi-node job (--nnodes {opts.nnodes}) needs "
+                         "--rdzv-endpoint HOST:PORT (or --master-addr/--master-port)")
+    elif opts.node_rank is not None:
+        if ":" in str(opts.nnodes):
+            raise SystemExit(f"{PROG}: --node-rank needs a fixed --nnodes, not a range")
+        if not 0 <= opts.node_rank < max_nodes:
+            raise SystemExit(f"{PROG}: --node-rank {opts.node_rank} is not in 0..{max_nodes - 1}")
+        if opts.node_rank == 0:
+            _check_port_free(*endpoint)
+        args += ["--rdzv-backend", "static", "--node-rank", str(opts.node_rank),
+                 "--master-addr", endpoint[0], "--master-port", str(endpoint[1])]
+    else:
+        if max_nodes == 1:  # this launcher hosts the rendezvous
+            _check_port_free(*endpoint)
+        args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint[0]}:{endpoint[1]}",
+                 "--rdzv-id", opts.rdzv_id]
+    command = worker_command(opts)  # checks the target before gpus() imports torch
+    nproc = _nproc(opts.nproc_per_node, gpus())
+    args = ["--nproc-per-node", str(nproc), *args, *command]
+    return args, nproc
+
+
+def worker_command(opts):
+    """The command each worker runs: the shim (per-rank device), then TARGET and its args."""
+    if opts.module:
+        mode = "module"
+    elif opts.target.endswith(".py") and not opts.no_python:
+        mode = "script"
+    else:
+        mode = "exec"
+    target = opts.target
+    if mode == "script":
+        if not os.path.isfile(target):
+            raise SystemExit(f"{PROG}: no such script: {target}")
+    elif mode == "exec":
+        found = shutil.which(target) if os.sep not in target else (target if os.access(target, os.X_OK) else None)
+        if not found:
+            raise SystemExit(f"{PROG}: {target}: not found or not executable")
+    return [sys.executable, "-c", _WORKER_SHIM, mode, target, *opts.args]
+
+
+def elastic_main(opts):
+    """--elastic: this launcher supervises its workers itself (launch_elastic.py)."""
+    from .elastic import Supervisor  # imports torch.distributed: only for --elastic
+    if ":" in str(opts.nnodes):
+        raise SystemExit(f"{PROG}: --elastic takes a fixed --nnodes (the first world); the world then "
+                         "shrinks and grows between --min-world and --max-world")
+    nnodes = int(opts.nnodes)
+    if opts.min_world < 1 or (opts.max_world is not None and opts.max_world < opts.min_world):
+        raise SystemExit(f"{PROG}: --min-world must be >= 1 and <= --max-world")
+    if opts.replace < 0:
+        raise SystemExit(f"{PROG}: --replace must be >= 0")
+    endpoint = _endpoint(opts)
+    node_rank = opts.node_rank or 0
+    if nnodes > 1 and (endpoint is None or opts.node_rank is None):
+        raise SystemExit(f"{PROG}: an elastic multi-node job needs --rdzv-endpoint HOST:PORT (node 0's "
+                         "address, where its launcher hosts the store) and --node-rank")
+    if endpoint is None:
+        endpoint = ("127.0.0.1", netif.free_port())
+    elif node_rank == 0:
+        _check_port_free(*endpoint)
+    command = worker_command(opts)
+    gpus = _gpu_count()
+    nproc = _nproc(opts.nproc_per_node, gpus)
+    _worker_settings(opts, gpus)
+    sup = Supervisor(command, nproc=nproc, node_rank=node_rank, nnodes=nnodes, store_addr=endpoint,
+                     min_world=opts.min_world, max_world=opts.max_world, replace=opts.replace,
+                     monitor_interval=opts.monitor_interval, shutdown_timeout=opts.shutdown_timeout,
+                     hosting=node_rank == 0)
+    try:
+        return sup.run()
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        sup.stop()
+        return 130
+
+
+def _tail(path, lines=STDERR_TAIL_LINES):
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def _stderr_log(log_dir, local_rank):
+    """The newest attempt's stderr log of a local rank under torchrun's log folder."""
+    found = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), "stderr.log"))
+    if not found:
+        return None
+    return max(found, key=lambda p: int(p.split(os.sep)[-3].split("_")[-1]))
+
+
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "PB_ERR_COMM", "CommError",
+              "remote worker crashing")
+
+
+def _lost_a_peer(stderr_tail):
+    return bool(stderr_tail) and any(words in stderr_tail for words in _PEER_LOST)
+
+
+def _stopped_by_us(failure):
+    return failure.exitcode == -signal.SIGTERM
+
+
+def format_failure(exc, log_dir, node_rank, exit_time=None):
+    """A report of a torchrun ChildFailedError, and the exit status to leave with.
+
+    The first rank that failed on its own is reported with its stderr tail; ranks that torchrun
+    stopped afterwards (SIGTERM) are listed in one line. exit_time(pid): when that worker
+    exited (an ExitClock's), or None where unknown.
+    """
+    failures = exc.failures
+    own = [r for r, f in failures.items() if not _stopped_by_us(f)] or list(failures)
+    logs = {r: _stderr_log(log_dir, failures[r].local_rank) for r in own}
+    tails = {r: _tail(path) if path else None for r, path in logs.items()}
+    # A peer's death makes the survivors fail too, often in the same monitoring pass, where
+    # torchrun's whole-second timestamps are equal: the exit times of the ExitClock order
+    # them (when known for every rank), ranks that report a lost peer go last, and of ranks
+    # that exited at the same time, one killed by a signal goes first (nothing made it exit).
+    times = {r: exit_time(getattr(failures[r], "pid", None)) if exit_time else None for r in own}
+    precise = all(t is not None for t in times.values())
+    own.sort(key=lambda r: (_lost_a_peer(tails[r]), times[r] if precise else failures[r].timestamp,
+                            failures[r].exitcode >= 0, r))
+    stopped = sorted(r for r in failures if r not in own)
+    out, status = [], 1
+    for i, rank in enumerate(own):
+        f = failures[rank]
+        where = f"local rank {f.local_rank}" + (f", node {node_rank}" if node_rank is not None else "")
+        how = f"failed with exit code {f.exitcode}" if f.exitcode >= 0 else signal_exit(f.exitcode)
+        when = f" ({times[rank] - times[own[0]]:.3f} s after rank {own[0]})" if precise and i else ""
+        out.append(f"{PROG}: rank {rank} ({where}) {how}{when}")
+        if i == 0:
+            status = f.exitcode if 0 < f.exitcode < 256 else (128 - f.exitcode if f.exitcode < 0 else 1)
+        msg = (f.error_file_data or {}).get("message")
+        if isinstance(msg, dict):
+            msg = msg.get("message")
+        if msg and msg != "<NONE>":
+            out.append(f"--- rank {rank} error:\n{msg}")
+        path, tail = logs[rank], tails[rank]
+        if tail:
+            out.append(f"--- last lines of rank {rank}'s stderr ({path}):\n{tail}")
+        elif path:
+            out.append(f"--- rank {rank} wrote nothing to stderr")
+    if stopped:
+        out.append(f"{PROG}: stopped the other rank(s) on this node: {', '.join(map(str, stopped))}")
+    return "\n".join(out), min(max(status, 1), 255)
+
+
+def _kept(log_dir):
+    """Keep our temporary log folder after a failure, and say so, if any file in it holds
+    something; ranks that wrote nothing leave only empty logs, not worth keeping."""
+    for path in glob.glob(os.path.join(log_dir, "**"), recursive=True):
+        try:
+            if os.path.isfile(path) and os.path.getsize(path) > 0:
+                print(f"{PROG}: logs kept in {log_dir}", file=sys.stderr, flush=True)
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _worker_settings(opts, gpus):
+    """What the workers inherit from this launcher, with torchrun's agent or the elastic one:
+    the GPU count and isolation the worker shim picks its device by, and the network
+    interface of a multi-node job."""
+    os.environ["PYBRIDGE_NUM_GPUS"] = str(gpus)
+    os.environ["PYBRIDGE_ISOLATE_GPUS"] = "1" if opts.isolate_gpus else "0"
+    _choose_interface(opts)
+
+
+def _choose_interface(opts):
+    """Multi-node: name the interface that reaches the rendezvous host for gloo and NCCL
+    (pybridge/base/netif.py says why), unless the user named one."""
+    endpoint = _endpoint(opts)
+    if endpoint is None or int(str(opts.nnodes).split(":")[-1]) == 1:
+        return
+    if "GLOO_SOCKET_IFNAME" in os.environ and "NCCL_SOCKET_IFNAME" in os.environ:
+        return
+    name, address = netif.interface_towards(endpoint[0])
+    if name is None:
+        print(f"{PROG}: could not tell which interface reaches {endpoint[0]}; set GLOO_SOCKET_IFNAME "
+              "(and NCCL_SOCKET_IFNAME) if the ranks cannot connect", file=sys.stderr, flush=True)
+        return
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+    print(f"{PROG}: node {opts.node_rank if opts.node_rank is not None else '?'} talks on {name} "
+          f"({address}) towards {endpoint[0]} (GLOO_SOCKET_IFNAME={os.environ['GLOO_SOCKET_IFNAME']})",
+          file=sys.stderr, flush=True)
+
+
+def main(argv=None):
+    opts = _parser().parse_args(argv)
+    if opts.max_restarts < 0:
+        raise SystemExit(f"{PROG}: --max-restarts must be >= 0")
+    if opts.elastic:
+        return elastic_main(opts)
+    own_log_dir = opts.log_dir is None
+    log_dir = tempfile.mkdtemp(prefix="pybridge-launch-") if own_log_dir else opts.log_dir
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        targs, nproc = torchrun_args(opts, log_dir, _gpu_count)
+    except BaseException:
+        if own_log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
+        raise
+    gpus = _gpu_count()
+
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    _worker_settings(opts, gpus)
+    os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
+    # The c10d rendezvous otherwise hands the workers of every restart the same store: keys of
+    # the failed attempt (gloo peer addresses) are still there and a restarted rank can read a
+    # dead peer's address before the live one overwrites it. Opting out gives each attempt a
+    # fresh store (rank 0 of the attempt hosts it on a new MASTER_PORT).
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    if nproc > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun does, without its banner
+    # torchrun's parser takes abbreviations: a target argument such as --log would be
+    # read as an ambiguous prefix of --log-dir. Ours has already split its own options off.
+    parser = torchrun.get_args_parser()
+    parser.allow_abbrev = False
+    args = parser.parse_args(targs)
+    clock = ExitClock().start()
+    try:
+        torchrun.run(args)
+    except ChildFailedError as exc:
+        text, status = format_failure(exc, log_dir, opts.node_rank, clock.exit_time)
+        sys.stdout.flush()
+        print(text, file=sys.stderr, flush=True)
+        own_log_dir = own_log_dir and not _kept(log_dir)
+        return status
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        own_log_dir = own_log_dir and not _kept(log_dir)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - rendezvous and setup failures: one clear line
+        print(f"{PROG}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        clock.stop()
+        if own_log_dir:  # a success, or nothing worth keeping
+            shutil.rmtree(log_dir, ignore_errors=True)
+    print(f"{PROG}: all {nproc} rank(s) on this node finished successfully", file=sys.stderr, flush=True)
+    return 0
