@@ -6,7 +6,6 @@ Usage: cluster_worker.py DATA_DIR   (RecordIO shards written by the test, shared
 """
 
 import glob
-import json
 import os
 import sys
 
@@ -17,6 +16,8 @@ from pybridge.base import netif
 from pybridge import recordio as rio
 from pybridge.federated import FedAvg, Server, Worker
 from pybridge.algorithms.gossip import GossipState
+
+import result_line  # tests/, beside this script
 
 
 def main(data):
@@ -77,7 +78,8 @@ def main(data):
         res["federated"] = param.detach().tolist()
     else:
         Worker(g).serve(lambda model, client: (model + client + 1, client + 1))
-    print("RESULT " + json.dumps(res), flush=True)
+    sys.stdout.flush()
+    result_line.emit("RESULT", res)
     pybridge.finalize()
 
 

@@ -11,7 +11,6 @@ worker: client c trains to model + (c+1) V from c+1 samples, with metrics loss c
         101 gives NaN weights, 102 waits for the file "go" in $PB_TEST_DIR.
 """
 
-import json
 import os
 import sys
 import time
@@ -21,6 +20,8 @@ import torch
 import pybridge
 from pybridge.errors import WorkerFailed
 from pybridge.federated import FedAvg, Server, Worker
+
+import result_line  # tests/, beside this script
 
 V = 39 * torch.arange(1, 6, dtype=torch.float32)  # see tests/test_capi_federated.py
 FAILING, POISONED, STRAGGLER = 100, 101, 102
@@ -40,7 +41,8 @@ def server(g):
             list(s.run_round([FAILING], avg.vector()))
         except WorkerFailed as exc:
             failed = [exc.worker, exc.client, str(exc)]
-    print("RESULT " + json.dumps({"model": param.detach().tolist(), "seen": seen, "failed": failed}), flush=True)
+    sys.stdout.flush()
+    result_line.emit("RESULT", {"model": param.detach().tolist(), "seen": seen, "failed": failed})
 
 
 def worker(g):

@@ -11,6 +11,7 @@ Spec (DESIGN.md, and the Go library wangkuiyi/recordio):
   raw payload = for each record: uint32 LE length, bytes
 """
 
+import json
 import os
 import struct
 
@@ -130,9 +131,31 @@ def golden_path(name):
     return os.path.join(GOLDEN_DIR, f"{name}.recordio")
 
 
+# The format's numbers every implementation (Python's pybridge.recordio, Go's go/recordio)
+# must share; vectors.json carries them with the golden files' records, and both test
+# suites check their own constants and readers against that one file.
+LIMITS = {
+    "magic": MAGIC,
+    "header_size": 20,
+    "default_max_chunk_bytes": 32 << 20,  # raw record bytes at which a writer closes a chunk
+    "snappy_max_block": 65536,  # uncompressed bytes in one Snappy frame (the framing format's limit)
+}
+VECTORS_PATH = os.path.join(GOLDEN_DIR, "vectors.json")
+
+
+def vectors():
+    """What vectors.json holds: the limits, and each golden file's records (hex)."""
+    return {"limits": LIMITS,
+            "records": {name: [r.hex() for r in recs] for name, (_, recs, _) in sorted(golden().items())}}
+
+
 if __name__ == "__main__":  # regenerate the checked-in files: python tests/recordio_spec.py
     os.makedirs(GOLDEN_DIR, exist_ok=True)
     for name, (data, _, _) in golden().items():
         with open(golden_path(name), "wb") as f:
             f.write(data)
         print(golden_path(name), len(data), "bytes")
+    with open(VECTORS_PATH, "w") as f:
+        json.dump(vectors(), f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(VECTORS_PATH)

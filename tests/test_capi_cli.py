@@ -35,7 +35,7 @@ def test_queries_print_flags_of_the_prefix(tmp_path, capsys):
 def test_go_dir_is_the_packaged_go_module(tmp_path, capsys):
     assert cli.main(["--go-dir", "--prefix", str(tmp_path / "nothing built")]) == 0
     go_dir = capsys.readouterr().out.strip()
-    assert go_dir == os.path.join(os.path.dirname(cli.__file__), "go")
+    assert go_dir == os.path.join(os.path.dirname(os.path.dirname(cli.__file__)), "go")  # pybridge/go
     with open(os.path.join(go_dir, "go.mod")) as f:
         assert f.readline().strip() == "module github.com/pybridge/pybridge/go"
 

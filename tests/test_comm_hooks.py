@@ -2,6 +2,8 @@
 and end with the same weights as torch DDP with the same hook; pybridge's built-in hooks
 (by code, as C and Go select them) match torch's; hook errors are pybridge errors."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -230,7 +232,7 @@ def test_identity_names_the_hook_its_state_and_settings():
     assert ident(None, default_hooks.fp16_compress_hook) == \
         "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook"
     assert ident(comm_hooks.HookContext(None), comm_hooks.fp16_compress_hook) == \
-        "pybridge.algorithms.comm_hooks.fp16_compress_hook(state pybridge.algorithms.comm_hooks.HookContext)"
+        "pybridge.algorithms.default_hooks.fp16_compress_hook(state pybridge.algorithms.contract.HookContext)"
     # A built-in chosen by settings has the identity of the (state, hook) it builds, so
     # Python's, C's and Go's ways of choosing a hook agree across ranks.
     for code in (comm_hooks.HOOK_ALLREDUCE, comm_hooks.HOOK_FP16, comm_hooks.HOOK_BF16):
@@ -274,3 +276,25 @@ def test_hook_step_is_typed():
     for other in (None, comm_hooks.HookContext(None), object()):
         assert comm_hooks.hook_step(other) is None
         comm_hooks.set_hook_step(other, 3)  # ignored
+
+
+def test_the_builtin_table_is_the_headers_and_gos():
+    # One table of built-in hooks (comm_hooks.BUILTIN): the header's PB_HOOK_* codes (the
+    # others are hook_flags bits) and Go's Hook constants name exactly its entries.
+    import re
+
+    from pybridge import InvalidArgument, abi
+    from pybridge.algorithms import comm_hooks
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    table = {name: code for code, (name, _) in comm_hooks.BUILTIN.items()}
+    assert all(getattr(abi, name) == code for name, code in table.items())
+    header = open(os.path.join(repo, "capi", "pybridge.h")).read()
+    codes = {n for n, comment in re.findall(r"#define (PB_HOOK_\w+) +\d+ +/\* *(\S+)", header)
+             if comment != "hook_flags:"}
+    assert codes == set(table), "header hook codes vs comm_hooks.BUILTIN"
+    go = open(os.path.join(repo, "go", "reducer.go")).read()
+    assert set(re.findall(r"\bHook\w* +Hook = C\.(PB_HOOK_\w+)", go)) == set(table), "Go Hook constants vs BUILTIN"
+    with pytest.raises(InvalidArgument, match="unknown hook code 9; use one of PB_HOOK_ALLREDUCE"):
+        comm_hooks.builtin(9, None)
+    with pytest.raises(InvalidArgument, match="unknown hook code"):
+        comm_hooks.builtin([1], None)

@@ -211,3 +211,46 @@ def test_parse_records_rejects_what_does_not_add_up():
     for n in (1, 3):
         with pytest.raises(fmt.FormatError):
             fmt.parse_records(payload, n)
+
+
+def test_the_shared_vectors_are_the_specs_and_pythons_numbers():
+    # tests/data/recordio/vectors.json is what the Go tests read too (go/recordio): it must be
+    # what the spec derives, and Python's constants must be its limits.
+    import json
+
+    import recordio_spec
+    with open(recordio_spec.VECTORS_PATH) as f:
+        assert json.load(f) == recordio_spec.vectors(), "regenerate with: python tests/recordio_spec.py"
+    limits = recordio_spec.LIMITS
+    assert (fmt.MAGIC, fmt.HEADER_SIZE, fmt.DEFAULT_MAX_CHUNK_BYTES, fmt.SNAPPY_MAX_BLOCK) == (
+        limits["magic"], limits["header_size"], limits["default_max_chunk_bytes"], limits["snappy_max_block"])
+
+
+def _snappy_frame_sizes(stream):
+    """Uncompressed size of each data frame of a Snappy framing-format stream."""
+    sizes, i = [], 0
+    while i < len(stream):
+        kind, n = stream[i], int.from_bytes(stream[i + 1:i + 4], "little")
+        body = stream[i + 4:i + 4 + n]
+        if kind == 0x01:  # uncompressed: CRC then the data
+            sizes.append(n - 4)
+        elif kind == 0x00:  # compressed: CRC then a block whose varint preamble is its size
+            size, shift, j = 0, 0, 4
+            while True:
+                size |= (body[j] & 0x7F) << shift
+                shift, j = shift + 7, j + 1
+                if not body[j - 1] & 0x80:
+                    break
+            sizes.append(size)
+        i += 4 + n
+    return sizes
+
+
+def test_the_snappy_writer_keeps_frames_within_the_shared_limit(tmp_path):
+    path = tmp_path / "big.recordio"
+    records = [bytes(range(256)) * 300, os.urandom(70000)]  # 76800 compressible, 70000 not
+    rio.write_file(str(path), records, compressor="snappy")
+    data = path.read_bytes()
+    sizes = _snappy_frame_sizes(data[fmt.HEADER_SIZE:])
+    assert sum(sizes) == sum(4 + len(r) for r in records) and len(sizes) > 2
+    assert max(sizes) <= fmt.SNAPPY_MAX_BLOCK

@@ -34,14 +34,56 @@ func bs(ss ...string) [][]byte {
 	return out
 }
 
-// The golden files' records, as tests/recordio_spec.py derives them by hand.
-var golden = map[string][][]byte{
-	"none":                    bs("abc", "defgh", "", "ijklmnop"),
-	"snappy":                  bs("Go", "torch"),
-	"snappy_compressed_frame": bs("Go", "torch"),
-	"snappy_go_frames":        bs("Go", "torch"),
-	"gzip":                    bs("Go", "torch"),
-	"mixed":                   bs("abc", "defgh", "", "ijklmnop", "Go", "torch", "Go", "torch"),
+// The shared test vectors (tests/data/recordio/vectors.json, written by
+// tests/recordio_spec.py): the format's limits and each golden file's records, the
+// same ones the Python tests check pybridge.recordio against.
+type vectors struct {
+	Limits struct {
+		Magic                uint32 `json:"magic"`
+		HeaderSize           int    `json:"header_size"`
+		DefaultMaxChunkBytes int    `json:"default_max_chunk_bytes"`
+		SnappyMaxBlock       int    `json:"snappy_max_block"`
+	} `json:"limits"`
+	Records map[string][]string `json:"records"` // hex
+}
+
+var shared = func() vectors {
+	var v vectors
+	data, err := os.ReadFile(filepath.Join(repoRoot, "tests", "data", "recordio", "vectors.json"))
+	if err == nil {
+		err = json.Unmarshal(data, &v)
+	}
+	if err != nil {
+		panic("reading the shared RecordIO test vectors: " + err.Error())
+	}
+	return v
+}()
+
+// The golden files' records, from the shared vectors.
+var golden = func() map[string][][]byte {
+	out := map[string][][]byte{}
+	for name, hexes := range shared.Records {
+		for _, h := range hexes {
+			r, err := hex.DecodeString(h)
+			if err != nil {
+				panic("vectors.json: " + err.Error())
+			}
+			out[name] = append(out[name], r)
+		}
+	}
+	return out
+}()
+
+func TestConstantsAreTheSharedLimits(t *testing.T) {
+	l := shared.Limits
+	if Magic != l.Magic || HeaderSize != l.HeaderSize || DefaultMaxChunkBytes != l.DefaultMaxChunkBytes ||
+		snappyMaxBlock != l.SnappyMaxBlock {
+		t.Fatalf("Go's constants (magic %#x, header %d, chunk %d, snappy block %d) differ from vectors.json's %+v",
+			Magic, HeaderSize, DefaultMaxChunkBytes, snappyMaxBlock, l)
+	}
+	if len(golden) < 6 {
+		t.Fatalf("vectors.json lists %d golden files, want at least 6", len(golden))
+	}
 }
 
 func equalRecords(t *testing.T, got, want [][]byte) {

@@ -30,26 +30,46 @@ HOOK_POWERSGD = abi.PB_HOOK_POWERSGD
 HOOK_HIERARCHICAL = abi.PB_HOOK_HIERARCHICAL
 
 
+def _context(hook):
+    return lambda group, how: (HookContext(group), hook)
+
+
+def _powersgd(group, how):
+    return powersgd_state(group, how["rank"], how["warm_start"], how["start_iter"], how["seed"]), powersgd_hook
+
+
+def _hierarchical(group, how):
+    kw = {"ranks_per_node": how["ranks_per_node"], "compression": how["compression"]}
+    state = HierarchicalState.described(**kw) if group is None else HierarchicalState(group, **kw)
+    return state, hierarchical_hook
+
+
+# The built-in hooks by code (PB_HOOK_* of the header): the one table. builtin() builds from
+# it, its error lists it, and tests check that the header's codes and Go's Hook constants
+# name exactly these (tests/test_comm_hooks.py).
+BUILTIN = {
+    HOOK_ALLREDUCE: ("PB_HOOK_ALLREDUCE", _context(allreduce_hook)),
+    HOOK_FP16: ("PB_HOOK_FP16", _context(fp16_compress_hook)),
+    HOOK_BF16: ("PB_HOOK_BF16", _context(bf16_compress_hook)),
+    HOOK_POWERSGD: ("PB_HOOK_POWERSGD", _powersgd),
+    HOOK_HIERARCHICAL: ("PB_HOOK_HIERARCHICAL", _hierarchical),
+}
+
+
 def builtin(code, group, *, rank=1, warm_start=True, start_iter=2, seed=0, ranks_per_node=0,
             compression=None):
     """(state, hook) for a hook code of the C ABI (PB_HOOK_*). group None: a state that is
     only described (its identity), never run."""
-    if isinstance(code, bool):
-        code = None  # True is not PB_HOOK_FP16
-    if code == HOOK_ALLREDUCE:
-        return HookContext(group), allreduce_hook
-    if code == HOOK_FP16:
-        return HookContext(group), fp16_compress_hook
-    if code == HOOK_BF16:
-        return HookContext(group), bf16_compress_hook
-    if code == HOOK_POWERSGD:
-        return powersgd_state(group, rank, warm_start, start_iter, seed), powersgd_hook
-    if code == HOOK_HIERARCHICAL:
-        how = {"ranks_per_node": ranks_per_node, "compression": compression}
-        state = HierarchicalState.described(**how) if group is None else HierarchicalState(group, **how)
-        return state, hierarchical_hook
-    raise InvalidArgument(f"unknown hook code {code!r}; use PB_HOOK_ALLREDUCE (0), PB_HOOK_FP16 (1), "
-                          "PB_HOOK_BF16 (2), PB_HOOK_POWERSGD (3) or PB_HOOK_HIERARCHICAL (4)")
+    try:
+        entry = None if isinstance(code, bool) else BUILTIN.get(code)  # True is not PB_HOOK_FP16
+    except TypeError:  # unhashable
+        entry = None
+    if entry is None:
+        known = ", ".join(f"{name} ({c})" for c, (name, _) in BUILTIN.items())
+        raise InvalidArgument(f"unknown hook code {code!r}; use one of {known}")
+    how = {"rank": rank, "warm_start": warm_start, "start_iter": start_iter, "seed": seed,
+           "ranks_per_node": ranks_per_node, "compression": compression}
+    return entry[1](group, how)
 
 
 # ---- hooks chosen by settings (C, Go, the reducer's compression= and hook=) -------------
@@ -119,6 +139,6 @@ class GossipHook:
 
 
 __all__ = ["GradBucket", "HookContext", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
-           "declare_eager", "declare_sums", "is_eager", "prescales", "powersgd_state", "powersgd_hook", "builtin",
+           "declare_eager", "declare_sums", "is_eager", "prescales", "powersgd_state", "powersgd_hook", "builtin", "BUILTIN",
            "BuiltinHook", "GossipHook", "HierarchicalHook", "HierarchicalState", "hierarchical_hook",
            "identity", "hook_step", "set_hook_step"]

@@ -166,7 +166,7 @@ def _settings(state):
 def identity(state, hook):
     """What every rank must agree on about a hook, readable: the function by module and
     qualified name, the state's type and, for pybridge's and torch's known states, their
-    settings. 'pybridge.algorithms.comm_hooks.fp16_compress_hook(state pybridge.algorithms.comm_hooks.HookContext)'."""
+    settings. 'pybridge.algorithms.default_hooks.fp16_compress_hook(state pybridge.algorithms.contract.HookContext)'."""
     return _describe(hook, type(state), _settings(state))
 
 

@@ -31,6 +31,7 @@ COMPRESSORS = {"none": NONE, "snappy": SNAPPY, "gzip": GZIP}
 COMPRESSOR_NAMES = {v: k for k, v in COMPRESSORS.items()}
 
 DEFAULT_MAX_CHUNK_BYTES = 32 << 20  # raw record bytes per chunk, as the Go writer
+SNAPPY_MAX_BLOCK = 65536  # uncompressed bytes in one frame of the Snappy framing format
 MAX_U32 = 0xFFFFFFFF
 GZIP_LEVEL = 6  # Go's gzip.DefaultCompression is level 6 as well
 

@@ -140,10 +140,19 @@ class Node:
 
 
 def _kill_namespace(ns):
+    # Stop every process first, then kill: a kill one by one would let the last ones run for
+    # a moment after the first died, and see (and answer for) a node that is already lost.
+    pids = []
     for pid in _ip("netns", "pids", ns, check=False).stdout.split():
         try:
-            os.kill(int(pid), signal.SIGKILL)
+            os.kill(int(pid), signal.SIGSTOP)
+            pids.append(int(pid))
         except (ProcessLookupError, ValueError):
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
             pass
 
 
