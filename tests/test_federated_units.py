@@ -124,6 +124,22 @@ def test_integrity_refuses_non_finite_and_too_large_updates(values, why):
     assert "overflows" in refusal(torch.full((4,), 1e300, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("given,kept", [(None, None), (0, None), (0.0, None), (2, 2.0), (1e-3, 1e-3)])
+def test_max_norm_zero_or_none_is_no_bound(given, kept):
+    from pybridge.federated.integrity import max_norm_setting
+    assert max_norm_setting(given) == kept
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan"), True, "3"])
+def test_a_bad_max_norm_is_refused_with_one_message(bad):
+    """The message C's pb_fed_server_set_max_norm and Go's WithMaxNorm give too
+    (tests/test_capi_federated.py compares them)."""
+    from pybridge.federated.integrity import max_norm_setting
+    with pytest.raises(InvalidArgument) as err:
+        max_norm_setting(bad)
+    assert str(err.value) == f"max_norm must be a finite number >= 0 (0 or None: no bound), got {bad!r}"
+
+
 def test_metrics_round_trip_exactly_and_average_by_samples():
     from pybridge.federated import metrics
     m = metrics.check({"loss": 0.1, "accuracy": 1 / 3, "n/top-5": 7})

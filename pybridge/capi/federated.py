@@ -6,8 +6,6 @@ the next pull), a worker handle its open task. Caller memory is read or written 
 call only.
 """
 
-import math
-
 from .. import abi, capi
 from ..base import dtypes
 from ..base.checks import integer
@@ -74,10 +72,7 @@ def pb_fed_server_new(group, mode, timeout, requeue, out):
 
 
 def pb_fed_server_set_max_norm(server, max_norm):
-    s = _server(server)
-    if not (max_norm >= 0 and math.isfinite(max_norm)):
-        raise InvalidArgument(f"max_norm must be >= 0 and finite (0: no bound), got {max_norm!r}")
-    s.rounds.server.max_norm = max_norm or None
+    _server(server).rounds.server.set_max_norm(max_norm)
 
 
 def pb_fed_server_set_affinity(server, client, workers, n):

@@ -24,11 +24,11 @@ import torch
 
 from ..base import dtypes
 from ..comm import group as _group
-from ..base.checks import integer, positive_finite, positive_seconds
+from ..base.checks import integer, positive_seconds
 from ..errors import Closed, InvalidArgument, PyBridgeError, UpdateRefused, WorkerFailed, WorkerTimeout, classify
 from .modes import BUFFERED as BUFFERED_MODES, MODES
 from .results import Outcome, Result, RoundResults, client_list
-from .integrity import refusal
+from .integrity import max_norm_setting, refusal
 from .stream import Stream
 from .metrics import decode as decode_metrics
 from .protocol import DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE, Header, Links, decode_message, flat
@@ -63,7 +63,8 @@ class Server:
     WorkerFailed (WorkerTimeout) naming the worker and the client. A refused update's
     client is handed out once more too.
     max_norm: a training update (pseudo-gradient) whose L2 norm is larger is refused
-    (default None: no bound). Updates with NaN or Inf elements are always refused.
+    (default None, or 0: no bound; see set_max_norm). Updates with NaN or Inf elements are
+    always refused.
     affinity: {client: worker ranks that hold its data} for clients that not every worker
     holds (see set_affinity); other clients go to any worker.
     link_timeout: seconds a link may stay silent (the listeners wait that long at most).
@@ -83,7 +84,8 @@ class Server:
         self.mode = mode
         self.requeue = bool(requeue)
         self.timeout = g.timeout if timeout is None else positive_seconds("timeout", timeout)
-        self.max_norm = None if max_norm is None else positive_finite("max_norm", max_norm)
+        self._max_norm = None
+        self.set_max_norm(max_norm)
         self.workers = tuple(range(1, g.size))
         self.affinity = {}  # client -> frozenset of the worker ranks holding its data
         for client, holders in (affinity or {}).items():
@@ -118,6 +120,17 @@ class Server:
         """The latest round's RoundResults (None before the first): its clients, samples,
         metrics and refusals so far."""
         return self._current
+
+    @property
+    def max_norm(self):
+        """The bound on a training update's L2 norm (None: no bound); see set_max_norm."""
+        return self._max_norm
+
+    def set_max_norm(self, max_norm):
+        """Refuse, from the next result on, training updates whose L2 norm is larger than
+        `max_norm`: a finite number >= 0, where 0 or None removes the bound. The one rule
+        for Python, C (pb_fed_server_set_max_norm) and Go (WithMaxNorm)."""
+        self._max_norm = max_norm_setting(max_norm)
 
     def set_affinity(self, client, workers):
         """Hand `client` only to `workers` (ranks of workers that hold its data), from the
@@ -407,7 +420,7 @@ class Server:
                     f"federated worker rank {w} returned {h.length} elements of dtype code {h.dtype} for "
                     f"client {a.client} (round {a.round}); the model has {self._model.numel()} of dtype "
                     f"code {dtypes.code(self._model.dtype)}", w, a.client, a.round))
-            why = refusal(payload, self.max_norm)
+            why = refusal(payload, self._max_norm)
             if why is not None:
                 return Outcome(Outcome.REFUSED, a, UpdateRefused(
                     f"federated worker rank {w} returned client {a.client}'s update for round {a.round}, "
