@@ -256,3 +256,11 @@ def test_a_failed_round_is_not_aggregated():
     rounds.start([1], model)
     assert [r.client for r in rounds] == [1]
     assert rounds.aggregate(1.0, out=model) == 1 and model.tolist() == [-4.0] * 4  # model - lr x update
+
+
+def test_buffered_stream_is_the_moved_stream_with_a_warning():
+    from pybridge.federated import buffered, stream
+    with pytest.warns(DeprecationWarning, match="buffered.Stream moved to pybridge.federated.stream.Stream"):
+        assert buffered.Stream is stream.Stream
+    with pytest.raises(AttributeError):
+        buffered.NoSuchThing
