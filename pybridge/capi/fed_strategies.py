@@ -17,7 +17,8 @@ _DEFAULTS = {"strategy": abi.PB_FED_STRATEGY_FEDAVG, "eta": 0.0, "momentum": 0.0
              "dp_seed": 0}
 STRATEGIES = codes("PB_FED_STRATEGY_", strategies.STRATEGIES)  # pb_fed_options.strategy -> the core's name
 STALENESS = codes("PB_FED_STALENESS_", _staleness.KINDS)  # pb_fed_options.staleness -> the core's kind
-_SETTINGS = ("momentum", "beta1", "beta2", "tau")  # the strategies' settings in pb_fed_options
+# The strategies' settings (each a pb_fed_options field of the same name), from the registry.
+_SETTINGS = sorted({k for make in strategies.STRATEGIES.values() for k in make.SETTINGS})
 
 
 def _strategy(o):
