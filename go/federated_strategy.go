@@ -5,6 +5,8 @@ package pybridge
 */
 import "C"
 
+import "math"
+
 // Server strategies, FedBuff / FedAsync and central differential privacy for a
 // FedServer (docs/federated.md "Modes" and "Strategies"): functional options
 // that fill one pb_fed_options, set by NewFedServer through
@@ -160,15 +162,27 @@ func (s *FedServer[T]) LastStep() (step FedStep, ok bool, refused int, err error
 
 // FedProxGrad adds FedProx's proximal gradient mu * (weights - global) to
 // grad, for a worker minimising its loss + mu/2 ||weights - global||^2 (global:
-// the task's model). All three must have one length.
+// the task's model). mu must be finite and >= 0, and all three must have one
+// length; otherwise grad is left as it was.
+//
+// The rule and messages are pybridge/federated/fedprox.py's add_proximal_grad
+// (mu checked first, then the lengths); this stays a Go loop because it runs on
+// the worker's Go slices every step, where a library call would cost more than
+// the arithmetic. tests/data/fedprox.json holds the cases the Python and the
+// Go test both run.
 func FedProxGrad[T ~float32 | ~float64](grad, weights, global []T, mu float64) error {
 	const op = "FedProxGrad"
-	if len(grad) != len(weights) || len(grad) != len(global) {
-		return newError(statusInvalidArgument, op, "lengths differ: grad %d, weights %d, global %d",
-			len(grad), len(weights), len(global))
+	if math.IsNaN(mu) || math.IsInf(mu, 0) || mu < 0 {
+		return newError(statusInvalidArgument, op, "FedProx's mu must be a finite number >= 0, got %v", mu)
 	}
-	if !(mu >= 0) {
-		return newError(statusInvalidArgument, op, "mu must be >= 0, got %v", mu)
+	if len(weights) != len(global) {
+		return newError(statusInvalidArgument, op,
+			"FedProx's global tensor must match its parameter: weights has %d elements, global %d",
+			len(weights), len(global))
+	}
+	if len(grad) != len(weights) {
+		return newError(statusInvalidArgument, op, "FedProx's grad must match the weights: grad has %d elements, "+
+			"weights %d", len(grad), len(weights))
 	}
 	m := T(mu)
 	for i := range grad {

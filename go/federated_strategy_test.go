@@ -1,10 +1,15 @@
 package pybridge_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,18 +106,72 @@ func TestFederatedGoFedBuffServerWithFedAdam(t *testing.T) {
 	fedLaunch(t, "fedbuffserver", map[int]string{3: "worker"})
 }
 
-func TestFedProxGrad(t *testing.T) {
-	grad := []float32{1, 1, 1}
-	if err := pybridge.FedProxGrad(grad, []float32{2, 0, 5}, []float32{1, 1, 1}, 0.5); err != nil {
+// fedProxCase is one case of tests/data/fedprox.json, which the Python test of
+// add_proximal_grad runs too (tests/test_federated_strategies.py).
+type fedProxCase struct {
+	Name    string    `json:"name"`
+	Mu      string    `json:"mu"` // JSON has no Inf or NaN: parsed by strconv.ParseFloat
+	Grad    []float64 `json:"grad"`
+	Weights []float64 `json:"weights"`
+	Global  []float64 `json:"global"`
+	Want    []float64 `json:"want"`
+	Error   string    `json:"error"`
+}
+
+func TestFedProxGradFollowsTheSharedTable(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "tests", "data", "fedprox.json"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if grad[0] != 1.5 || grad[1] != 0.5 || grad[2] != 3 {
-		t.Errorf("grad %v, want [1.5 0.5 3]", grad)
+	var table struct{ Cases []fedProxCase }
+	if err := json.Unmarshal(raw, &table); err != nil {
+		t.Fatal(err)
 	}
-	if err := pybridge.FedProxGrad(grad, []float32{1}, []float32{1, 1, 1}, 0.5); !errors.Is(err, pybridge.ErrInvalidArgument) {
-		t.Errorf("lengths differ: %v", err)
+	if len(table.Cases) == 0 {
+		t.Fatal("tests/data/fedprox.json has no cases")
 	}
-	if err := pybridge.FedProxGrad(grad, grad, grad, math.NaN()); !errors.Is(err, pybridge.ErrInvalidArgument) {
-		t.Errorf("mu NaN: %v", err)
+	for _, c := range table.Cases {
+		mu, err := strconv.ParseFloat(c.Mu, 64)
+		if err != nil {
+			t.Fatalf("%s: mu %q: %v", c.Name, c.Mu, err)
+		}
+		t.Run(c.Name+"/float32", func(t *testing.T) { checkFedProx(t, c, mu, float32(0)) })
+		t.Run(c.Name+"/float64", func(t *testing.T) { checkFedProx(t, c, mu, float64(0)) })
+	}
+}
+
+func checkFedProx[T float32 | float64](t *testing.T, c fedProxCase, mu float64, _ T) {
+	conv := func(xs []float64) []T {
+		out := make([]T, len(xs))
+		for i, x := range xs {
+			out[i] = T(x)
+		}
+		return out
+	}
+	grad := conv(c.Grad)
+	err := pybridge.FedProxGrad(grad, conv(c.Weights), conv(c.Global), mu)
+	want := c.Want
+	if c.Error != "" {
+		if !errors.Is(err, pybridge.ErrInvalidArgument) || !strings.Contains(err.Error(), c.Error) {
+			t.Fatalf("want ErrInvalidArgument saying %q, got %v", c.Error, err)
+		}
+		want = c.Grad // left as it was
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(grad, conv(want)) {
+		t.Errorf("grad %v, want %v", grad, want)
+	}
+}
+
+// Go's own case: grad is a slice of its own (Python's is the parameter's .grad).
+func TestFedProxGradRefusesAGradOfAnotherLength(t *testing.T) {
+	grad := []float32{1, 1}
+	err := pybridge.FedProxGrad(grad, []float32{1, 1, 1}, []float32{1, 1, 1}, 0.5)
+	if !errors.Is(err, pybridge.ErrInvalidArgument) || !strings.Contains(err.Error(), "FedProx's grad must match the weights") {
+		t.Fatalf("grad of 2 for 3 weights: %v", err)
+	}
+	if grad[0] != 1 || grad[1] != 1 {
+		t.Errorf("grad changed: %v", grad)
 	}
 }

@@ -231,8 +231,11 @@ def _c_server(ffi, lib, g):
     assert lib.pb_fed_server_next_result(s, info, has) == 0 and has[0] == 0
 
     # A NaN update is refused by name (PB_ERR_CORRUPT), and so is a norm past the bound.
-    assert lib.pb_fed_server_set_max_norm(s, -1.0) == lib.PB_ERR_INVALID_ARGUMENT
-    assert lib.pb_fed_server_set_max_norm(s, float("inf")) == lib.PB_ERR_INVALID_ARGUMENT
+    bad_bounds = []
+    for bad in (-1.0, float("inf"), float("nan")):
+        assert lib.pb_fed_server_set_max_norm(s, bad) == lib.PB_ERR_INVALID_ARGUMENT
+        bad_bounds.append((bad, _err(ffi, lib)))
+    res["bad_max_norm"] = bad_bounds
     refused = []
     for client, bound in ((POISONED, 0.0), (0, 1.0)):  # client 0's update has norm |V| > 1
         assert lib.pb_fed_server_set_max_norm(s, bound) == 0, _err(ffi, lib)
@@ -385,6 +388,15 @@ def test_a_refused_update_names_the_worker_the_client_and_the_round(result):
     assert (rc, client, has) == (lib.PB_ERR_CORRUPT, POISONED, 0) and worker in (1, 2, 3) and rnd == 5
     assert f"rank {worker}" in msg and f"client {POISONED}" in msg and "round 5" in msg and "NaN or Inf" in msg
     assert (rc2, client2, rnd2) == (lib.PB_ERR_CORRUPT, 0, 6) and "exceeds the server's max_norm 1" in msg2
+
+
+def test_a_bad_max_norm_gets_the_cores_rule_and_message(result):
+    from pybridge.errors import InvalidArgument
+    from pybridge.federated.integrity import max_norm_setting
+    for bad, msg in result[0]["B"]["bad_max_norm"]:
+        with pytest.raises(InvalidArgument) as core:
+            max_norm_setting(bad)
+        assert msg == f"pb_fed_server_set_max_norm: {core.value}", (bad, msg)  # C names the function
 
 
 def test_a_round_left_early_does_not_wait_for_its_straggler_and_drops_its_result(result):

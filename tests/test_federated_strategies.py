@@ -3,7 +3,10 @@ written here in numpy: staleness functions, the buffer's weighted sum, central D
 clipping and noise, FedAvgM / FedAdagrad / FedAdam / FedYogi, FedProx's term, and the
 argument checks."""
 
+import json
 import math
+import os
+import re
 
 import numpy as np
 import pytest
@@ -184,3 +187,22 @@ def test_fedprox_term_and_its_gradient():
         proximal_loss(net.parameters(), glob, -1)
     with pytest.raises(InvalidArgument, match="one global tensor per parameter"):
         add_proximal_grad(net.parameters(), glob[:1], 0.1)
+
+
+FEDPROX_CASES = json.load(open(os.path.join(os.path.dirname(__file__), "data", "fedprox.json")))["cases"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", FEDPROX_CASES, ids=[c["name"] for c in FEDPROX_CASES])
+def test_fedprox_gradient_follows_the_table_go_runs_too(case, dtype):
+    """tests/data/fedprox.json: go/federated_strategy_test.go runs the same cases on FedProxGrad."""
+    p = torch.nn.Parameter(torch.tensor(case["weights"], dtype=dtype))
+    p.grad = torch.tensor(case["grad"], dtype=dtype)
+    glob = torch.tensor(case["global"], dtype=dtype)
+    if "error" in case:
+        with pytest.raises(InvalidArgument, match=re.escape(case["error"])):
+            add_proximal_grad([p], [glob], float(case["mu"]))
+        assert p.grad.tolist() == case["grad"]  # left as it was
+    else:
+        add_proximal_grad([p], [glob], float(case["mu"]))
+        assert p.grad.tolist() == case["want"]

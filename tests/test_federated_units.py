@@ -124,6 +124,22 @@ def test_integrity_refuses_non_finite_and_too_large_updates(values, why):
     assert "overflows" in refusal(torch.full((4,), 1e300, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("given,kept", [(None, None), (0, None), (0.0, None), (2, 2.0), (1e-3, 1e-3)])
+def test_max_norm_zero_or_none_is_no_bound(given, kept):
+    from pybridge.federated.integrity import max_norm_setting
+    assert max_norm_setting(given) == kept
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan"), True, "3"])
+def test_a_bad_max_norm_is_refused_with_one_message(bad):
+    """The message C's pb_fed_server_set_max_norm and Go's WithMaxNorm give too
+    (tests/test_capi_federated.py compares them)."""
+    from pybridge.federated.integrity import max_norm_setting
+    with pytest.raises(InvalidArgument) as err:
+        max_norm_setting(bad)
+    assert str(err.value) == f"max_norm must be a finite number >= 0 (0 or None: no bound), got {bad!r}"
+
+
 def test_metrics_round_trip_exactly_and_average_by_samples():
     from pybridge.federated import metrics
     m = metrics.check({"loss": 0.1, "accuracy": 1 / 3, "n/top-5": 7})
@@ -240,3 +256,11 @@ def test_a_failed_round_is_not_aggregated():
     rounds.start([1], model)
     assert [r.client for r in rounds] == [1]
     assert rounds.aggregate(1.0, out=model) == 1 and model.tolist() == [-4.0] * 4  # model - lr x update
+
+
+def test_buffered_stream_is_the_moved_stream_with_a_warning():
+    from pybridge.federated import buffered, stream
+    with pytest.warns(DeprecationWarning, match="buffered.Stream moved to pybridge.federated.stream.Stream"):
+        assert buffered.Stream is stream.Stream
+    with pytest.raises(AttributeError):
+        buffered.NoSuchThing

@@ -216,6 +216,15 @@ def test_parameter_broadcast_is_not_the_reducers():
     assert "BroadcastParams" not in open(os.path.join(REPO, "go", "reducer.go")).read()
 
 
+def test_the_buffered_stream_drives_the_server_only_through_its_public_seam():
+    # stream.py (FedBuff/FedAsync hand-out) calls Server's hand-out methods; buffered.py is arithmetic
+    text = _source("federated/stream.py")
+    assert not re.search(r"\b(s|server)\._\w", text), re.search(r"\b(s|server)\._\w", text)
+    assert "pybridge.federated.server" not in _imports("pybridge.federated.stream")
+    assert "class Stream" not in _source("federated/buffered.py")
+    assert "pybridge.federated.stream" not in _imports("pybridge.federated.buffered", anywhere=False)
+
+
 def test_progress_is_changed_only_through_its_methods():
     from pybridge.comm.watchdog import Progress
     world = Progress()

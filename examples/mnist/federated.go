@@ -175,7 +175,7 @@ func trainClient(m *MLP, x []float32, labels []uint8, idx []int, opts options, c
 			act, _, _ := m.forward(bx, bl)
 			_ = m.backward(act, grads, none) // none never fails
 			for i := range round {
-				_ = pybridge.FedProxGrad(grads[i], params[i], round[i], opts.proxMu) // same lengths, mu >= 0
+				_ = pybridge.FedProxGrad(grads[i], params[i], round[i], opts.proxMu) // same lengths; mu checked by parseFlags
 			}
 			opt.Step(params, grads)
 		}

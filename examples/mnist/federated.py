@@ -44,9 +44,8 @@ from train import build_model, data_kind  # noqa: E402
 
 import pybridge  # noqa: E402
 from pybridge import recordio  # noqa: E402
-from pybridge.federated import EVALUATE, CentralDP, FedAdagrad, FedAdam, FedAvgRounds, FedYogi, Server, ServerSGD, Worker, add_proximal_grad
-
-STRATEGIES = {"fedavg": ServerSGD, "fedadam": FedAdam, "fedyogi": FedYogi, "fedadagrad": FedAdagrad}
+from pybridge.federated import EVALUATE, CentralDP, FedAvgRounds, Server, Worker, add_proximal_grad  # noqa: E402
+from pybridge.federated import modes, strategies  # noqa: E402  (the core's registries: --mode, --server-opt)
 
 
 def parse_args(argv=None):
@@ -59,12 +58,13 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=10, help="local batch size (default 10)")
     p.add_argument("--lr", type=float, default=0.05, help="local SGD learning rate (default 0.05)")
     p.add_argument("--seed", type=int, default=1, help="model, split and client draws (default 1)")
-    p.add_argument("--mode", choices=("async", "sync", "fedbuff", "fedasync"), default="async",
+    p.add_argument("--mode", choices=modes.MODES, default="async",
                    help="server mode (default async)")
     p.add_argument("--buffer-size", type=int, default=None, help="fedbuff: results per model step (default 10)")
     p.add_argument("--staleness", default=None, help="fedbuff/fedasync: constant, polynomial[:a], hinge[:a[:b]]")
     p.add_argument("--max-staleness", type=int, default=None, help="fedbuff/fedasync: oldest update accepted")
-    p.add_argument("--server-opt", choices=sorted(STRATEGIES), default="fedavg", help="server optimizer (fedavg)")
+    p.add_argument("--server-opt", choices=sorted(strategies.STRATEGIES), default="fedavg",
+                   help="server optimizer (fedavg)")
     p.add_argument("--server-lr", type=float, default=None, help="server learning rate (1 for fedavg, 0.01 adaptive)")
     p.add_argument("--prox-mu", type=float, default=0.0, help="FedProx's mu on the workers (default 0: off)")
     p.add_argument("--dp-clip", type=float, default=0.0, help="central DP: clip norm per client (0: off)")
@@ -102,11 +102,11 @@ def client_indices(labels, clients, seed):
 
 def make_rounds(opts, group):
     """The server's FedAvgRounds for the options (mode, strategy, DP, buffer)."""
-    lr = {} if opts.server_lr is None else {"eta": opts.server_lr}
-    buffered = {} if opts.mode not in ("fedbuff", "fedasync") else {
+    buffered = {} if opts.mode not in modes.BUFFERED else {
         "buffer_size": opts.buffer_size, "staleness": opts.staleness, "max_staleness": opts.max_staleness}
     dp = CentralDP(opts.dp_clip, opts.dp_noise, seed=opts.seed) if opts.dp_clip else None
-    return FedAvgRounds(Server(group, mode=opts.mode), strategy=STRATEGIES[opts.server_opt](**lr), dp=dp, **buffered)
+    strategy = strategies.build(opts.server_opt, eta=opts.server_lr)
+    return FedAvgRounds(Server(group, mode=opts.mode), strategy=strategy, dp=dp, **buffered)
 
 
 def serve(opts, group):

@@ -83,8 +83,8 @@ func parseFlags(args []string) (options, error) {
 	if o.localEpochs < 1 {
 		return o, errors.New("--local-epochs must be positive")
 	}
-	if !(o.proxMu >= 0) {
-		return o, errors.New("--prox-mu must be >= 0")
+	if err := pybridge.FedProxGrad[float32](nil, nil, nil, o.proxMu); err != nil { // the library's rule for mu
+		return o, fmt.Errorf("--prox-mu: %w", err)
 	}
 	if o.syncEvery < 0 {
 		return o, errors.New("--sync-every must be >= 0")

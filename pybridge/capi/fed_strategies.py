@@ -4,40 +4,38 @@ pybridge/federated/strategies.py, buffered.py and staleness.py, run by FedAvgRou
 
 from .. import abi, capi
 from ..errors import InvalidArgument
-from ..federated import FedAvgRounds
+from ..federated import FedAvgRounds, strategies
 from ..federated import staleness as _staleness
-from ..federated.strategies import CentralDP, FedAdagrad, FedAdam, FedYogi, ServerSGD
+from ..federated.strategies import CentralDP
 from . import options
-from .federated import _not_null, _server
+from .federated import _not_null, _server, choices, codes
 
 # pb_fed_options: each field and the default pb_fed_options_init gives it, in struct order.
 _DEFAULTS = {"strategy": abi.PB_FED_STRATEGY_FEDAVG, "eta": 0.0, "momentum": 0.0, "beta1": 0.9, "beta2": 0.99,
              "tau": 1e-3, "buffer_size": 0, "staleness": abi.PB_FED_STALENESS_CONSTANT, "staleness_a": -1.0,
              "staleness_b": -1.0, "max_staleness": -1, "dp_clip_norm": 0.0, "dp_noise_multiplier": 0.0,
              "dp_seed": 0}
-_ADAPTIVE = {abi.PB_FED_STRATEGY_FEDADAGRAD: FedAdagrad, abi.PB_FED_STRATEGY_FEDADAM: FedAdam,
-             abi.PB_FED_STRATEGY_FEDYOGI: FedYogi}
-_STALENESS = {abi.PB_FED_STALENESS_CONSTANT: "constant", abi.PB_FED_STALENESS_POLYNOMIAL: "polynomial",
-              abi.PB_FED_STALENESS_HINGE: "hinge"}
+STRATEGIES = codes("PB_FED_STRATEGY_", strategies.STRATEGIES)  # pb_fed_options.strategy -> the core's name
+STALENESS = codes("PB_FED_STALENESS_", _staleness.KINDS)  # pb_fed_options.staleness -> the core's kind
+# The strategies' settings (each a pb_fed_options field of the same name), from the registry.
+_SETTINGS = sorted({k for make in strategies.STRATEGIES.values() for k in make.SETTINGS})
 
 
 def _strategy(o):
-    eta = {} if o["eta"] == 0 else {"eta": o["eta"]}
-    if o["strategy"] == abi.PB_FED_STRATEGY_FEDAVG:
-        return ServerSGD(momentum=o["momentum"], **eta)
-    make = _ADAPTIVE.get(o["strategy"])
-    if make is None:
-        raise InvalidArgument(f"pb_fed_options.strategy must be a PB_FED_STRATEGY_* code (0..3), got {o['strategy']}")
-    return make(beta1=o["beta1"], beta2=o["beta2"], tau=o["tau"], **eta)
+    name = STRATEGIES.get(o["strategy"])
+    if name is None:
+        raise InvalidArgument(f"pb_fed_options.strategy must be {choices('PB_FED_STRATEGY_', STRATEGIES)}, "
+                              f"got {o['strategy']}")
+    return strategies.build(name, eta=None if o["eta"] == 0 else o["eta"], **{k: o[k] for k in _SETTINGS})
 
 
 def _buffered(o):
     """FedAvgRounds' buffered keywords that differ from the defaults (None: not given)."""
-    kind = _STALENESS.get(o["staleness"])
+    kind = STALENESS.get(o["staleness"])
     if kind is None:
-        raise InvalidArgument(f"pb_fed_options.staleness must be a PB_FED_STALENESS_* code (0..2), "
+        raise InvalidArgument(f"pb_fed_options.staleness must be {choices('PB_FED_STALENESS_', STALENESS)}, "
                               f"got {o['staleness']}")
-    params = {name: o[f"staleness_{name}"] for name in {"constant": "", "polynomial": "a", "hinge": "ab"}[kind]
+    params = {name: o[f"staleness_{name}"] for name in _staleness.PARAMETERS[kind]
               if o[f"staleness_{name}"] >= 0}  # < 0: the function's default
     return {"buffer_size": o["buffer_size"] or None,
             "staleness": None if kind == "constant" else getattr(_staleness, kind)(**params),

@@ -6,17 +6,29 @@ the next pull), a worker handle its open task. Caller memory is read or written 
 call only.
 """
 
-import math
-
 from .. import abi, capi
 from ..base import dtypes
 from ..base.checks import integer
 from ..errors import InvalidArgument, WorkerFailed
-from ..federated import EVALUATE, TRAIN, FedAvgRounds, Server, Worker, sample_clients
+from ..federated import EVALUATE, TRAIN, FedAvgRounds, Server, Worker, modes, sample_clients
 from . import flag, handles, live_group, tensor, text
 
-MODES = {abi.PB_FED_ASYNC: "async", abi.PB_FED_SYNC: "sync",
-         abi.PB_FED_FEDBUFF: "fedbuff", abi.PB_FED_FEDASYNC: "fedasync"}  # the last two: fed_strategies.py
+
+def codes(prefix, names):
+    """{C code: name} for the names of a core registry, each code the header's constant
+    `prefix` + NAME (PB_FED_ + fedbuff: PB_FED_FEDBUFF). The registry is the one list of
+    names, the header the one source of numbers; a name without a constant stops the
+    library's start (tests/test_federated_registry.py says which)."""
+    return {getattr(abi, prefix + name.upper()): name for name in names}
+
+
+def choices(prefix, table):
+    """The codes of `table` (from codes()) for an error message: "PB_X_A (0), PB_X_B (1) or ..."."""
+    words = [f"{prefix}{name.upper()} ({code})" for code, name in sorted(table.items())]
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
+
+
+MODES = codes("PB_FED_", modes.MODES)  # pb_fed_server_new's mode -> the Server's
 COMMANDS = (TRAIN, EVALUATE)  # the header's PB_FED_TRAIN and PB_FED_EVALUATE
 
 
@@ -62,8 +74,7 @@ def pb_fed_server_new(group, mode, timeout, requeue, out):
     g = live_group(group)
     _not_null((out, "out (the pointer to store the server handle in)"))  # before the collective
     if mode not in MODES:
-        raise InvalidArgument(f"mode must be PB_FED_ASYNC (0), PB_FED_SYNC (1), PB_FED_FEDBUFF (2) or "
-                              f"PB_FED_FEDASYNC (3), got {mode}")
+        raise InvalidArgument(f"mode must be {choices('PB_FED_', MODES)}, got {mode}")
     requeue = flag(requeue, "requeue")
     s = Server(g, mode=MODES[mode], timeout=None if timeout <= 0 else timeout, requeue=requeue)
     try:
@@ -74,10 +85,7 @@ def pb_fed_server_new(group, mode, timeout, requeue, out):
 
 
 def pb_fed_server_set_max_norm(server, max_norm):
-    s = _server(server)
-    if not (max_norm >= 0 and math.isfinite(max_norm)):
-        raise InvalidArgument(f"max_norm must be >= 0 and finite (0: no bound), got {max_norm!r}")
-    s.rounds.server.max_norm = max_norm or None
+    _server(server).rounds.server.set_max_norm(max_norm)
 
 
 def pb_fed_server_set_affinity(server, client, workers, n):

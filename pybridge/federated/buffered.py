@@ -1,13 +1,12 @@
-"""Buffered asynchronous aggregation: FedBuff (Nguyen et al. 2022) and FedAsync (Xie et
-al. 2019) as server modes, and the weighted sum every mode aggregates with.
+"""The update arithmetic: the weighted float64 sum every mode aggregates with
+(UpdateBuffer), including buffered asynchronous aggregation, FedBuff (Nguyen et al. 2022)
+and FedAsync (Xie et al. 2019).
 
-In these modes there are no rounds for the workers: a worker that returns a result gets
-its next client at once, on the newest model version (the server sends it that version
-first if it holds an older one), and nobody waits for a straggler. The server's model
-advances every K training results (FedBuff; K = 1 is FedAsync); a result computed on a
-version tau steps older than the current one is weighted by s(tau) (staleness.py), and
-one older than max_staleness versions is refused. FedAvgRounds drives it; Stream is the
-hand-out part, UpdateBuffer the arithmetic.
+In the buffered modes the server's model advances every K training results (FedBuff;
+K = 1 is FedAsync); a result computed on a version tau steps older than the current one
+is weighted by s(tau) (staleness.py), and one older than max_staleness versions is
+refused (StaleUpdate). FedAvgRounds drives it; the hand-out across versions is
+stream.Stream.
 
 A step's pseudo-gradient, over the updates i in the buffer (delta_i = the model version
 the client started from - its trained weights, n_i its samples, tau_i its staleness):
@@ -22,18 +21,16 @@ FedBuff form, with eta = alpha): the two agree when the client started from the 
 model. The weights are pure Python floats; the sum is float64 whatever the model's dtype.
 """
 
-import collections
+import warnings
 
 import torch
 
 from ..base.checks import integer
 from ..errors import InvalidArgument
 from .modes import BUFFERED as MODES  # noqa: F401  (buffered.MODES: the modes handled here)
-from .protocol import EVALUATE, TRAIN
-from .results import RoundResults, client_list
+from .protocol import TRAIN
 from .staleness import Staleness
 
-REFUSED_RETRIES = 1  # with requeue, a client whose update was refused (NaN, Inf, norm) goes out once more
 DEFAULT_BUFFER = 10  # FedBuff's K when none is given
 
 
@@ -111,76 +108,11 @@ class UpdateBuffer:
         return g, record
 
 
-class Stream:
-    """Hands clients out through a Server in a buffered mode, across model versions.
-
-    `model` is the server's flat model (FedAvgRounds.model), which the server sends to a
-    worker holding an older version before its next client; advance() says it changed.
-    Results come in completion order from next(), which returns None when nothing is left
-    to hand out and a worker is idle: clients still out stay out, and their results come
-    with later calls (applied late). Evaluations are handed out before training clients."""
-
-    def __init__(self, server, model):
-        self.server = server
-        self.pending = {EVALUATE: collections.deque(), TRAIN: collections.deque()}
-        self._refusals = collections.Counter()
-        server._model = model  # the live model: the server sends it, as is, to workers behind
-        server.round += 1  # the version numbers travel in the headers' round field
-
-    @property
-    def version(self):
-        return self.server.round
-
-    def advance(self):
-        self.server.round += 1
-
-    def add(self, clients, command):
-        """A round: `clients` join the queue, and the server's `current` summary (metrics,
-        samples, refusals) starts afresh for the results taken from now on."""
-        self.pending[command].extend(client_list(clients))
-        self.server.current = RoundResults(self.server.round, command)  # filled by _record, not iterated
-
-    def _left(self):
-        return [c for q in self.pending.values() for c in q]
-
-    def next(self, wait=False):
-        """The next Result, or None: with nothing left to hand out, as soon as a worker is
-        idle, or (`wait`) once no client is out."""
-        s = self.server
-        while True:
-            s._check_open()
-            for w in s._idle():
-                for command, queue in self.pending.items():
-                    client = s._take(queue, w)  # the first this worker may hold (affinity)
-                    if client is not None:
-                        s._assign(w, client, command)  # sends the newest version first if need be
-                        break
-            left = self._left()
-            if not left and (not s._busy or (s._idle() and not wait)):
-                return None
-            if not s._busy:
-                raise s._stuck(left, s.round)
-            kind, a, value = s._next_outcome()
-            if a is None:
-                continue  # a worker lost while idle, or a stalled one taken back
-            if kind == "result":
-                return _record(s.current, value)
-            if kind == "refused":
-                s.current.refused[a.client] = value
-            if kind == "refused" and s.requeue and self._refusals[a.client] < REFUSED_RETRIES:
-                self._refusals[a.client] += 1
-                self.pending[a.command].appendleft(a.client)
-            elif kind == "lost" and s.requeue:
-                self.pending[a.command].appendleft(a.client)
-            else:
-                for queue in self.pending.values():  # an error ends the round, as in the round modes
-                    queue.clear()
-                raise value
-
-
-def _record(rr, r):
-    """Add Result r to the round summary rr (server.RoundResults), as its iterator does."""
-    rr.clients.append(r.client)
-    rr.samples += r.samples
-    rr._metrics.add(r.samples, r.metrics)
-    return r
+def __getattr__(name):
+    # Stream moved to stream.py (the hand-out); this module keeps the arithmetic
+    if name == "Stream":
+        warnings.warn("pybridge.federated.buffered.Stream moved to pybridge.federated.stream.Stream",
+                      DeprecationWarning, stacklevel=2)
+        from .stream import Stream
+        return Stream
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,10 @@ the round's model w_global. Its gradient is mu * (w - w_global).
 or, after loss.backward() of the plain loss:
     add_proximal_grad(model.parameters(), global_params, mu)
 
-C and Go workers add mu * (w - w_global) to their gradients themselves (Go: FedProxGrad).
+C and Go workers add mu * (w - w_global) to their gradients themselves: Go's FedProxGrad
+is a loop over the Go slices of a training step, with no library call, and keeps this
+module's rule and messages (mu finite and >= 0, checked first; then matching lengths).
+tests/data/fedprox.json holds the cases both tests run.
 """
 
 import math
@@ -30,7 +33,8 @@ def _pairs(params, global_params):
                               f"{len(global_params)} global tensors")
     for i, (p, g) in enumerate(zip(params, global_params)):
         if p.shape != g.shape:
-            raise InvalidArgument(f"parameter {i} has shape {tuple(p.shape)}, its global tensor {tuple(g.shape)}")
+            raise InvalidArgument(f"FedProx's global tensor must match its parameter: parameter {i} has shape "
+                                  f"{tuple(p.shape)}, its global tensor {tuple(g.shape)}")
     return zip(params, global_params)
 
 

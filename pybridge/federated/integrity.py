@@ -1,9 +1,26 @@
 """The server's check of a client's update before it can reach an aggregate: NaN or Inf
 elements, or (optionally) an L2 norm past a bound. One pass over the update: its norm is
 finite exactly when every element is (a NaN or Inf makes it NaN or Inf), so the elements
-are counted only for the message of a refused one."""
+are counted only for the message of a refused one. And the one check of the bound itself,
+whoever sets it (Server(max_norm=), Server.set_max_norm, C, Go)."""
+
+import math
 
 import torch
+
+from ..errors import InvalidArgument
+
+
+def max_norm_setting(max_norm):
+    """The bound `max_norm` as the server keeps it: None for no bound (None or 0), else a
+    finite number > 0 as a float. Anything else (negative, NaN, Inf, not a number) is an
+    InvalidArgument with one message for every caller."""
+    if max_norm is None:
+        return None
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) \
+            or not (max_norm >= 0 and math.isfinite(max_norm)):
+        raise InvalidArgument(f"max_norm must be a finite number >= 0 (0 or None: no bound), got {max_norm!r}")
+    return float(max_norm) or None
 
 
 def refusal(update, max_norm=None):

@@ -1,9 +1,10 @@
-"""What a round gives back: one client's Result, and RoundResults, the iterator over a
-round's results that keeps its summary. Used by the server's round modes and by the
-buffered stream alike."""
+"""What a round gives back: one client's Result, RoundResults (the iterator over a round's
+results that keeps its summary), and Outcome, what the server makes of a worker's answer or
+loss. Used by the server's round modes and by the buffered stream alike."""
 
 import operator
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,29 +35,50 @@ class RoundResults:
     order), `samples` (their sum), `metrics` (sample-weighted means, metrics.RoundMetrics)
     and `refused` (client -> UpdateRefused, for updates the server would not take)."""
 
-    def __init__(self, number, command):
+    def __init__(self, number, command, results=None):
         self.round = number
         self.command = command
         self.clients = []
         self.samples = 0
         self.refused = {}
         self._metrics = RoundMetrics()
-        self._gen = None
+        self._results = iter(()) if results is None else results  # what iterating takes from
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        r = next(self._gen)
-        self.clients.append(r.client)
-        self.samples += r.samples
-        self._metrics.add(r.samples, r.metrics)
-        return r
+        return self.record(next(self._results))
+
+    def record(self, result):
+        """Count `result` in the summary (what iterating does); returns it. The buffered
+        stream records the results it hands on this way."""
+        self.clients.append(result.client)
+        self.samples += result.samples
+        self._metrics.add(result.samples, result.metrics)
+        return result
 
     @property
     def metrics(self):
         """Each metric's sample-weighted mean over the results taken so far."""
         return self._metrics.means()
+
+
+class Outcome(NamedTuple):
+    """What the server made of one answer or loss among the busy workers
+    (Server.next_outcome): its kind (one of the constants below), the assignment it
+    settles (the server's record of the hand-out: round, client, command; None for a
+    worker lost while idle, and for BACK) and its value."""
+
+    kind: str
+    assignment: Any
+    value: Any
+
+    RESULT = "result"    # value: a Result (None: a late result of an abandoned round, dropped)
+    FAILED = "failed"    # value: WorkerFailed, the failure the worker reported or its malformed answer
+    REFUSED = "refused"  # value: UpdateRefused (integrity.refusal said no)
+    LOST = "lost"        # value: WorkerFailed / WorkerTimeout; the worker was retired or stalled
+    BACK = "back"        # a stalled worker answered and takes clients again; no assignment, no value
 
 
 def client_list(clients):
@@ -77,4 +99,4 @@ def client_list(clients):
     return ids
 
 
-__all__ = ["Result", "RoundResults", "client_list"]
+__all__ = ["Result", "RoundResults", "Outcome", "client_list"]

@@ -6,8 +6,9 @@ it may change (or, from C, go away) in between: the rounds keep their own copy o
 model, which the server strategy (strategies.py: FedAvg's SGD by default, FedAdam,
 FedYogi, FedAdagrad) updates. The results are summed by a buffered.UpdateBuffer (float64,
 with central DP's clipping and noise when `dp` is given). In the buffered modes (a Server
-with mode "fedbuff" or "fedasync", see buffered.py) the model steps by itself every
-`buffer_size` training results, and a round is the clients given to one `start`.
+with mode "fedbuff" or "fedasync", handing clients out through a stream.Stream) the model
+steps by itself every `buffer_size` training results, and a round is the clients given to
+one `start`.
 """
 
 import torch
@@ -15,7 +16,9 @@ import torch
 from ..base.checks import integer, positive_finite
 from ..errors import InvalidArgument
 from . import buffered
+from .modes import BUFFERED
 from .protocol import EVALUATE, TRAIN, flat
+from .results import client_list
 from .staleness import parse as parse_staleness
 from .strategies import ServerOptimizer, ServerSGD
 
@@ -47,7 +50,7 @@ class FedAvgRounds:
     def __init__(self, server, *, strategy=None, dp=None, buffer_size=None, staleness=None, max_staleness=None):
         self.server = server
         self.mode = getattr(server, "mode", "async")
-        self.buffered = self.mode in buffered.MODES
+        self.buffered = self.mode in BUFFERED
         if strategy is not None and not isinstance(strategy, ServerOptimizer):
             raise InvalidArgument(f"strategy must be a pybridge.federated.strategies optimizer, got {strategy!r}")
         self.strategy = strategy if strategy is not None else ServerSGD()
@@ -97,11 +100,11 @@ class FedAvgRounds:
             if fresh:
                 raise InvalidArgument(f"the model must keep its size, dtype and device between the rounds of "
                                       f"mode {self.mode} ({self.model.numel()} x {self.model.dtype})")
-            self._stream.add(clients, EVALUATE if evaluate else TRAIN)  # checks them first; none is out yet
+            ids = client_list(clients)  # checked before the model changes
             if not torch.equal(self.model, m):
                 self.model.copy_(m)
                 self._stream.advance()
-                self.server.current.round = self.version  # the round's summary names the version it starts on
+            self._stream.add(ids, EVALUATE if evaluate else TRAIN)  # its summary starts at the new version
             self._ended = False
             return
         if fresh:

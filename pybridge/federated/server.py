@@ -1,4 +1,9 @@
-"""The server side: hand clients to workers and collect their results as they finish.
+"""The server side, client assignment: the links, the worker states, handing clients to
+workers and collecting their results as they finish, and the round modes' loop (run_round).
+
+The buffered modes' hand-out (stream.py) and the round loop both go through the hand-out
+seam below (idle_workers, take_client, assign, next_outcome, retry_client, ...); the
+aggregation of what comes back is rounds.py, buffered.py (UpdateBuffer) and aggregate.py.
 
 Completion detection: one listener thread per worker blocks in a receive from that worker
 (on the `up` link) and queues what arrives; the server's own thread takes results from the
@@ -19,12 +24,12 @@ import torch
 
 from ..base import dtypes
 from ..comm import group as _group
-from ..base.checks import integer, positive_finite, positive_seconds
+from ..base.checks import integer, positive_seconds
 from ..errors import Closed, InvalidArgument, PyBridgeError, UpdateRefused, WorkerFailed, WorkerTimeout, classify
-from . import buffered
 from .modes import BUFFERED as BUFFERED_MODES, MODES
-from .results import Result, RoundResults, client_list
-from .integrity import refusal
+from .results import Outcome, Result, RoundResults, client_list
+from .integrity import max_norm_setting, refusal
+from .stream import Stream
 from .metrics import decode as decode_metrics
 from .protocol import DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE, Header, Links, decode_message, flat
 
@@ -32,7 +37,10 @@ REFUSED_RETRIES = 1  # with requeue, a client whose update was refused is handed
 
 
 @dataclass
-class _Assignment:
+class Assignment:
+    """A client handed to a worker: its round (model version), client, command (TRAIN or
+    EVALUATE), the worker's hand-out count `seq` (its answer must repeat it) and when."""
+
     round: int
     client: int
     command: int
@@ -48,14 +56,15 @@ class Server:
     clients out in waves of one per worker and waits for the whole wave (FLUTE's gloo
     fallback, kept for comparison). "fedbuff" and "fedasync": no rounds for the workers, the
     model advances every K results (K = 1 for fedasync) and stragglers' results are applied
-    late, weighted by their staleness; drive them with FedAvgRounds (buffered.py).
+    late, weighted by their staleness; drive them with FedAvgRounds (stream.py).
     timeout: seconds a worker may hold a client (default: the group's timeout).
     requeue: a worker lost while holding a client (dead, or past the timeout) has its client
     handed to the remaining workers, so the round completes; otherwise run_round raises
     WorkerFailed (WorkerTimeout) naming the worker and the client. A refused update's
     client is handed out once more too.
     max_norm: a training update (pseudo-gradient) whose L2 norm is larger is refused
-    (default None: no bound). Updates with NaN or Inf elements are always refused.
+    (default None, or 0: no bound; see set_max_norm). Updates with NaN or Inf elements are
+    always refused.
     affinity: {client: worker ranks that hold its data} for clients that not every worker
     holds (see set_affinity); other clients go to any worker.
     link_timeout: seconds a link may stay silent (the listeners wait that long at most).
@@ -75,7 +84,8 @@ class Server:
         self.mode = mode
         self.requeue = bool(requeue)
         self.timeout = g.timeout if timeout is None else positive_seconds("timeout", timeout)
-        self.max_norm = None if max_norm is None else positive_finite("max_norm", max_norm)
+        self._max_norm = None
+        self.set_max_norm(max_norm)
         self.workers = tuple(range(1, g.size))
         self.affinity = {}  # client -> frozenset of the worker ranks holding its data
         for client, holders in (affinity or {}).items():
@@ -85,11 +95,11 @@ class Server:
         self.lost = {}  # worker rank -> the error that retired it (a stalled one's until it answers)
         self._gone = set()  # retired for good: connection lost or out of protocol
         self._stalled = {}  # worker rank -> the assignment it timed out on: taken back if it answers
-        self.round = 0
-        self.current = None  # the latest round's RoundResults
-        self._model = None  # the current round's model (a copy: late workers get it when they free up)
+        self._round = 0  # the model version: the round number (buffered modes: moves at every step)
+        self._current = None  # the latest round's RoundResults
+        self._model = None  # the current version's model, sent to workers that hold an older one
         self._has = {}  # worker rank -> the round of the model it holds
-        self._busy = {}  # worker rank -> _Assignment, of this round or an abandoned one
+        self._busy = {}  # worker rank -> Assignment, of this round or an abandoned one
         self._seq = dict.fromkeys(self.workers, 0)
         self._events = queue.Queue()
         self._farewells = []  # terminates sent, not waited for
@@ -98,6 +108,29 @@ class Server:
                                                name=f"pybridge-federated-{w}") for w in self.workers}
         for t in self._listeners.values():
             t.start()
+
+    @property
+    def round(self):
+        """The current round, which is the model's version: what the headers' round field
+        carries (in the buffered modes it moves at every model step)."""
+        return self._round
+
+    @property
+    def current(self):
+        """The latest round's RoundResults (None before the first): its clients, samples,
+        metrics and refusals so far."""
+        return self._current
+
+    @property
+    def max_norm(self):
+        """The bound on a training update's L2 norm (None: no bound); see set_max_norm."""
+        return self._max_norm
+
+    def set_max_norm(self, max_norm):
+        """Refuse, from the next result on, training updates whose L2 norm is larger than
+        `max_norm`: a finite number >= 0, where 0 or None removes the bound. The one rule
+        for Python, C (pb_fed_server_set_max_norm) and Go (WithMaxNorm)."""
+        self._max_norm = max_norm_setting(max_norm)
 
     def set_affinity(self, client, workers):
         """Hand `client` only to `workers` (ranks of workers that hold its data), from the
@@ -128,7 +161,7 @@ class Server:
         A round may be left early (over-selection): workers still holding its clients are
         not waited for; their late results are dropped by round number, and they get the
         next round's model and clients once they are back."""
-        self._check_open()
+        self.check_open()
         if self.mode in BUFFERED_MODES:  # FedBuff / FedAsync dispatch: no rounds there
             raise InvalidArgument(f"mode {self.mode} hands clients out across model versions, not in rounds: "
                                   "drive it with FedAvgRounds (or server.stream)")
@@ -140,11 +173,10 @@ class Server:
         self._drain()
         if not self._live:
             raise WorkerFailed(f"no federated workers are left (lost: {self._lost_text()})")
-        self.round += 1
-        self._model = model.clone()
-        self._send_model([w for w in sorted(self._live) if w not in self._busy])
-        rr = self.current = RoundResults(self.round, EVALUATE if evaluate else TRAIN)
-        rr._gen = self._results(rr, collections.deque(clients))
+        self.new_version(model.clone())
+        self._send_model(self.idle_workers())
+        command = EVALUATE if evaluate else TRAIN
+        rr = self._current = RoundResults(self.round, command, self._results(command, collections.deque(clients)))
         return rr
 
     def _send_model(self, workers):
@@ -168,67 +200,47 @@ class Server:
             except PyBridgeError as exc:
                 self._events.put(("lost", w, exc))
 
-    def _results(self, rr, pending):
-        mine, command = self.round, rr.command
+    def _results(self, command, pending):
+        """The round modes' loop: hand out `pending` through the seam below and yield the
+        round's Results as they come (async: a worker's next client at once; sync: in waves)."""
+        mine = self.round
         refusals = collections.Counter()
         while True:
-            self._check_open()
+            self.check_open()
             if self.round != mine:
                 raise InvalidArgument(f"round {mine} was abandoned: round {self.round} started before its "
                                       "results were all taken (the server runs one round at a time)")
             if self.mode == "async" or not self._out():  # sync: a wave once the last one is back
-                for w in self._idle():
-                    client = self._take(pending, w)
+                for w in self.idle_workers():
+                    client = self.take_client(pending, w)
                     if client is not None:
-                        self._assign(w, client, command)
+                        self.assign(w, client, command)
             if not self._out():
                 if not pending:
                     return
-                if not self._busy:  # nobody left to free up (a straggler of an earlier round would)
-                    raise self._stuck(pending, mine)
-            kind, a, value = self._next_outcome()
+                if not self.busy_workers():  # nobody left to free up (a straggler of an earlier round would)
+                    raise self.unassignable(pending)
+            outcome = self.next_outcome()
+            a = outcome.assignment
             if a is None or a.round != mine:
                 continue  # a worker lost while idle, taken back, or late from an abandoned round
-            if kind == "result":
-                yield value
-                continue
-            if kind == "refused":
-                rr.refused[a.client] = value
-                if self.requeue and refusals[a.client] < REFUSED_RETRIES:
-                    refusals[a.client] += 1
-                    pending.appendleft(a.client)
-                    continue
-            elif kind == "lost" and self.requeue:
+            if outcome.kind == Outcome.RESULT:
+                yield outcome.value
+            elif self.retry_client(outcome, refusals):
                 pending.appendleft(a.client)
-                continue
-            raise value
-
-    def _take(self, pending, w):
-        """The first pending client that worker `w` may train (its affinity), taken out."""
-        for i, c in enumerate(pending):
-            if w in self.affinity.get(c, (w,)):
-                del pending[i]
-                return c
-        return None
-
-    def _stuck(self, pending, mine):
-        if self._live:  # live workers, but none holds these clients' data
-            held = "; ".join(f"client {c}: workers {sorted(self.affinity[c])}" for c in pending)
-            return WorkerFailed(f"clients {list(pending)} of round {mine} can go only to workers that are "
-                                f"lost ({held}; lost: {self._lost_text()})")
-        return WorkerFailed(f"no federated workers are left (lost: {self._lost_text()}); "
-                            f"clients {list(pending)} of round {mine} were not done")
+            else:
+                raise outcome.value
 
     def _out(self):
         """Whether a client of the current round is out."""
         return any(a.round == self.round for a in self._busy.values())
 
-    # ---- FedBuff / FedAsync (buffered.py): the one entry into the buffered modes ---------------
+    # ---- FedBuff / FedAsync (stream.py): the one entry into the buffered modes -----------------
 
     def stream(self, model):
-        """Mode fedbuff or fedasync: a buffered.Stream handing clients out on `model` (the
+        """Mode fedbuff or fedasync: a stream.Stream handing clients out on `model` (the
         server's flat model, read at each send) across versions. FedAvgRounds uses it."""
-        self._check_open()
+        self.check_open()
         if self.mode not in BUFFERED_MODES:
             raise InvalidArgument(f"stream is for the fedbuff and fedasync modes; this server's mode is {self.mode}")
         if model.device != self._links.device:  # it is sent as is, whenever a worker is behind
@@ -237,29 +249,107 @@ class Server:
         self._drain()
         if not self._live:
             raise WorkerFailed(f"no federated workers are left (lost: {self._lost_text()})")
-        return buffered.Stream(self, model)
+        return Stream(self, model)
 
-    # ---------------------------------------------------------------------------------------------
+    # ---- the hand-out seam: what run_round's loop and the buffered stream drive -----------------
 
-    def _idle(self):
+    def check_open(self):
+        """Raise Closed once the server was closed."""
+        if self.closed:
+            raise Closed("the federated server was closed")
+
+    def new_version(self, model=None):
+        """The model changed: the round (the model's version) moves on by one, and a worker
+        holding an older version gets the model before its next client. `model` is the tensor
+        to send from now on (sent as is, read at each send); None keeps the one there, changed
+        in place. Returns the new version."""
+        if model is not None:
+            self._model = model
+        self._round += 1
+        return self._round
+
+    def start_summary(self, command):
+        """A fresh summary (RoundResults of `command` at the current version) for the results
+        taken from now on: `current`. The caller records results in it (RoundResults.record)."""
+        self._current = RoundResults(self.round, command)
+        return self._current
+
+    def idle_workers(self):
+        """Live workers that hold no client, in rank order: those take clients now."""
         return [w for w in self.workers if w in self._live and w not in self._busy]
 
-    def _assign(self, w, client, command):
-        if self._has.get(w) != self.round:  # back from an earlier round's client, or taken back
-            self._send_model([w])
-            if self._has.get(w) != self.round:
-                return self._assign_failed(w, client, command)
-        self._seq[w] += 1
-        a = self._busy[w] = _Assignment(self.round, client, command, self._seq[w], time.monotonic())
+    def busy_workers(self):
+        """Workers holding a client (of this round or version, or an earlier one), in rank order."""
+        return sorted(self._busy)
+
+    def take_client(self, pending, worker):
+        """Take out of `pending` (a deque of client ids) the first client `worker` may hold
+        (its affinity); None if there is none."""
+        for i, c in enumerate(pending):
+            if worker in self.affinity.get(c, (worker,)):
+                del pending[i]
+                return c
+        return None
+
+    def assign(self, worker, client, command):
+        """Hand `client` to the idle `worker` to train or evaluate (`command`) on the current
+        version, sending the model first if the worker holds an older one. A send that fails
+        is a LOST outcome of next_outcome, not an error here."""
+        if self._has.get(worker) != self.round:  # back from an earlier round's client, or taken back
+            self._send_model([worker])
+            if self._has.get(worker) != self.round:
+                return self._assign_failed(worker, client, command)
+        self._seq[worker] += 1
+        a = self._busy[worker] = Assignment(self.round, client, command, self._seq[worker], time.monotonic())
         try:  # the worker is waiting for it, so this returns at once
-            self._links.send_header(Header(command, self.round, client, seq=a.seq), w, self._links.down)
+            self._links.send_header(Header(command, self.round, client, seq=a.seq), worker, self._links.down)
         except PyBridgeError as exc:
-            self._events.put(("lost", w, exc))
+            self._events.put(("lost", worker, exc))
+
+    def next_outcome(self):
+        """Wait for the next answer or loss among the busy workers (at least one must be
+        busy): an Outcome of kind RESULT, FAILED, REFUSED, LOST or BACK (results.py). A
+        worker past its client's timeout is stalled here (LOST, with a WorkerTimeout)."""
+        while True:
+            w, due = min(self._busy.items(), key=lambda kv: kv[1].start)
+            left = due.start + self.timeout - time.monotonic()
+            try:
+                event = self._events.get(timeout=max(left, 0.0))
+            except queue.Empty:
+                return self._stall(w, due)
+            outcome = self._handle(event)
+            if outcome is not None:
+                return outcome
+
+    def retry_client(self, outcome, refusals):
+        """Whether a failed outcome's client goes back to be handed out again. With requeue:
+        a lost worker's client always, a refused update's client REFUSED_RETRIES times
+        (`refusals`: a Counter per client that the caller keeps for its round); never a
+        reported failure. A refusal is noted in current.refused either way."""
+        kind, a, value = outcome
+        if kind == Outcome.REFUSED:
+            self._current.refused[a.client] = value
+            if self.requeue and refusals[a.client] < REFUSED_RETRIES:
+                refusals[a.client] += 1
+                return True
+            return False
+        return kind == Outcome.LOST and self.requeue
+
+    def unassignable(self, pending):
+        """The error for clients `pending` that no worker left can take (the caller raises it)."""
+        if self._live:  # live workers, but none holds these clients' data
+            held = "; ".join(f"client {c}: workers {sorted(self.affinity[c])}" for c in pending)
+            return WorkerFailed(f"clients {list(pending)} of round {self.round} can go only to workers that are "
+                                f"lost ({held}; lost: {self._lost_text()})")
+        return WorkerFailed(f"no federated workers are left (lost: {self._lost_text()}); "
+                            f"clients {list(pending)} of round {self.round} were not done")
+
+    # ---------------------------------------------------------------------------------------------
 
     def _assign_failed(self, w, client, command):
         """The model could not reach `w` (its loss is queued): hold the client as out, so
         that handling the loss gives it back (requeue) or names it."""
-        self._busy[w] = _Assignment(self.round, client, command, self._seq[w], time.monotonic())
+        self._busy[w] = Assignment(self.round, client, command, self._seq[w], time.monotonic())
 
     # ---- events from the listeners ------------------------------------------------------------
 
@@ -280,21 +370,6 @@ class Server:
             if h.command == TERMINATE:
                 return
 
-    def _next_outcome(self):
-        """Wait for the next answer or loss among the busy workers: (kind, assignment, value)
-        with kind "result" (value a Result), "failed", "refused" or "lost" (value the error),
-        or "back" (a stalled worker answered: taken back, no assignment)."""
-        while True:
-            w, due = min(self._busy.items(), key=lambda kv: kv[1].start)
-            left = due.start + self.timeout - time.monotonic()
-            try:
-                event = self._events.get(timeout=max(left, 0.0))
-            except queue.Empty:
-                return self._stall(w, due)
-            outcome = self._handle(event)
-            if outcome is not None:
-                return outcome
-
     def _stall(self, w, a):
         """`w` held its client past the timeout: stop giving it clients, but keep listening,
         so that it is taken back once it answers (its late result is dropped)."""
@@ -304,7 +379,7 @@ class Server:
         self._live.discard(w)
         self._stalled[w] = a
         self.lost[w] = err
-        return "lost", a, err
+        return Outcome(Outcome.LOST, a, err)
 
     def _handle(self, event):
         if event[0] == "lost":
@@ -318,7 +393,7 @@ class Server:
                                a and a.round)
             err.__cause__ = exc
             self._retire(w, err)
-            return "lost", a, err
+            return Outcome(Outcome.LOST, a, err)
         _, w, h, payload, metrics, arrived = event
         if h.command == TERMINATE or w in self._gone:
             return None  # an acknowledgement (its listener has ended), or a retired worker's
@@ -327,39 +402,40 @@ class Server:
             if _answers(h, a):
                 self._live.add(w)
                 del self.lost[w]
-                return "back", None, None
+                return Outcome(Outcome.BACK, None, None)
             return self._out_of_turn(w, h, None)
         a = self._busy.pop(w, None)
         if a is None or not _answers(h, a):
             return self._out_of_turn(w, h, a)
         if h.command == FAILED:
             text = decode_message(payload) if payload is not None else ""
-            return "failed", a, WorkerFailed(f"federated worker rank {w} failed on client {a.client} "
-                                             f"(round {a.round}): {text}", w, a.client, a.round)
+            return Outcome(Outcome.FAILED, a, WorkerFailed(
+                f"federated worker rank {w} failed on client {a.client} (round {a.round}): {text}",
+                w, a.client, a.round))
         if a.round != self.round and self.mode not in BUFFERED_MODES:  # FedBuff / FedAsync apply late ones
-            return "result", a, None  # late, from an abandoned round: dropped by the caller
+            return Outcome(Outcome.RESULT, a, None)  # late, from an abandoned round: dropped by the caller
         if h.command == TRAIN:
             if (h.length, h.dtype) != (self._model.numel(), dtypes.code(self._model.dtype)):
-                return "failed", a, WorkerFailed(
+                return Outcome(Outcome.FAILED, a, WorkerFailed(
                     f"federated worker rank {w} returned {h.length} elements of dtype code {h.dtype} for "
                     f"client {a.client} (round {a.round}); the model has {self._model.numel()} of dtype "
-                    f"code {dtypes.code(self._model.dtype)}", w, a.client, a.round)
-            why = refusal(payload, self.max_norm)
+                    f"code {dtypes.code(self._model.dtype)}", w, a.client, a.round))
+            why = refusal(payload, self._max_norm)
             if why is not None:
-                return "refused", a, UpdateRefused(
+                return Outcome(Outcome.REFUSED, a, UpdateRefused(
                     f"federated worker rank {w} returned client {a.client}'s update for round {a.round}, "
-                    f"refused: {why}", w, a.client, a.round)
+                    f"refused: {why}", w, a.client, a.round))
         if payload is None:
             payload = torch.empty(0, dtype=dtypes.BY_CODE[h.dtype], device=self._links.device)
-        return "result", a, Result(h.command, h.round, h.client, w, h.samples, payload, arrived - a.start,
-                                   metrics)
+        return Outcome(Outcome.RESULT, a, Result(h.command, h.round, h.client, w, h.samples, payload,
+                                                 arrived - a.start, metrics))
 
     def _out_of_turn(self, w, h, a):
         err = WorkerFailed(f"federated worker rank {w} sent an unexpected {h.name} message "
                            f"(round {h.round}, client {h.client}, seq {h.seq})", w, a and a.client,
                            a and a.round)
         self._retire(w, err, stop=True)
-        return "lost", a, err
+        return Outcome(Outcome.LOST, a, err)
 
     def _retire(self, w, err, stop=False):
         """Stop using worker `w` for good. One still connected (`stop`: it answered out of
@@ -424,10 +500,6 @@ class Server:
                 t.join(5.0)  # a cut receive fails at once
             self._farewells = []
             links.close()
-
-    def _check_open(self):
-        if self.closed:
-            raise Closed("the federated server was closed")
 
     def __enter__(self):
         return self

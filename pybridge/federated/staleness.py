@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ..errors import InvalidArgument
 
-KINDS = ("constant", "polynomial", "hinge")  # in the order of the C codes PB_FED_STALENESS_*
+KINDS = ("constant", "polynomial", "hinge")  # the one list; C codes PB_FED_STALENESS_<KIND>, Go Staleness*
+PARAMETERS = {"constant": "", "polynomial": "a", "hinge": "ab"}  # what each kind's function takes, in order
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def parse(spec):
         raise InvalidArgument(f"staleness must be a Staleness or a string such as 'polynomial:0.5', got {spec!r}")
     kind, *args = spec.split(":")
     make = {"constant": constant, "polynomial": polynomial, "hinge": hinge}.get(kind)
-    if make is None or len(args) > {"constant": 0, "polynomial": 1, "hinge": 2}[kind]:
+    if make is None or len(args) > len(PARAMETERS[kind]):
         raise InvalidArgument(f"bad staleness {spec!r}: write constant, polynomial[:a] or hinge[:a[:b]]")
     try:
         values = [float(x) for x in args]

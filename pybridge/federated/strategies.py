@@ -37,9 +37,11 @@ def _unit(name, value, *, closed=False):
 
 class ServerOptimizer:
     """Applies pseudo-gradients to a flat model; `eta` is the server learning rate used
-    when a step is given none."""
+    when a step is given none. `name` is its key in STRATEGIES, `SETTINGS` the keywords
+    besides eta and eta_l that build() passes it."""
 
     name = "?"
+    SETTINGS = ()
 
     def __init__(self, eta, eta_l=None):
         self.eta = positive_finite("eta", eta)
@@ -57,6 +59,7 @@ class ServerSGD(ServerOptimizer):
     """FedAvg (eta 1.0) and FedAvgM (momentum > 0)."""
 
     name = "fedavg"
+    SETTINGS = ("momentum",)
 
     def __init__(self, eta=1.0, momentum=0.0, eta_l=None):
         super().__init__(eta, eta_l)
@@ -75,6 +78,8 @@ class ServerSGD(ServerOptimizer):
 
 
 class _Adaptive(ServerOptimizer):
+    SETTINGS = ("beta1", "beta2", "tau")
+
     def __init__(self, eta=1e-2, beta1=0.9, beta2=0.99, tau=1e-3, eta_l=None):
         super().__init__(eta, eta_l)
         self.beta1 = _unit("beta1", beta1)
@@ -121,7 +126,24 @@ class FedYogi(_Adaptive):
         self.v.sub_((1 - self.beta2) * d2 * torch.sign(self.v - d2))
 
 
-STRATEGIES = {c.name: c for c in (ServerSGD, FedAdagrad, FedAdam, FedYogi)}  # C codes in this order
+# The one registry of server strategies, by name. C codes are the header's
+# PB_FED_STRATEGY_<NAME> and Go's FedStrategy constants (tests/test_federated_registry.py
+# checks both); the MNIST example's --server-opt takes these names.
+STRATEGIES = {c.name: c for c in (ServerSGD, FedAdagrad, FedAdam, FedYogi)}
+
+
+def build(name, eta=None, **settings):
+    """The strategy registered as `name`, at server learning rate `eta` (None: its default),
+    given those of `settings` it takes (its SETTINGS) and none of the others: a C caller
+    passes every pb_fed_options field whatever the strategy."""
+    make = STRATEGIES.get(name)
+    if make is None:
+        raise InvalidArgument(f"unknown server strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    unknown = sorted(set(settings).difference(*(c.SETTINGS for c in STRATEGIES.values())))
+    if unknown:
+        raise InvalidArgument(f"no server strategy takes {', '.join(unknown)}")
+    given = {k: v for k, v in settings.items() if k in make.SETTINGS}
+    return make(**given) if eta is None else make(eta=eta, **given)
 
 
 class CentralDP:
