@@ -16,6 +16,7 @@ SLOW_FILES = (
     "test_elastic_lost.py",
     "test_launch.py",
     "test_outside_install.py",
+    "test_docs.py",
     "test_federated.py",
     "test_gotorch.py",
     "test_checkpoint.py",

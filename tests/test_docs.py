@@ -177,6 +177,7 @@ def _python_ranks(rank, world, jobs, ports, workdir):
     import torch.distributed as dist
 
     import pybridge
+    assert pybridge.__file__.startswith(ROOT + os.sep), f"not this checkout's pybridge: {pybridge.__file__}"
     out = open(os.path.join(workdir, f"python-{world}-rank{rank}.jsonl"), "a", buffering=1)
     for i, ((bid, code), port) in enumerate(zip(jobs, ports)):
         folder = os.path.join(workdir, f"py{world}-rank{rank}", re.sub(r"\W", "_", bid))
@@ -241,8 +242,8 @@ def python_results(tmp):
                 rows[row["id"]][r] = row
         for b in group:
             mine = rows[b.id]
-            errors = "".join(f"--- rank {r}:\n{row['error']}{row['output']}\n" for r, row in sorted(mine.items())
-                             if row["error"])
+            errors = "".join(f"--- rank {r}:\n{row['error'].rstrip()}\n{row['output']}\n"
+                             for r, row in sorted(mine.items()) if row["error"])
             missing = sorted(set(range(world)) - set(mine))
             results[b.id] = errors or (f"ranks {missing} did not finish it:\n{failed}" if missing else None)
     return results
