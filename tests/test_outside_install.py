@@ -49,7 +49,7 @@ static void print_core(void) {
 int main(void) {
     pb_group *g;
     if (pb_init(NULL, "gloo", -1, -1, -1, 60.0, &g) != PB_OK) {
-        fprintf(stderr, "pb_init: %s\n", pb_last_error());
+        fprintf(stderr, "%s\n", pb_last_error());
         return 1;
     }
     int32_t rank;
@@ -57,7 +57,7 @@ int main(void) {
     float x[3] = {rank + 1, 10 * (rank + 1), -1};
     pb_tensor t = {x, 3, PB_FLOAT32, PB_CPU};
     if (pb_all_reduce(g, &t, PB_SUM) != PB_OK) {
-        fprintf(stderr, "pb_all_reduce: %s\n", pb_last_error());
+        fprintf(stderr, "%s\n", pb_last_error());
         return 1;
     }
     print_core();
