@@ -9,7 +9,8 @@
  *
  *  Status.    Every function returns an int status: PB_OK (0) or a negative
  *             PB_ERR_* code. After a failure, pb_last_error() returns a message
- *             saying what was wrong. The message is the calling thread's, not the
+ *             saying what was wrong, in C's names, after the name of the function
+ *             that failed ("pb_init: ..."). The message is the calling thread's, not the
  *             handle's: read it on the thread that got the status, before that
  *             thread's next call (docs/c-api.md says why). Nothing here aborts,
  *             raises or longjmps: NULL pointers, bad counts, unknown codes, stale

@@ -57,7 +57,7 @@ func roleElastic() error {
 	}
 	// A world made by Init is not elastic: Reset says so and leaves it live.
 	if ng, _, err := st.Reset(); ng != nil || !errors.Is(err, pybridge.ErrInvalidArgument) ||
-		!strings.Contains(err.Error(), "not in an elastic job (join it with pb_elastic_init)") {
+		!strings.Contains(err.Error(), "not in an elastic job (join it with ElasticInit)") {
 		return fmt.Errorf("Reset on a non-elastic world: %v, %v", ng, err)
 	}
 	if _, err := pybridge.LastElasticChange(); !errors.Is(err, pybridge.ErrInvalidArgument) {

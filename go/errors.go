@@ -9,12 +9,14 @@ import "C"
 import (
 	"fmt"
 	"math"
+	"strings"
 	"unsafe"
 )
 
 // Error is a failure reported by the C library (or detected by this package
 // before calling it). Status is the C status code (a negative PB_ERR_* value),
-// Op the Go function that failed, and Msg the library's description.
+// Op the Go function that failed, and Msg the library's description, naming Go's
+// functions, types and constants (goNames).
 //
 // Compare with the sentinel errors using errors.Is, which matches on Status:
 //
@@ -100,10 +102,150 @@ func check(op string, st C.int, msg *C.char) error {
 	}
 	text := ""
 	if msg != nil {
-		text = C.GoString(msg)
+		text = goWords(C.GoString(msg))
 		C.free(unsafe.Pointer(msg))
 	}
 	return &Error{Status: int(st), Op: op, Msg: text}
+}
+
+// goNames: the C names that library messages hold (functions, types, constants and
+// settings), and what Go calls them. The C library writes C's names
+// (pybridge/capi/names.py turns the core's Python ones into these); goWords turns them
+// into Go's, once, where the error is built. A name missing here stays as it is.
+var goNames = map[string]string{
+	// functions
+	"pb_init":                   "Init",
+	"pb_init_v2":                "Init",
+	"pb_finalize":               "Group.Close",
+	"pb_group_close":            "Group.Close",
+	"pb_broadcast_params":       "BroadcastParams",
+	"pb_reducer_create":         "NewReducer",
+	"pb_reducer_mark_ready":     "Reducer.MarkReady",
+	"pb_reducer_wait":           "Reducer.Wait",
+	"pb_reducer_join":           "Reducer.Join",
+	"pb_reducer_bind_grads":     "Reducer.BindGrads",
+	"pb_reducer_zero":           "Reducer.Zero",
+	"pb_reducer_close":          "Reducer.Close",
+	"pb_checkpoint_save":        "Checkpoint.Save",
+	"pb_checkpoint_restore":     "Checkpoint.Restore",
+	"pb_elastic_init":           "ElasticInit",
+	"pb_elastic_finish":         "RunElastic",
+	"pb_elastic_last_change":    "LastElasticChange",
+	"pb_state_commit":           "ElasticState.Commit",
+	"pb_state_restore":          "ElasticState.Restore",
+	"pb_state_sync":             "ElasticState.Sync",
+	"pb_state_reset":            "ElasticState.Reset",
+	"pb_fed_server_next_result": "FedServer.Next",
+	"pb_fed_worker_next_task":   "FedWorker.Next",
+	"pb_fed_worker_submit":      "FedWorker.Submit",
+	"pb_fed_worker_fail":        "FedWorker.Fail",
+	// handle types
+	"pb_group":      "Group",
+	"pb_buffer":     "Buffer",
+	"pb_work":       "Work",
+	"pb_loader":     "Loader",
+	"pb_reducer":    "Reducer",
+	"pb_averager":   "Averager",
+	"pb_state":      "ElasticState",
+	"pb_fed_server": "FedServer",
+	"pb_fed_worker": "FedWorker",
+	// element types: the Go types
+	"PB_FLOAT32":  "float32",
+	"PB_FLOAT64":  "float64",
+	"PB_FLOAT16":  "Float16",
+	"PB_BFLOAT16": "BFloat16",
+	"PB_INT8":     "int8",
+	"PB_UINT8":    "uint8",
+	"PB_INT32":    "int32",
+	"PB_INT64":    "int64",
+	// statuses: the sentinel errors
+	"PB_ERR_INVALID_ARGUMENT":    "ErrInvalidArgument",
+	"PB_ERR_NOT_INITIALIZED":     "ErrNotInitialized",
+	"PB_ERR_ALREADY_INITIALIZED": "ErrAlreadyInitialized",
+	"PB_ERR_TIMEOUT":             "ErrTimeout",
+	"PB_ERR_COMM":                "ErrComm",
+	"PB_ERR_IO":                  "ErrIO",
+	"PB_ERR_CORRUPT":             "ErrCorrupt",
+	"PB_ERR_INTERNAL":            "ErrInternal",
+	"PB_ERR_CLOSED":              "ErrClosed",
+	"PB_ERR_MEMBERSHIP":          "ErrMembership",
+	// constants
+	"PB_CPU":                      "CPU",
+	"PB_SUM":                      "Sum",
+	"PB_AVG":                      "Avg",
+	"PB_MIN":                      "Min",
+	"PB_MAX":                      "Max",
+	"PB_PRODUCT":                  "Product",
+	"PB_PARTITION_STATIC":         "StaticPartition",
+	"PB_PARTITION_DYNAMIC":        "DynamicPartition",
+	"PB_COMPRESS_NONE":            "NoCompression",
+	"PB_COMPRESS_FP16":            "CompressFP16",
+	"PB_COMPRESS_BF16":            "CompressBF16",
+	"PB_HOOK_ALLREDUCE":           "HookAllReduce",
+	"PB_HOOK_FP16":                "HookFP16",
+	"PB_HOOK_BF16":                "HookBF16",
+	"PB_HOOK_POWERSGD":            "HookPowerSGD",
+	"PB_HOOK_HIERARCHICAL":        "HookHierarchical",
+	"PB_GOSSIP_CUBE":              "GossipCube",
+	"PB_GOSSIP_DISSEMINATION":     "GossipDissemination",
+	"PB_FED_ASYNC":                "FedAsync",
+	"PB_FED_SYNC":                 "FedSync",
+	"PB_FED_FEDBUFF":              "FedBuff",
+	"PB_FED_FEDASYNC":             "FedAsyncUpdates",
+	"PB_FED_TRAIN":                "FedTrain",
+	"PB_FED_EVALUATE":             "FedEvaluate",
+	"PB_FED_STRATEGY_FEDAVG":      "FedAvgSGD",
+	"PB_FED_STRATEGY_FEDADAGRAD":  "FedAdagrad",
+	"PB_FED_STRATEGY_FEDADAM":     "FedAdam",
+	"PB_FED_STRATEGY_FEDYOGI":     "FedYogi",
+	"PB_FED_STALENESS_CONSTANT":   "StalenessConstant",
+	"PB_FED_STALENESS_POLYNOMIAL": "StalenessPolynomial",
+	"PB_FED_STALENESS_HINGE":      "StalenessHinge",
+	// settings: the options that set them
+	"bucket_cap_mb":       "WithBucketCapMB",
+	"first_bucket_cap_mb": "WithFirstBucketCapMB",
+	// flags: the options that set them
+	"PB_INIT_CHECKED":                  "WithChecked",
+	"PB_REDUCER_ALLOW_UNUSED":          "WithAllowUnused",
+	"PB_REDUCER_NO_REBUILD":            "WithoutRebuild",
+	"PB_REDUCER_JOIN":                  "WithJoin",
+	"PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE": "WithJoinDivideByActive",
+}
+
+// goWords returns a library message in Go's names: the C function it starts with
+// goes (Error.Op names the Go one), and each word that is a C name of goNames becomes
+// Go's (whole words only: pb_reducer_wait is not pb_reducer's).
+func goWords(msg string) string {
+	if name, rest, ok := strings.Cut(msg, ": "); ok && strings.HasPrefix(name, "pb_") && cIdent(name) == len(name) {
+		msg = rest
+	}
+	var b strings.Builder
+	for i := 0; i < len(msg); {
+		if n := cIdent(msg[i:]); n > 0 {
+			name := msg[i : i+n]
+			if goName, ok := goNames[name]; ok {
+				b.WriteString(goName)
+			} else {
+				b.WriteString(name)
+			}
+			i += n
+			continue
+		}
+		b.WriteByte(msg[i])
+		i++
+	}
+	return b.String()
+}
+
+// cIdent returns the length of the C identifier characters s starts with.
+func cIdent(s string) int {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return i
+		}
+	}
+	return len(s)
 }
 
 // Version returns the C library's version, e.g. "0.1.0".

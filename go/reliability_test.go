@@ -74,8 +74,12 @@ func roleMismatch() error {
 	if odd {
 		params = append(params, make([]float32, 2))
 	}
-	if err := want("broadcast params", pybridge.BroadcastParams(g, params, 0), "rank 1 pass 2 tensors (root 0)"); err != nil {
+	err = pybridge.BroadcastParams(g, params, 0)
+	if err := want("broadcast params", err, "rank 1 pass 2 tensors (root 0)"); err != nil {
 		return err
+	}
+	if pe := (*pybridge.Error)(nil); !errors.As(err, &pe) || !strings.HasPrefix(pe.Msg, "ranks pass different tensors") {
+		return fmt.Errorf("broadcast params: %v does not start with what is wrong (Op names BroadcastParams)", err)
 	}
 	sum := []float32{float32(g.Rank() + 1)}
 	if err := pybridge.AllReduce(g, sum, pybridge.Sum); err != nil || sum[0] != 3 {

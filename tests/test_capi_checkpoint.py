@@ -92,7 +92,7 @@ def test_bad_arguments_are_named(abi, tmp_path):
     short = Named(ffi, w=("float", lib.PB_FLOAT32, [0]))
     assert lib.pb_checkpoint_restore(ffi.NULL, d, short.n, short.names, short.tensors, ffi.NULL, ffi.NULL,
                                      step) == lib.PB_ERR_INVALID_ARGUMENT
-    assert "'w' holds 2 torch.float32 elements, the one given 1" in _err(ffi, lib)
+    assert "'w' holds 2 PB_FLOAT32 elements, the one given 1" in _err(ffi, lib)
     assert lib.pb_checkpoint_restore(ffi.NULL, d, t.n, t.names, t.tensors, ffi.NULL, ffi.NULL,
                                      ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT and "step" in _err(ffi, lib)
     (tmp_path / "ck" / "step-000000000007.pt").write_bytes(b"not a checkpoint")

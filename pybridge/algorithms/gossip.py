@@ -62,7 +62,7 @@ class GossipState:
         sync_every = integer("gossip sync_every", sync_every, low=0)
         if g.size % ranks_per_node:
             raise InvalidArgument(f"gossip ranks_per_node {ranks_per_node} does not divide the group size "
-                                  f"{g.size} (pass ranks_per_node: None takes the launcher's LOCAL_WORLD_SIZE)")
+                                  f"{g.size} (ranks_per_node 0 takes the launcher's LOCAL_WORLD_SIZE)")
         self.seed, self.rotate, self.sync_every = seed, bool(rotate), sync_every
         self.num_nodes = g.size // ranks_per_node
         self.node = g.rank // ranks_per_node

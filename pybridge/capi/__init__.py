@@ -5,7 +5,7 @@ this package's modules (core: groups, collectives, buffers, work; and one module
 further feature)
 that converts C arguments, calls the core, and writes out-parameters. `install`
 registers them with cffi; every exception becomes a status code plus a thread-local
-message, so none escapes into C. No training logic lives here.
+message, so none escapes into C, in C's names (names.py). No training logic lives here.
 """
 
 import importlib
@@ -13,7 +13,7 @@ import itertools
 import pkgutil
 
 from ..comm import group as _group
-from . import libtorch
+from . import libtorch, names
 from ..base.buffers import PointerViews
 from ..errors import INTERNAL, InvalidArgument, NotInitialized, PyBridgeError, classify
 
@@ -52,7 +52,7 @@ class Handles:
         if not isinstance(obj, kind):
             if ptr == ffi.NULL:
                 raise InvalidArgument(f"{what} is NULL")
-            raise InvalidArgument(f"{what} is not a live {kind.__name__} handle (freed or foreign)")
+            raise InvalidArgument(f"{what} is not a live {names.handle_type(kind)} handle (freed or foreign)")
         return obj
 
     def remove(self, ptr, kind, what):
@@ -106,7 +106,8 @@ def flag(value, what):
 # ---- registration ------------------------------------------------------------------------
 
 def _fail(lib, name, err):
-    lib._pb_set_error(f"{name}: {err}".encode("utf-8", "replace")[:4000])
+    """The status of a failed call; its message, in C's names, becomes the thread's."""
+    lib._pb_set_error(names.c_message(name, str(err)).encode("utf-8", "replace")[:4000])
     return err.code
 
 

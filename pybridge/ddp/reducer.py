@@ -637,9 +637,8 @@ class Reducer:
             f"to have finished reduction in the prior iteration before starting a new one\"). Parameter "
             f"indices which did not receive grad for rank {self._group.rank}: {indices}{more}{names}. "
             "Mark every gradient each iteration, or create the reducer with allow_unused=True "
-            "(find_unused_parameters=True in the DDP wrapper, PB_REDUCER_ALLOW_UNUSED in C, "
-            "WithAllowUnused in Go) so that they count as zero, and make sure every forward output "
-            "takes part in the loss"
+            "(find_unused_parameters=True in the DDP wrapper) so that they count as zero, and make sure "
+            "every forward output takes part in the loss"
             + ("" if drained else ". The buckets already sent did not complete: other ranks marked "
                "different gradients, so the process group is out of step"))
 
@@ -733,9 +732,8 @@ class Reducer:
         with self._lock:
             self._check_open()
             if not self.join_enabled:
-                raise InvalidArgument("join() needs a reducer created with join=True (C: PB_REDUCER_JOIN, "
-                                      "Go: WithJoin) on every rank: the ranks still training must count "
-                                      "themselves each iteration")
+                raise InvalidArgument("join() needs a reducer created with join=True on every rank: the ranks "
+                                      "still training must count themselves each iteration")
             if any(self._ready):
                 raise InvalidArgument("join() must be called between iterations, not after marking gradients")
         return _join.join_reducer(self)

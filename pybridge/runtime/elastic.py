@@ -126,8 +126,8 @@ def init(*, backend="auto", timeout=None, min_size=None, max_size=None, lost_aft
     env = os.environ
     if store_addr is None:
         if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
-            raise InvalidArgument("elastic.init needs the launcher's store: run under pybridge-launch "
-                                  "--elastic (MASTER_ADDR, MASTER_PORT) or pass store_addr='host:port'")
+            raise InvalidArgument("an elastic job needs the launcher's store: run under pybridge-launch "
+                                  "--elastic (MASTER_ADDR, MASTER_PORT) or give the store's address (host:port)")
         store_addr = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
     host, _, port = str(store_addr).rpartition(":")
     port = _port(port, store_addr)
