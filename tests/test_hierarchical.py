@@ -27,7 +27,7 @@ def _reduce(hook, rank, steps=2):
             red.set_grad(i, g)
         red.wait()
         out.append([v.clone() for v in red.grads()])
-    state = red._hook_state
+    state = red._hook.state
     sent = dict(state.sent) if hasattr(state, "sent") else None
     red.close()
     return out, sent

@@ -225,6 +225,18 @@ def test_the_buffered_stream_drives_the_server_only_through_its_public_seam():
     assert "pybridge.federated.stream" not in _imports("pybridge.federated.buffered", anywhere=False)
 
 
+def test_the_reducer_phases_keep_to_their_modules():
+    ddp = sorted(os.path.relpath(MODULES[n], ROOT) for n in MODULES if n.startswith("pybridge.ddp."))
+    # layout.py lays buckets out: no collective and no hook (the rebuild's broadcast is the reducer's)
+    assert not {t for t in _imports("pybridge.ddp.layout") if _layer(t) in ("comm", "algorithms")}
+    # buckets travel only through the hook: dispatch.py issues no collective of its own
+    assert "pybridge.comm.collectives" not in _imports("pybridge.ddp.dispatch")
+    # one place builds what a hook is handed (a bucket, or a joined rank's zeros) ...
+    assert [rel for rel in ddp if "GradBucket(" in _source(rel)] == ["ddp/dispatch.py"]
+    # ... and one place gathers the settings the ranks must share
+    assert [rel for rel in ddp if "gather_rows" in _source(rel)] == ["ddp/settings.py"]
+
+
 def test_progress_is_changed_only_through_its_methods():
     from pybridge.comm.watchdog import Progress
     world = Progress()

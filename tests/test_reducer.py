@@ -76,7 +76,7 @@ def check_averaging_and_layout(rank, world):
     assert first_f32[0] == max(i for i, s in enumerate(SPECS) if s[1] == "float32")
     # A write through the view lands in the bucket (no copy in between).
     red.grad(0).fill_(7.0)
-    assert (red.buckets[red._bucket_of[0]].flat == 7.0).sum() == 300
+    assert (red.buckets[red._layout.bucket_of[0]].flat == 7.0).sum() == 300
 
     for it in range(3):  # state resets between iterations
         write(red, rank, it, idx=range(0, len(SPECS), 2))
@@ -153,7 +153,7 @@ def check_compression(rank, world):
         red.finalize()
         results[comp] = [red.grad(i).double().numpy().copy() for i in range(len(specs))]
         if comp:  # the hook's wire buffers: one per float32 bucket, in the compressed type
-            wire = red._hook_state._scratch.values()
+            wire = red._hook.state._scratch.values()
             want = torch.float16 if comp == "fp16" else torch.bfloat16
             assert wire and all(w.dtype == want for w in wire)
     exact = results[None]

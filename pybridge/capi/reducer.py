@@ -1,8 +1,9 @@
 """C ABI functions for the gradient reducer (pybridge.ddp.reducer) and parameter broadcast.
 
 Conversion only: the bucketing, hooks, their states and the cross-rank check live in
-pybridge/ddp/reducer.py and pybridge/algorithms/comm_hooks.py. What stays here is C's concern: memory of
-superseded bucket layouts that C callers may still point at.
+pybridge/ddp/ (reducer.py and its settings, layout and dispatch modules) and
+pybridge/algorithms/comm_hooks.py. What stays here is C's concern: memory of superseded
+bucket layouts that C callers may still point at.
 """
 
 import math
