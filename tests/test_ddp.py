@@ -412,6 +412,21 @@ def check_torch_surface(rank, world):
     w.close()
 
 
+def check_a_dropped_wrapper_is_freed(rank, world):
+    # The program keeps its model and drops the wrapper: the model's gradient hooks must not
+    # keep the wrapper (its reducer, buckets and group) alive, as torch's hooks do not.
+    import gc
+    import weakref
+    model = torch.nn.Linear(4, 2)
+    ddp = pybridge.DistributedDataParallel(model)
+    ddp(torch.ones(3, 4)).sum().backward()
+    gone = weakref.ref(ddp)
+    del ddp
+    gc.collect()
+    assert gone() is None, gc.get_referrers(gone())
+    model(torch.ones(1, 4)).sum().backward()  # its hooks are inert now: no collective, no error
+
+
 def ddp_suite(rank, world):
     pybridge.init(timeout=30)
     torch.set_num_threads(1)
@@ -420,6 +435,7 @@ def ddp_suite(rank, world):
     check_no_sync_equals_big_batch(rank, world)
     check_unused_parameters(rank, world)
     check_init_sync_buffers_and_compression(rank, world)
+    check_a_dropped_wrapper_is_freed(rank, world)
     if world == 2:  # the torch surface once, beside torch DDP
         check_torch_keywords(rank, world)
         check_torch_surface(rank, world)

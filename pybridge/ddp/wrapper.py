@@ -16,6 +16,7 @@ the usual `loss.backward(); opt.step()`.
 
 import contextlib
 import warnings
+import weakref
 
 import torch
 from torch.distributed.algorithms.join import Join, Joinable, _JoinConfig
@@ -372,7 +373,15 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     # ---- hooks --------------------------------------------------------------------------------
 
     def _make_hook(self, k):
+        # The parameter holds its hook; a hook holding the wrapper would keep the wrapper, its
+        # reducer and their group alive as long as the program's model, after the program
+        # dropped the wrapper (torch's reducer holds no reference from its hooks either).
+        wrapper = weakref.ref(self)
+
         def hook(p):
+            self = wrapper()
+            if self is None:
+                return
             if self.find_unused_parameters or self.static_graph:
                 self._used[k] = 1
             if not self._sync:
