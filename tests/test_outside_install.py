@@ -138,8 +138,19 @@ def outside_env(tmp, venv):
                GOTOOLCHAIN="local", GOPROXY="off", GOFLAGS="-mod=mod", GOPATH=os.path.join(tmp, "gopath"),
                # Go caches a cgo package's pkg-config flags by its source, not by PKG_CONFIG_PATH:
                # a cache shared with the checkout's builds could link another prefix's library.
-               GOCACHE=os.path.join(tmp, "gocache"))
+               GOCACHE=_warm_go_cache(os.path.join(tmp, "gocache")))
     return env
+
+
+def _warm_go_cache(path):
+    """A Go build cache of the test's own, seeded with a copy of this machine's: a user's
+    cache already holds the standard library, which a fresh one compiles first (a minute of
+    CPU). The package built from the wheel's Go folder has its own paths, so no entry of the
+    checkout's builds can stand in for it, and the test checks which library each rank loaded."""
+    mine = subprocess.run([TOOLS["go"], "env", "GOCACHE"], capture_output=True, text=True).stdout.strip()
+    if os.path.isdir(mine) and not os.path.exists(path):
+        shutil.copytree(mine, path, symlinks=True)
+    return path
 
 
 def test_wheel_serves_c_and_go_from_a_fresh_venv(tmp_path):
