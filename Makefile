@@ -52,19 +52,19 @@ $(GENERATED): capi/pybridge.h capi/gen_abi.py pybridge/cbuild/gen.py
 $(LIB): $(DEPS_STAMP) $(GENERATED) capi/pybridge.h capi/build.py $(wildcard pybridge/cbuild/*)
 	$(PYTHON) capi/build.py --out $(BUILD)
 
-# `make test`: lint, then the Go tests in the background while pytest runs (both mostly
+# `make test`: ruff, then Go's lint and tests in the background while pytest runs (both mostly
 # wait on multi-rank rendezvous and timeouts, so they overlap well on 2 cores); the Go
 # output is kept in $(GO_LOG) and printed after pytest's. `make test-python` and
 # `make test-go` run either part alone.
 GO_LOG := $(BUILD)/go-test.log
-test: setup lint
-	@echo "== go test runs beside pytest; its output follows pytest's"
-	@$(MAKE) --no-print-directory go-test >$(GO_LOG) 2>&1 & gopid=$$!; \
+test: setup ruff
+	@echo "== go vet, gofmt and go test run beside pytest; their output follows pytest's"
+	@$(MAKE) --no-print-directory go-lint go-test >$(GO_LOG) 2>&1 & gopid=$$!; \
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS); py=$$?; \
 	wait $$gopid; gt=$$?; \
-	echo "== go test (ran beside pytest)"; cat $(GO_LOG); \
+	echo "== go vet, gofmt and go test (ran beside pytest)"; cat $(GO_LOG); \
 	[ $$py -eq 0 ] || echo "make test: pytest failed (exit status $$py)"; \
-	[ $$gt -eq 0 ] || echo "make test: go test failed (exit status $$gt)"; \
+	[ $$gt -eq 0 ] || echo "make test: go vet, gofmt or go test failed (exit status $$gt)"; \
 	[ $$py -eq 0 ] && [ $$gt -eq 0 ]
 
 # pytest's worker processes (pytest-xdist). Most multi-rank tests wait (rendezvous,
