@@ -163,7 +163,8 @@ def test_bad_arguments(abi, dataset):
     assert Loader(ffi, lib, paths, 4, shuffle=2).rc == E
     out = ffi.new("pb_loader **")
     assert lib.pb_loader_open(ffi.NULL, ffi.NULL, 1, 4, 0, 0, 0, 0, 0, out) == E
-    arr = ffi.new("char *[]", [ffi.new("char[]", os.fsencode(paths[0]))])
+    path0 = ffi.new("char[]", os.fsencode(paths[0]))  # referenced: char *[] does not keep it alive
+    arr = ffi.new("char *[]", [path0])
     assert lib.pb_loader_open(ffi.NULL, arr, 0, 4, 0, 0, 0, 0, 0, out) == E
     assert lib.pb_loader_open(ffi.NULL, arr, 1, 4, 0, 0, 0, 0, 0, ffi.NULL) == E
     ld = Loader(ffi, lib, paths, 4)

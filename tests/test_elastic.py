@@ -107,7 +107,10 @@ def abi_state(rank, world):
     sp = ffi.new("pb_state **")
     assert lib.pb_state_create(sp) == 0
     w = np.zeros(3, np.float32) if rank else np.array([1, 2, 3], np.float32)
-    names = ffi.new("char *[1]", [ffi.new("char[]", b"w")])
+    # cffi does not keep the strings of a char *[] alive: each needs a reference of its own
+    # (a temporary here was freed at once, and the name read back was whatever reused it).
+    w_name, v_name = ffi.new("char[]", b"w"), ffi.new("char[]", b"v")
+    names = ffi.new("char *[1]", [w_name])
     t = ffi.new("pb_tensor *")
     t.data, t.count, t.dtype, t.device = ffi.cast("void *", w.ctypes.data), 3, lib.PB_FLOAT32, lib.PB_CPU
     step = ffi.new("int64_t *")
@@ -119,7 +122,7 @@ def abi_state(rank, world):
         w[:] = 9
         assert lib.pb_state_restore(sp[0], 1, names, t, ffi.NULL, ffi.NULL, step) == 0, err()
         out["restored"] = (w.tolist(), step[0])
-        other = ffi.new("char *[1]", [ffi.new("char[]", b"v")])
+        other = ffi.new("char *[1]", [v_name])
         assert lib.pb_state_restore(sp[0], 1, other, t, ffi.NULL, ffi.NULL, step) == lib.PB_ERR_INVALID_ARGUMENT
         out["names"] = err()
         w[:] = 7  # not committed: sync rolls the root back too
