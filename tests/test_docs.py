@@ -208,8 +208,8 @@ def _python_ranks(rank, world, jobs, ports, workdir):
             namespace.clear()
             with contextlib.suppress(Exception):
                 if pybridge.is_initialized():
-                    # linger=0: a DDP wrapper the block made stays referenced from its autograd
-                    # hooks, so finalize would wait its 2 s for that reference to go.
+                    # linger=0: nothing a block made should keep its group alive, and a block that
+                    # did would make finalize wait its 2 s for the group to go.
                     pybridge.finalize(linger=0)
                 if dist.is_initialized():
                     dist.destroy_process_group()
