@@ -95,6 +95,19 @@ extern "C" {
 #define PB_UINT8 5
 #define PB_INT32 6
 #define PB_INT64 7
+/* Not an element type: the descriptor names a libtorch tensor by handle. data is the
+ * program's at::Tensor* (gotch's Tensor.Ctensor(), GoTorch's C.Tensor, Rust tch's
+ * as_ptr(), &t in C++) in the process's one libtorch; count and device are ignored.
+ * The library reads dtype, device, size and storage from libtorch itself, so there is
+ * nothing to describe by hand, and holds a reference to the tensor for as long as it
+ * uses it: an asynchronous call keeps the tensor alive until its work is closed, even if
+ * the program frees its handle before (a finalizer, say). Accepted wherever a pb_tensor
+ * is taken. Refused with PB_ERR_INVALID_ARGUMENT naming the reason: a NULL handle, an
+ * undefined tensor, a sparse or other non-strided one, a dtype outside the eight above,
+ * a non-contiguous one (pass a contiguous copy and copy the result back), a CUDA tensor
+ * on another device than the process's current one. In C:
+ *   pb_tensor t = {&x, 0, PB_TORCH_TENSOR, PB_CPU};   (at::Tensor x) */
+#define PB_TORCH_TENSOR 64
 
 /* ---- Reduction operations ------------------------------------------------------ */
 #define PB_SUM 0
@@ -474,6 +487,10 @@ typedef struct pb_reducer pb_reducer; /* buckets, views and in-flight allreduces
 #define PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE 8 /* with PB_REDUCER_JOIN and PB_AVG: average over the ranks
                                      still training, not the world size (torch Join's
                                      divide_by_initial_world_size=False) */
+#define PB_REDUCER_BUCKET_VIEW 16 /* pb_reducer_attach only: each parameter's .grad becomes a view
+                                     of its place in its bucket (torch DDP's
+                                     gradient_as_bucket_view): backward writes the bucket, nothing
+                                     is copied */
 
 /* Communication hooks (pb_reducer_options.hook): how a full bucket travels. The reducer
  * keeps readiness, launch order and rebuilds; the hook is torch's DDP comm-hook contract. */
@@ -689,6 +706,32 @@ int pb_reducer_bind_grads(pb_reducer *reducer, int32_t n, const pb_tensor *grads
  * Errors: PB_ERR_INVALID_ARGUMENT (a reducer without PB_REDUCER_JOIN, gradients already
  * marked in this iteration), PB_ERR_TIMEOUT or PB_ERR_COMM. */
 int pb_reducer_join(pb_reducer *reducer, int32_t *root, int64_t *shadowed);
+
+/* Attach a reducer to a libtorch model's parameters, in one call: params[i] names
+ * parameter i by handle (dtype PB_TORCH_TENSOR), a leaf tensor that requires grad, of a
+ * floating-point dtype, on the group's device. The reducer registers a post-accumulate-grad
+ * hook on each parameter (as torch DDP's reducer does), so libtorch's own backward marks
+ * each gradient ready the moment it is complete and its bucket's allreduce overlaps the
+ * rest of backward, with no callback into the caller's language; when backward ends, the
+ * reduction is finished and each parameter's .grad holds the average (or sum) over ranks.
+ * No pb_reducer_mark_ready, pb_reducer_wait or pb_reducer_bind_grads is called.
+ * Modes, as torch DDP's: by default .grad stays the program's own tensor, copied into the
+ * bucket and back (nothing to rebind after the optimizer's zero_grad sets it to None);
+ * with PB_REDUCER_BUCKET_VIEW in options->flags each .grad becomes a view of the bucket, and
+ * is made one again when the optimizer set it to None or the buckets were rebuilt.
+ * Every other setting of *options applies (hooks, gossip, join, caps). A failed
+ * reduction fails backward itself (libtorch throws, with pybridge's message); the next
+ * pb_reducer_wait returns its status (PB_ERR_TIMEOUT, PB_ERR_COMM, PB_ERR_MEMBERSHIP) and
+ * otherwise returns PB_OK at once. pb_reducer_join, pb_reducer_grad, pb_state_* and the
+ * elastic reset work as for pb_reducer_create; pb_reducer_close removes the hooks and gives
+ * each parameter a .grad of its own. The reducer holds references to the parameters.
+ * COLLECTIVE, as pb_reducer_create (the ranks compare parameters and settings).
+ * Errors: PB_ERR_INVALID_ARGUMENT (a descriptor that is not a PB_TORCH_TENSOR handle or is
+ * refused as such, a parameter that is not a leaf or does not require grad, or whose dtype
+ * is not floating point, PB_REDUCER_BUCKET_VIEW on pb_reducer_create, and what
+ * pb_reducer_create refuses). */
+int pb_reducer_attach(pb_group *group, int32_t n, const pb_tensor *params,
+                      const pb_reducer_options *options, pb_reducer **out);
 
 /* Release the reducer, its buckets and its hook's state (gossip: its thread and node
  * groups). Pointers from pb_reducer_grad must not be used afterwards. Waits for nothing:

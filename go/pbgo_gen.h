@@ -328,6 +328,12 @@ static inline int pbgo_reducer_join(pb_reducer *reducer, int32_t *root, int64_t 
 	return pbgo_status(pb_reducer_join(reducer, root, shadowed), msg);
 }
 
+static inline int pbgo_reducer_attach(pb_group *group, int32_t n, const pb_tensor *params,
+                                      const pb_reducer_options *options, pb_reducer **out,
+                                      char **msg) {
+	return pbgo_status(pb_reducer_attach(group, n, params, options, out), msg);
+}
+
 static inline int pbgo_reducer_close(pb_reducer *reducer, char **msg) {
 	return pbgo_status(pb_reducer_close(reducer), msg);
 }

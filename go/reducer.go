@@ -51,6 +51,8 @@ func (d DType) String() string {
 		return "int32"
 	case DTypeInt64:
 		return "int64"
+	case DTypeTorch:
+		return "libtorch tensor"
 	}
 	return "DType(" + strconv.Itoa(int(d)) + ")"
 }
@@ -194,15 +196,9 @@ func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, 
 	if err != nil {
 		return nil, err
 	}
-	c := reducerConfig{op: Avg, hook: HookAllReduce, hookRank: 1, hookStart: 2}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	if c.badComp != nil {
-		return nil, newError(statusInvalidArgument, op, "WithCompression: unknown compression %d; "+
-			"use NoCompression, CompressFP16 or CompressBF16 (or WithHook)", int32(*c.badComp))
+	c, err := reducerConfigOf(op, opts)
+	if err != nil {
+		return nil, err
 	}
 	n, err := toInt32(op, "parameter count", len(params))
 	if err != nil {
@@ -242,6 +238,97 @@ func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, 
 		return nil, err
 	}
 	return r, nil
+}
+
+// reducerConfigOf applies opts to the defaults.
+func reducerConfigOf(op string, opts []ReducerOption) (reducerConfig, error) {
+	c := reducerConfig{op: Avg, hook: HookAllReduce, hookRank: 1, hookStart: 2}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.badComp != nil {
+		return c, newError(statusInvalidArgument, op, "WithCompression: unknown compression %d; "+
+			"use NoCompression, CompressFP16 or CompressBF16 (or WithHook)", int32(*c.badComp))
+	}
+	return c, nil
+}
+
+// AttachReducer attaches a reducer to a libtorch model's parameters, named by
+// handle (TorchTensor), in one call: libtorch's own backward then reduces the
+// gradients. A post-accumulate-grad hook on each parameter (what torch DDP's
+// reducer installs) marks its gradient ready as soon as autograd has finished
+// it, inside libtorch with no callback into Go, so its bucket's allreduce
+// overlaps the rest of backward; when backward returns, each parameter's grad
+// holds the average over ranks. The program calls no MarkReady, Wait or
+// BindGrads, and binds nothing again after its optimizer's zero_grad.
+//
+// By default each grad stays the program's own tensor, copied into its bucket
+// and back (torch DDP's default); WithGradAsBucketView makes each grad a view of
+// its bucket (nothing copied). A reduction that fails makes backward fail with
+// pybridge's message (gotch returns it as an error), and the next Wait returns
+// it as a *pybridge.Error (ErrTimeout, ErrComm, ErrMembership); Wait returns nil
+// otherwise. Join, GradTensor and the elastic reset work as for NewReducer;
+// Close removes the hooks and gives each parameter a grad of its own. The
+// library holds references to the parameters, so the program's handles may be
+// freed while the reducer lives.
+//
+// Each parameter must be a leaf tensor that requires grad, of a floating-point
+// dtype, on the group's device. It is a collective, as NewReducer.
+func AttachReducer(g *Group, params []TensorSource, opts ...ReducerOption) (*Reducer, error) {
+	const op = "AttachReducer"
+	gh, err := g.handle(op)
+	if err != nil {
+		return nil, err
+	}
+	c, err := reducerConfigOf(op, opts)
+	if err != nil {
+		return nil, err
+	}
+	n, err := toInt32(op, "parameter count", len(params))
+	if err != nil {
+		return nil, err
+	}
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	descs := make([]C.pb_tensor, len(params))
+	for i, p := range params {
+		if descs[i], err = tensorDesc(op, "params["+strconv.Itoa(i)+"]", p, true, &pin); err != nil {
+			return nil, err
+		}
+	}
+	var o C.pb_reducer_options
+	if err := c.fill(op, &o); err != nil {
+		return nil, err
+	}
+	var pd *C.pb_tensor
+	if n > 0 {
+		pd = &descs[0]
+	}
+	var h *C.pb_reducer
+	var msg *C.char
+	if err := check(op, C.pbgo_reducer_attach(gh, n, pd, &o, &h, &msg), msg); err != nil {
+		return nil, err
+	}
+	r := &Reducer{specs: make([]ParamSpec, len(params)), gen: -1}
+	for i := range r.specs {
+		r.specs[i].Len = -1 // read from the library's views by refresh
+	}
+	r.h = h
+	if err := r.refresh(op); err != nil {
+		C.pbgo_reducer_close(h, nil)
+		return nil, err
+	}
+	return r, nil
+}
+
+// WithGradAsBucketView (AttachReducer only) makes each parameter's grad a view
+// of its place in its bucket, torch DDP's gradient_as_bucket_view: backward
+// accumulates straight into the bucket and nothing is copied. A grad the
+// optimizer set to nil is made a view again at the next backward.
+func WithGradAsBucketView() ReducerOption {
+	return func(c *reducerConfig) { c.flags |= C.PB_REDUCER_BUCKET_VIEW }
 }
 
 // fill sets every field of o from c (so o does not depend on the library's
@@ -344,6 +431,9 @@ func (r *Reducer) refresh(op string) error {
 	views := make([]unsafe.Pointer, n)
 	for i, d := range unsafe.Slice(descs, n) {
 		r.device = int(d.device)
+		if r.specs[i].Len < 0 { // AttachReducer: the parameter as libtorch describes it
+			r.specs[i].Len, r.specs[i].DType = int(d.count), DType(d.dtype)
+		}
 		if int(d.count) != r.specs[i].Len || DType(d.dtype) != r.specs[i].DType {
 			return newError(statusInternal, op, "library describes gradient %d as %d x %v, want %d x %v",
 				i, int(d.count), DType(d.dtype), r.specs[i].Len, r.specs[i].DType)

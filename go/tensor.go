@@ -40,6 +40,24 @@ type TensorSource interface {
 // PybridgeTensor returns t, so that a Tensor is a TensorSource.
 func (t Tensor) PybridgeTensor() Tensor { return t }
 
+// DTypeTorch is not an element type: a Tensor of this DType names a libtorch
+// tensor by handle (see TorchTensor); its Len and Device are not used.
+const DTypeTorch DType = C.PB_TORCH_TENSOR
+
+// TorchTensor names the program's own libtorch tensor by handle: an
+// at::Tensor* in the process's one libtorch (gotch's x.Ctensor(), GoTorch's
+// C.Tensor, a C++ shim's at::Tensor*). Every call that takes a TensorSource
+// takes it. The library reads dtype, device, size and memory from libtorch
+// itself, so there is no descriptor to get wrong, and holds a reference to the
+// tensor while it uses it: an asynchronous call stays safe when the binding
+// frees its handle (a finalizer, say) before the Work completes. Refused with
+// ErrInvalidArgument naming the reason: a nil or undefined handle, a sparse,
+// non-contiguous or complex tensor, a CUDA tensor on another device than the
+// process's.
+func TorchTensor(handle unsafe.Pointer) Tensor {
+	return Tensor{Data: handle, DType: DTypeTorch, Device: CPU}
+}
+
 // TensorOf describes a Go slice (host memory) for the synchronous calls.
 func TensorOf[T Numeric](s []T) Tensor {
 	data, n := dataOf(s)
@@ -61,6 +79,10 @@ func tensorDesc(op, field string, src TensorSource, async bool, pin *runtime.Pin
 	}
 	t := src.PybridgeTensor()
 	switch {
+	case t.DType == DTypeTorch && t.Data == nil:
+		return d, newError(statusInvalidArgument, op, "%s: nil libtorch tensor handle", field)
+	case t.DType == DTypeTorch:
+		return C.pb_tensor{data: t.Data, dtype: C.int32_t(t.DType), device: C.int32_t(CPU)}, nil
 	case t.Len < 0:
 		return d, newError(statusInvalidArgument, op, "%s: negative Len %d", field, t.Len)
 	case t.Data == nil && t.Len > 0:

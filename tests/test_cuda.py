@@ -305,7 +305,7 @@ def test_c_abi_streams_dlpack_and_device_buckets():
 def _gotorch_cuda(data, gotorch, nproc, tmp_path):
     from test_mnist import launch
     rc, out, _ = launch(["--nproc-per-node", str(nproc), gotorch, "--data", data, "--device", "cuda",
-                         "--epochs", "2", "--batch-size", "32", "--seed", "3", "--check-in-place",
+                         "--epochs", "2", "--batch-size", "32", "--seed", "3", "--grad-as-bucket-view", "--check-in-place",
                          "--timing"], timeout=300)
     assert rc == 0, out
     return out

@@ -1,11 +1,14 @@
 """The GoTorch-style trainer (examples/gotorch): a Go program whose model lives in libtorch
 (a cgo + C++ shim over the torch wheel's libtorch), made data-parallel by pybridge.
 
-Checked on 2 CPU ranks under pybridge-launch, every run bounded by a timeout:
-- the gradients are reduced in place: libtorch's grad tensors are the reducer's bucket
-  memory after every step (--check-in-place fails the run otherwise);
+The parameters go to pybridge by handle and pybridge.AttachReducer hooks libtorch's
+autograd. Checked on 2 CPU ranks under pybridge-launch, every run bounded by a timeout:
 - data-parallel training equals single-process training on the same global batches
-  (within 1e-5 after 20 steps);
+  (within 1e-5 after 20 steps), in both modes: gradients copied (the default) and
+  gradients as bucket views, where libtorch's grad tensors are the reducer's bucket memory
+  after every step (--check-in-place fails the run otherwise);
+- each hook works on the attached reducer, and --no-overlap (the gradients bound by
+  handle and reduced after backward) computes what the hooks do;
 - the same data and seeds give the Python twin's (examples/mnist/train.py) accuracy.
 """
 
@@ -51,12 +54,14 @@ def torch_init(seed):
     return {n: p.detach().numpy().copy() for n, p in zip(fmt.TENSOR_NAMES, [l1.weight, l1.bias, l2.weight, l2.bias])}
 
 
-def test_two_ranks_equal_one_process_with_gradients_reduced_in_place(data, gotorch, tmp_path):
+@pytest.mark.parametrize("mode", ["copy", "bucket-view"])
+def test_two_ranks_equal_one_process(data, gotorch, tmp_path, mode):
     # 2000 records, global batch 48 -> 41 steps per epoch; 20 steps as the issue asks.
     steps, batch, lr, momentum, seed = 20, 48, 0.05, 0.9, 7
+    extra = ["--grad-as-bucket-view", "--check-in-place"] if mode == "bucket-view" else []
     rc, out, _ = launch(["--nproc-per-node", "2", gotorch, "--data", data, "--epochs", "1",
                          "--steps", str(steps), "--batch-size", str(batch), "--lr", str(lr),
-                         "--momentum", str(momentum), "--seed", str(seed), "--check-in-place",
+                         "--momentum", str(momentum), "--seed", str(seed), *extra,
                          "--save-weights", str(tmp_path / "w")], timeout=120)
     assert rc == 0, out
     epoch, step, got = fmt.read_checkpoint(str(tmp_path / "w"))
@@ -98,18 +103,23 @@ def test_cuda_without_a_gpu_is_named(data, gotorch):
     assert rc != 0 and "nccl" in out and "needs CUDA" in out, out
 
 
-def test_hooks_work_on_bucket_views(data, gotorch, tmp_path):
-    """fp16, PowerSGD and gossip on the buckets libtorch's backward writes into: each run keeps
-    the gradients in place; fp16 moves the weights a little from plain allreduce, gossip on
-    2 ranks (an exact pairwise average) not at all, PowerSGD (rank 1) more."""
+def test_hooks_on_the_attached_reducer(data, gotorch, tmp_path):
+    """fp16, PowerSGD and gossip on the attached reducer, in both modes: fp16 moves the weights
+    a little from plain allreduce, gossip on 2 ranks (an exact pairwise average) not at all,
+    PowerSGD (rank 1) more; --no-overlap (gradients bound by handle, reduced after backward)
+    computes what the attached reducer does."""
     weights = {}
-    for hook in ("allreduce", "fp16", "gossip", "powersgd"):
+    runs = {"allreduce": ["--grad-as-bucket-view", "--check-in-place"], "no-overlap": ["--no-overlap"],
+            "fp16": [], "gossip": ["--grad-as-bucket-view", "--check-in-place"], "powersgd": []}
+    for name, extra in runs.items():
+        hook = name if name != "no-overlap" else "allreduce"
         rc, out, _ = launch(["--nproc-per-node", "2", gotorch, "--data", data, "--epochs", "1", "--steps", "20",
-                             "--batch-size", "32", "--hook", hook, "--check-in-place", "--bucket-cap-mb", "0.004",
-                             "--save-weights", str(tmp_path / hook)], timeout=120)
+                             "--batch-size", "32", "--hook", hook, *extra, "--bucket-cap-mb", "0.004",
+                             "--save-weights", str(tmp_path / name)], timeout=120)
         assert rc == 0, out
-        weights[hook] = fmt.read_checkpoint(str(tmp_path / hook))[2]["w1"]
+        weights[name] = fmt.read_checkpoint(str(tmp_path / name))[2]["w1"]
     plain = weights["allreduce"]
+    assert np.abs(weights["no-overlap"] - plain).max() < 1e-6
     assert 0 < np.abs(weights["fp16"] - plain).max() < 1e-2
     assert np.abs(weights["gossip"] - plain).max() < 1e-5
     assert np.isfinite(weights["powersgd"]).all() and np.abs(weights["powersgd"] - plain).max() > 1e-4

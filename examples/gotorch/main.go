@@ -8,10 +8,12 @@
 //
 //	pybridge-launch --nproc-per-node 2 ./gotorch --data data/mnist --epochs 5
 //
-// Each parameter's gradient is a view of its place in the reducer's bucket, so
-// libtorch's backward accumulates into the bucket itself (torch DDP's
-// gradient_as_bucket_view) and no gradient is copied; a post-accumulate hook on
-// each parameter marks it ready, so its bucket's allreduce starts at once.
+// The parameters go to pybridge by handle (libtorch's own at::Tensor*):
+// pybridge.AttachReducer puts a post-accumulate-grad hook on each, so libtorch's
+// backward marks each gradient ready as it completes and its bucket's allreduce
+// overlaps the rest of backward; when backward returns the gradients are
+// averaged. --grad-as-bucket-view makes each gradient a view of its bucket
+// (torch DDP's gradient_as_bucket_view): nothing is copied.
 package main
 
 import (
@@ -39,7 +41,7 @@ type options struct {
 	device, hook            string
 	bucketCapMB             float64
 	checkInPlace, noOverlap bool
-	timing                  bool
+	bucketView, timing      bool
 }
 
 func parseFlags(args []string) (options, error) {
@@ -48,9 +50,10 @@ func parseFlags(args []string) (options, error) {
 	o.Register(fs)
 	fs.StringVar(&o.hook, "hook", "allreduce", "how buckets travel: allreduce, fp16, bf16, powersgd (rank 1) or gossip (cube)")
 	fs.Float64Var(&o.bucketCapMB, "bucket-cap-mb", 0, "reducer bucket size in MiB (0: 25, the first bucket 1, as torch DDP)")
-	fs.BoolVar(&o.noOverlap, "no-overlap", false, "mark gradients ready after backward instead of from autograd hooks (to measure the overlap)")
+	fs.BoolVar(&o.bucketView, "grad-as-bucket-view", false, "make each gradient a view of its bucket (torch DDP's gradient_as_bucket_view): nothing is copied")
+	fs.BoolVar(&o.noOverlap, "no-overlap", false, "reduce every gradient after backward instead of from autograd hooks (to measure the overlap)")
 	fs.BoolVar(&o.timing, "timing", false, "rank 0 prints the median forward+backward, wait and step times at the end")
-	fs.BoolVar(&o.checkInPlace, "check-in-place", false, "after every step, fail unless each gradient libtorch holds is still its bucket's memory")
+	fs.BoolVar(&o.checkInPlace, "check-in-place", false, "with --grad-as-bucket-view: after every step, fail unless each gradient libtorch holds is its bucket's memory")
 	fs.StringVar(&o.device, "device", "cpu", "cpu (gloo) or cuda (nccl, one GPU per process: the GPU of the local rank; not yet run on a GPU)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -60,6 +63,12 @@ func parseFlags(args []string) (options, error) {
 	}
 	if _, ok := hooks[o.hook]; !ok {
 		return o, fmt.Errorf("--hook %q: choose allreduce, fp16, bf16, powersgd or gossip", o.hook)
+	}
+	if o.checkInPlace && !o.bucketView {
+		return o, errors.New("--check-in-place needs --grad-as-bucket-view (otherwise gradients are the program's own)")
+	}
+	if o.noOverlap && o.bucketView {
+		return o, errors.New("--no-overlap reduces the program's own gradients: leave out --grad-as-bucket-view")
 	}
 	if o.bucketCapMB < 0 {
 		return o, errors.New("--bucket-cap-mb must be >= 0")
@@ -100,12 +109,11 @@ func main() {
 type trainer struct {
 	host                  *pybridge.Group // the world, or its gloo copy under nccl: for host memory
 	model                 *Model
-	reducer               *pybridge.Reducer
-	gen                   int64           // the reducer generation the gradient views belong to
-	check                 bool            // verify after every step that the gradients are the buckets' memory
-	overlap               bool            // gradients marked ready from autograd hooks (else all after backward)
-	timed                 bool            // --timing: wait for the GPU before reading the clock
-	backward, wait, total []time.Duration // per step, with --timing
+	reducer               *pybridge.Reducer // attached to the parameters (or, with --no-overlap, driven after backward)
+	check                 bool              // verify after every step that the gradients are the buckets' memory
+	overlap               bool              // the reducer is attached: autograd marks gradients ready
+	timed                 bool              // --timing: wait for the GPU before reading the clock
+	backward, wait, total []time.Duration   // per step, with --timing
 	pixels                []byte
 	labels                []byte
 }
@@ -136,22 +144,14 @@ func run(opts options) error {
 		return err
 	}
 	defer model.Close()
-	t := &trainer{host: host, model: model, gen: -1, check: opts.checkInPlace, overlap: !opts.noOverlap,
-		timed: opts.timing}
+	t := &trainer{host: host, model: model, check: opts.checkInPlace, overlap: !opts.noOverlap, timed: opts.timing}
 	params := make([]pybridge.TensorSource, model.NumParams())
-	specs := make([]pybridge.ParamSpec, len(params))
 	for i := range params {
-		p, err := model.ParamTensor(i)
-		if err != nil {
+		if params[i], err = model.ParamHandle(i); err != nil {
 			return err
 		}
-		_, _, shape, err := model.Param(i)
-		if err != nil {
-			return err
-		}
-		params[i], specs[i] = p, pybridge.ParamSpec{Len: p.Len, DType: p.DType, Shape: shape} // shapes for PowerSGD
 	}
-	// Rank 0's parameters are everyone's starting point (libtorch memory, in place).
+	// Every rank starts from rank 0's parameters, written in place in libtorch's memory.
 	if err := pybridge.BroadcastParamsTensors(g, params, 0); err != nil {
 		return err
 	}
@@ -162,14 +162,18 @@ func run(opts options) error {
 	if opts.bucketCapMB > 0 {
 		reduceOpts = append(reduceOpts, pybridge.WithBucketCapMB(opts.bucketCapMB))
 	}
-	if t.reducer, err = pybridge.NewReducer(g, specs, reduceOpts...); err != nil {
+	if opts.bucketView {
+		reduceOpts = append(reduceOpts, pybridge.WithGradAsBucketView())
+	}
+	if t.overlap {
+		t.reducer, err = pybridge.AttachReducer(g, params, reduceOpts...)
+	} else {
+		t.reducer, err = newUnattached(g, model, reduceOpts)
+	}
+	if err != nil {
 		return err
 	}
 	defer t.reducer.Close()
-	if t.overlap { // autograd calls pb_reducer_mark_ready as each gradient completes
-		model.MarkReadyInC(t.reducer.CHandle())
-		defer model.MarkReadyInC(nil)
-	}
 
 	data, err := mnistdata.Open(host, opts.Data, perRank, opts.BatchSize, opts.Seed)
 	if err != nil {
@@ -230,38 +234,30 @@ func run(opts options) error {
 	return nil
 }
 
-// bindGrads makes every parameter's gradient a view of its place in the
-// reducer's buckets; again whenever the reducer rebuilt them (a new generation).
-func (t *trainer) bindGrads() error {
-	gen := t.reducer.Generation()
-	if gen == t.gen {
-		return nil
-	}
-	for i := 0; i < t.model.NumParams(); i++ {
-		g, err := t.reducer.GradTensor(i)
+// newUnattached makes the reducer of --no-overlap: not attached to the
+// parameters; after backward the step binds the gradients (by handle) and marks
+// them all ready at once.
+func newUnattached(g *pybridge.Group, model *Model, opts []pybridge.ReducerOption) (*pybridge.Reducer, error) {
+	specs := make([]pybridge.ParamSpec, model.NumParams())
+	for i := range specs {
+		_, n, shape, err := model.Param(i)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if err := t.model.SetGradView(i, g.Data); err != nil {
-			return err
-		}
+		specs[i] = pybridge.ParamSpec{Len: n, DType: pybridge.DTypeFloat32, Shape: shape} // shapes for PowerSGD
 	}
-	t.gen = gen
-	return nil
+	return pybridge.NewReducer(g, specs, opts...)
 }
 
-// step runs forward and backward in libtorch (each gradient accumulated into its
-// bucket and marked ready by the autograd hook), waits for the averaged
-// gradients and steps SGD on them. It returns the local mean loss.
+// step runs forward and backward in libtorch (the attached reducer averages the
+// gradients during backward) and steps SGD on the averaged gradients. It
+// returns the local mean loss.
 func (t *trainer) step(b *pybridge.Batch, lr, momentum float32) (float32, error) {
 	start := time.Now()
 	if err := t.decode(b.Records()); err != nil {
 		return 0, err
 	}
-	if err := t.bindGrads(); err != nil {
-		return 0, err
-	}
-	if err := t.reducer.Zero(); err != nil { // backward accumulates into the buckets
+	if err := t.model.ZeroGrad(); err != nil { // set to none, as libtorch's optimizers do
 		return 0, err
 	}
 	loss, _, err := t.model.ForwardBackward(t.pixels, t.labels)
@@ -269,14 +265,12 @@ func (t *trainer) step(b *pybridge.Batch, lr, momentum float32) (float32, error)
 		return 0, err
 	}
 	backward := time.Now()
-	if !t.overlap { // all at once, last layer first, as backward would have produced them
-		for i := t.model.NumParams() - 1; i >= 0; i-- {
-			if err := t.reducer.MarkReady(i); err != nil {
-				return 0, err
-			}
+	if !t.overlap {
+		if err := t.reduceAfterBackward(); err != nil {
+			return 0, err
 		}
 	}
-	if err := t.reducer.Wait(0); err != nil {
+	if err := t.reducer.Wait(0); err != nil { // attached: PB_OK at once, or the reduction's error
 		return 0, err
 	}
 	if t.timed && t.model.device != pybridge.CPU { // CUDA returns before the reduction ends
@@ -287,15 +281,34 @@ func (t *trainer) step(b *pybridge.Batch, lr, momentum float32) (float32, error)
 	t.backward = append(t.backward, backward.Sub(start))
 	t.wait = append(t.wait, time.Since(backward))
 	defer func() { t.total = append(t.total, time.Since(start)) }()
-	if err := t.bindGrads(); err != nil { // Wait may have rebuilt the buckets (values carried over)
-		return 0, err
-	}
 	if t.check {
 		if err := t.checkInPlace(); err != nil {
 			return 0, err
 		}
 	}
 	return loss, t.model.Step(lr, momentum)
+}
+
+// reduceAfterBackward (--no-overlap) reduces the fresh gradients all at once,
+// last layer first, as backward produced them.
+func (t *trainer) reduceAfterBackward() error {
+	grads := make([]pybridge.TensorSource, t.model.NumParams())
+	for i := range grads {
+		g, err := t.model.GradHandle(i)
+		if err != nil {
+			return err
+		}
+		grads[i] = g
+	}
+	if err := t.reducer.BindGrads(grads); err != nil { // fresh gradient tensors every step
+		return err
+	}
+	for i := len(grads) - 1; i >= 0; i-- {
+		if err := t.reducer.MarkReady(i); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkInPlace fails unless every gradient libtorch holds is the reducer's bucket

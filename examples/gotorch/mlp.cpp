@@ -1,19 +1,14 @@
-// mlp.cpp - the libtorch side of the GoTorch-style trainer (see mlp.h).
+// mlp.cpp - the libtorch side of the GoTorch-style trainer (see mlp.h): the model only.
 //
 // Parameters are leaf tensors that require grad; forward and backward are ATen
-// calls, so no Python runs in them. Each parameter's gradient accumulator gets a
-// post hook (what torch DDP's C++ reducer installs) that reports the gradient as
-// complete, so its bucket's allreduce can start while backward goes on.
+// calls. The trainer hands the parameters to pybridge by handle (at::Tensor*), and
+// pybridge's reducer puts its own hooks on them: nothing here knows about it.
 
 #include "mlp.h"
 
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/generated/variable_factories.h>
 #include <torch/csrc/autograd/grad_mode.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
 #include <exception>
@@ -47,36 +42,9 @@ struct mlp {
   at::Device device{at::kCPU};
   std::vector<at::Tensor> params;    // w1, b1, w2, b2
   std::vector<at::Tensor> momentum;  // undefined until the first step
-  // The parameters' AccumulateGrad nodes, which carry the hooks. A parameter keeps only
-  // a weak reference to its node: without these the node (and hook) would be dropped
-  // and made anew by the next forward pass, as torch DDP's reducer also guards against.
-  std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators;
-  mlp_ready_fn ready = nullptr;
-  void *ready_ctx = nullptr;
-  int hook_status = 0;               // the first non-zero return of `ready` in a backward
-  int32_t hook_index = -1;
 };
 
 namespace {
-
-// torch::autograd's post hook on a parameter's AccumulateGrad node: runs after the
-// gradient was accumulated into param.grad.
-struct ReadyHook : torch::autograd::FunctionPostHook {
-  mlp *model;
-  int32_t index;
-  ReadyHook(mlp *m, int32_t i) : model(m), index(i) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list &outputs,
-                                            const torch::autograd::variable_list & /*inputs*/) override {
-    if (model->ready != nullptr) {
-      int st = model->ready(model->ready_ctx, index);
-      if (st != 0 && model->hook_status == 0) {
-        model->hook_status = st;
-        model->hook_index = index;
-      }
-    }
-    return outputs;
-  }
-};
 
 // torch.nn.Linear's initialisation (kaiming_uniform_ with a = sqrt(5), then the
 // bias): both uniform in +-1/sqrt(fan_in), drawn weight first, from the default
@@ -130,11 +98,6 @@ int mlp_new(int32_t inputs, int32_t hidden, int32_t classes, int64_t seed, int32
       p.set_requires_grad(true);
     }
     m->momentum.resize(m->params.size());
-    for (size_t i = 0; i < m->params.size(); i++) {
-      auto acc = torch::autograd::impl::grad_accumulator(m->params[i]);
-      acc->add_post_hook(std::make_unique<ReadyHook>(m.get(), static_cast<int32_t>(i)));
-      m->accumulators.push_back(std::move(acc));
-    }
     *out = m.release();
     return 0;
   });
@@ -155,18 +118,18 @@ int mlp_param(mlp *m, int32_t i, void **data, int64_t *count, int32_t *ndim, int
   return 0;
 }
 
-int mlp_set_grad_view(mlp *m, int32_t i, void *data) {
+int mlp_param_handle(mlp *m, int32_t i, void **tensor) {
   if (check_index(m, i) != 0) return -1;
-  return guarded("mlp_set_grad_view", [&] {
-    at::Tensor &p = m->params[i];
-    if (data == nullptr) {
-      p.mutable_grad() = at::Tensor();
-      return 0;
-    }
-    // No deleter: the memory is the caller's (a reducer bucket) and outlives the view.
-    p.mutable_grad() = at::from_blob(data, p.sizes(), at::TensorOptions().dtype(at::kFloat).device(m->device));
-    return 0;
-  });
+  if (tensor == nullptr) return fail("mlp_param_handle: tensor is NULL");
+  *tensor = &m->params[i];
+  return 0;
+}
+
+int mlp_grad_handle(mlp *m, int32_t i, void **tensor) {
+  if (check_index(m, i) != 0) return -1;
+  if (tensor == nullptr) return fail("mlp_grad_handle: tensor is NULL");
+  *tensor = m->params[i].grad().defined() ? &m->params[i].mutable_grad() : nullptr;
+  return 0;
 }
 
 int mlp_grad(mlp *m, int32_t i, void **data) {
@@ -177,18 +140,10 @@ int mlp_grad(mlp *m, int32_t i, void **data) {
   return 0;
 }
 
-int mlp_on_grad_ready(mlp *m, mlp_ready_fn fn, void *ctx) {
-  if (m == nullptr) return fail("model is NULL");
-  m->ready = fn;
-  m->ready_ctx = ctx;
-  return 0;
-}
-
 int mlp_zero_grad(mlp *m) {
   if (m == nullptr) return fail("model is NULL");
   return guarded("mlp_zero_grad", [&] {
-    for (auto &p : m->params)
-      if (p.grad().defined()) p.mutable_grad().zero_();
+    for (auto &p : m->params) p.mutable_grad().reset();  // libtorch's zero_grad(set_to_none=true)
     return 0;
   });
 }
@@ -203,14 +158,9 @@ int mlp_forward_backward(mlp *m, const uint8_t *pixels, const uint8_t *labels, i
     at::Tensor y = labels_of(m, labels, n);
     at::Tensor logits = logits_of(m, x);
     at::Tensor l = at::cross_entropy_loss(logits, y);
-    m->hook_status = 0;
-    m->hook_index = -1;
-    l.backward();
+    l.backward();  // a failed reduction in pybridge's hooks throws here, with its message
     if (loss != nullptr) *loss = l.item<float>();
     if (correct != nullptr) *correct = static_cast<int32_t>(logits.argmax(1).eq(y).sum().item<int64_t>());
-    if (m->hook_status != 0)
-      return fail("the gradient-ready hook failed for parameter " + std::to_string(m->hook_index) +
-                  " (status " + std::to_string(m->hook_status) + ")");
     return 0;
   });
 }

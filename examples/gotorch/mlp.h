@@ -21,13 +21,6 @@ extern "C" {
 
 typedef struct mlp mlp;
 
-/* Called from the autograd engine as soon as parameter `index`'s gradient is
- * complete (after it was accumulated into the grad tensor): torch DDP's
- * post-accumulate-grad hook. A non-zero return is kept as the hook error and
- * reported by mlp_forward_backward. Signature-compatible with
- * pb_reducer_mark_ready, so the reducer handle can be the context. */
-typedef int (*mlp_ready_fn)(void *ctx, int32_t index);
-
 const char *mlp_last_error(void);
 
 /* A new model on `device` (-1 CPU, k >= 0 CUDA device k). */
@@ -41,18 +34,19 @@ int32_t mlp_nparams(const mlp *m);
  * (ndim <= 2 entries of dims). The pointer stays valid for the model's life. */
 int mlp_param(mlp *m, int32_t i, void **data, int64_t *count, int32_t *ndim, int64_t *dims);
 
-/* Make parameter i's gradient a view of `data` (count elements of float32 on the
- * model's device, owned by the caller: a reducer's bucket), so backward
- * accumulates into it in place. NULL: the gradient becomes undefined again. */
-int mlp_set_grad_view(mlp *m, int32_t i, void *data);
+/* Parameter i as libtorch's own tensor: *tensor is its at::Tensor*, owned by the
+ * model, valid for the model's life (what pybridge.TorchTensor takes). */
+int mlp_param_handle(mlp *m, int32_t i, void **tensor);
+
+/* Parameter i's gradient as an at::Tensor* (NULL while it has none), valid until
+ * the gradient is replaced (mlp_zero_grad, or a backward after it). */
+int mlp_grad_handle(mlp *m, int32_t i, void **tensor);
 
 /* Parameter i's gradient: its data pointer (NULL when it has none). */
 int mlp_grad(mlp *m, int32_t i, void **data);
 
-/* Call fn(ctx, i) when parameter i's gradient is complete (NULL: no hook). */
-int mlp_on_grad_ready(mlp *m, mlp_ready_fn fn, void *ctx);
-
-/* Zero every defined gradient in place (the views stay views). */
+/* Drop every gradient (libtorch's zero_grad, which sets them to None by default):
+ * the next backward makes fresh ones. */
 int mlp_zero_grad(mlp *m);
 
 /* Forward and backward on a batch of `n` records of `inputs` uint8 pixels

@@ -3,27 +3,7 @@ package main
 /*
 #cgo CXXFLAGS: -std=c++20 -D_GLIBCXX_USE_CXX11_ABI=1 -O2
 #cgo LDFLAGS: -ltorch -ltorch_cpu -lc10 -lstdc++
-#cgo pkg-config: pybridge
-#include <stdlib.h>
-#include <pybridge.h>
 #include "mlp.h"
-
-// The reducer's mark-ready as the model's ready function: autograd calls the C ABI
-// directly, with no Go callback during backward.
-static int gotorch_mark_ready(void *reducer, int32_t index) {
-	return pb_reducer_mark_ready((pb_reducer *)reducer, index);
-}
-
-static int gotorch_on_ready_reducer(mlp *m, void *reducer) {
-	return mlp_on_grad_ready(m, reducer ? gotorch_mark_ready : NULL, reducer);
-}
-
-int gotorchGradReady(void *ctx, int32_t index);
-
-// The Go hook as the model's ready function; ctx carries a cgo.Handle.
-static int gotorch_on_ready(mlp *m, uintptr_t handle) {
-	return mlp_on_grad_ready(m, handle ? (mlp_ready_fn)gotorchGradReady : NULL, (void *)handle);
-}
 */
 import "C"
 
@@ -31,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"runtime/cgo"
 	"unsafe"
 
 	pybridge "github.com/pybridge/pybridge/go"
@@ -42,8 +21,7 @@ import (
 // run there. Go only drives it.
 type Model struct {
 	m      *C.mlp
-	ready  cgo.Handle // the gradient-ready hook, or 0
-	device int        // pybridge.CPU or a CUDA index
+	device int // pybridge.CPU or a CUDA index
 }
 
 // call runs one mlp_* function and, on failure, returns its message prefixed by op.
@@ -76,10 +54,6 @@ func (md *Model) Close() {
 	if md.m != nil {
 		C.mlp_free(md.m)
 		md.m = nil
-	}
-	if md.ready != 0 {
-		md.ready.Delete()
-		md.ready = 0
 	}
 }
 
@@ -127,17 +101,6 @@ func (md *Model) HostCopy(i int, momentum bool) ([]float32, error) {
 	return out, nil
 }
 
-// SetGradView makes parameter i's gradient a view of data (a reducer bucket's
-// memory): backward then accumulates straight into the bucket.
-func (md *Model) SetGradView(i int, data unsafe.Pointer) error {
-	if err := call("SetGradView", func() C.int {
-		return C.mlp_set_grad_view(md.m, C.int32_t(i), data)
-	}); err != nil {
-		return err
-	}
-	return nil
-}
-
 // GradPointer returns where parameter i's gradient lives (nil if it has none).
 func (md *Model) GradPointer(i int) (unsafe.Pointer, error) {
 	var data unsafe.Pointer
@@ -149,49 +112,29 @@ func (md *Model) GradPointer(i int) (unsafe.Pointer, error) {
 	return data, nil
 }
 
-// OnGradReady calls fn(i) from libtorch's autograd engine as soon as parameter
-// i's gradient is complete (nil: no hook).
-func (md *Model) OnGradReady(fn func(i int) error) {
-	if md.ready != 0 {
-		md.ready.Delete()
-		md.ready = 0
+// ParamHandle names parameter i by handle, libtorch's own tensor (an
+// at::Tensor* the model owns), for pybridge: AttachReducer and every collective
+// read its dtype, device and memory from libtorch.
+func (md *Model) ParamHandle(i int) (pybridge.Tensor, error) {
+	var h unsafe.Pointer
+	err := call("ParamHandle", func() C.int { return C.mlp_param_handle(md.m, C.int32_t(i), &h) })
+	return pybridge.TorchTensor(h), err
+}
+
+// GradHandle names parameter i's gradient by handle (an error while it has none).
+func (md *Model) GradHandle(i int) (pybridge.Tensor, error) {
+	var h unsafe.Pointer
+	if err := call("GradHandle", func() C.int { return C.mlp_grad_handle(md.m, C.int32_t(i), &h) }); err != nil {
+		return pybridge.Tensor{}, err
 	}
-	if fn != nil {
-		md.ready = cgo.NewHandle(fn)
+	if h == nil {
+		return pybridge.Tensor{}, fmt.Errorf("GradHandle: parameter %d has no gradient", i)
 	}
-	C.gotorch_on_ready(md.m, C.uintptr_t(md.ready))
+	return pybridge.TorchTensor(h), nil
 }
 
-// MarkReadyInC makes libtorch's autograd call pb_reducer_mark_ready on the reducer
-// with this C handle (pybridge.Reducer.CHandle) for each complete gradient.
-func (md *Model) MarkReadyInC(reducer unsafe.Pointer) {
-	md.OnGradReady(nil)
-	C.gotorch_on_ready_reducer(md.m, reducer)
-}
-
-// ParamTensor describes parameter i's memory (libtorch's) for pybridge.
-func (md *Model) ParamTensor(i int) (pybridge.Tensor, error) {
-	data, n, _, err := md.Param(i)
-	return pybridge.Tensor{Data: data, Len: n, DType: pybridge.DTypeFloat32, Device: md.device}, err
-}
-
-//export gotorchGradReady
-func gotorchGradReady(ctx unsafe.Pointer, index C.int32_t) C.int {
-	fn := cgo.Handle(uintptr(ctx)).Value().(func(int) error)
-	if err := fn(int(index)); err != nil {
-		return -1
-	}
-	return 0
-}
-
-// cFloats returns n zeroed float32s of C memory, which C may keep (Go memory it may
-// not, by cgo's rules), and the function that frees them.
-func cFloats(n int) ([]float32, func()) {
-	p := C.calloc(C.size_t(n), 4)
-	return unsafe.Slice((*float32)(p), n), func() { C.free(p) }
-}
-
-// ZeroGrad zeroes every gradient in place.
+// ZeroGrad drops every gradient (libtorch's zero_grad, set_to_none): the next
+// backward makes fresh ones.
 func (md *Model) ZeroGrad() error {
 	if err := call("ZeroGrad", func() C.int {
 		return C.mlp_zero_grad(md.m)

@@ -12,6 +12,8 @@ import importlib
 import itertools
 import pkgutil
 
+from .. import abi
+from ..base import at_tensor
 from ..comm import group as _group
 from . import libtorch, names
 from ..base.buffers import PointerViews
@@ -75,15 +77,38 @@ def live_group(ptr):
 
 
 def tensor(desc, what="tensor"):
+    """The memory a pb_tensor describes, as a tensor: raw memory wrapped in place, or for a
+    PB_TORCH_TENSOR handle the program's libtorch tensor itself (detached: collectives write
+    its storage, autograd does not record them), which holds a reference to it."""
     if desc == ffi.NULL:
         raise InvalidArgument(f"{what} descriptor is NULL")
+    if desc.dtype == abi.PB_TORCH_TENSOR:
+        return at_tensor.from_handle(_address(desc.data), what).detach()
     return _views.get(desc.data, desc.count, desc.dtype, desc.device)
+
+
+def torch_param(desc, what):
+    """The libtorch tensor a PB_TORCH_TENSOR descriptor names, not detached (its autograd state
+    is what the reducer attaches to)."""
+    if desc == ffi.NULL:
+        raise InvalidArgument(f"{what} descriptor is NULL")
+    if desc.dtype != abi.PB_TORCH_TENSOR:
+        raise InvalidArgument(f"{what} is not a libtorch tensor handle (dtype {desc.dtype}, not PB_TORCH_TENSOR): "
+                              "attaching needs the parameter's autograd state; for raw gradient memory use "
+                              "pb_reducer_create")
+    return at_tensor.from_handle(_address(desc.data), what)
 
 
 def descriptor_key(desc):
     """A pb_tensor's fields as a hashable key (empty for NULL), read without converting
-    the data pointer: cffi pointers hash and compare by address."""
-    return () if desc == ffi.NULL else (desc.data, desc.count, desc.dtype, desc.device)
+    the data pointer: cffi pointers hash and compare by address. None for a libtorch handle:
+    what it names is read anew at each call (the program may free the at::Tensor and make
+    another at the same address)."""
+    if desc == ffi.NULL:
+        return ()
+    if desc.dtype == abi.PB_TORCH_TENSOR:
+        return None
+    return desc.data, desc.count, desc.dtype, desc.device
 
 
 def put(out, value, what="out"):

@@ -87,25 +87,29 @@ _prepared = {}
 _MAX_PREPARED = 256
 
 
-def _remember(key, run):
-    if len(_prepared) >= _MAX_PREPARED:
-        _prepared.clear()
-    _prepared[key] = run
+def _prepared_call(t, key, prepare):
+    """The prepared call for descriptor t: remembered under (descriptor, key), except for a
+    libtorch handle, which is read anew each time."""
+    fields = descriptor_key(t)
+    if fields is None:
+        return prepare()
+    key = (*fields, *key)
+    run = _prepared.get(key)
+    if run is None:
+        if len(_prepared) >= _MAX_PREPARED:
+            _prepared.clear()
+        run = _prepared[key] = prepare()
     return run
 
 
 def pb_broadcast(group, t, root):
-    key = (group, *descriptor_key(t), root, "broadcast")
-    run = _prepared.get(key) or _remember(
-        key, collectives.prepare_broadcast(tensor(t), root, group=live_group(group)))
-    run()
+    _prepared_call(t, (group, root, "broadcast"),
+                   lambda: collectives.prepare_broadcast(tensor(t), root, group=live_group(group)))()
 
 
 def pb_all_reduce(group, t, op):
-    key = (group, *descriptor_key(t), op)
-    run = _prepared.get(key) or _remember(
-        key, collectives.prepare_all_reduce(tensor(t), op, group=live_group(group)))
-    run()
+    _prepared_call(t, (group, op),
+                   lambda: collectives.prepare_all_reduce(tensor(t), op, group=live_group(group)))()
 
 
 def pb_all_gather(group, inp, out):

@@ -15,11 +15,13 @@ from ..ddp import reducer as _reducer
 from ..base.buffers import CPU
 from ..base.checks import integer
 from ..errors import InvalidArgument
-from . import handles, live_group, options, put, tensor
+from ..ddp.attach import Attachment
+from . import handles, live_group, options, put, tensor, torch_param
 
 ALLOW_UNUSED, NO_REBUILD = abi.PB_REDUCER_ALLOW_UNUSED, abi.PB_REDUCER_NO_REBUILD
 JOIN, JOIN_BY_ACTIVE = abi.PB_REDUCER_JOIN, abi.PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE
-_FLAGS = ALLOW_UNUSED | NO_REBUILD | JOIN | JOIN_BY_ACTIVE
+BUCKET_VIEW = abi.PB_REDUCER_BUCKET_VIEW
+_FLAGS = ALLOW_UNUSED | NO_REBUILD | JOIN | JOIN_BY_ACTIVE | BUCKET_VIEW
 _TOPOLOGIES = {abi.PB_GOSSIP_CUBE: "cube", abi.PB_GOSSIP_DISSEMINATION: "dissemination"}
 
 # pb_reducer_options: each field and the default pb_reducer_options_init gives it, in
@@ -39,9 +41,17 @@ class CReducer:
     (the buckets are rebuilt at most once, so this is bounded by one extra copy). The
     hook's state belongs to the Reducer, which closes it."""
 
-    def __init__(self, reducer):
+    def __init__(self, reducer, attachment=None):
         self.reducer = reducer
+        self.attachment = attachment  # pb_reducer_attach: autograd's hooks drive the reducer
         self.retired = []
+
+    def manual(self, call):
+        """The reducer, for a call that drives it by hand: refused when autograd drives it."""
+        if self.attachment is not None:
+            raise InvalidArgument(f"{call} on a reducer from pb_reducer_attach: libtorch's backward marks and "
+                                  "reduces the gradients itself")
+        return self.reducer
 
 
 def _get(ptr):
@@ -126,25 +136,54 @@ def _hook(o):
                                  seed=o["gossip_seed"], sync_every=o["gossip_sync_every"])
 
 
-def _create(group, nparams, counts, dtype_codes, o, out, cap_mb):
-    """pb_reducer_create and pb_reducer_new: one path to one core call."""
-    ffi = capi.ffi
-    g = live_group(group)
-    if out == ffi.NULL:
-        raise InvalidArgument("out (the pointer to store the reducer handle in) is NULL")
-    specs = _specs(nparams, counts, dtype_codes, o["ndims"], o["dims"])
+def _build(g, params, o, cap_mb, attach=False):
+    """The core Reducer over `params` (specs or tensors) with the options' settings."""
     flags = o["flags"]
     if flags & ~_FLAGS:
         raise InvalidArgument(f"unknown reducer flags 0x{flags:x}; valid: PB_REDUCER_ALLOW_UNUSED (1), "
-                              "PB_REDUCER_NO_REBUILD (2), PB_REDUCER_JOIN (4), PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE (8)")
+                              "PB_REDUCER_NO_REBUILD (2), PB_REDUCER_JOIN (4), PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE (8), "
+                              "PB_REDUCER_BUCKET_VIEW (16, pb_reducer_attach)")
     if flags & JOIN_BY_ACTIVE and not flags & JOIN:
         raise InvalidArgument("flags: PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE goes with PB_REDUCER_JOIN")
+    if flags & BUCKET_VIEW and not attach:
+        raise InvalidArgument("flags: PB_REDUCER_BUCKET_VIEW goes with pb_reducer_attach (the parameters' .grad "
+                              "become bucket views); pb_reducer_create's gradients are bucket views already")
     first = o["first_bucket_cap_mb"]
-    r = _reducer.Reducer(specs, group=g, bucket_cap_mb=cap_mb, first_bucket_cap_mb=None if first == 0 else first,
-                         op=o["op"], hook=_hook(o), rebuild=not flags & NO_REBUILD,
-                         allow_unused=bool(flags & ALLOW_UNUSED), join=bool(flags & JOIN),
-                         divide_by_initial_world_size=not flags & JOIN_BY_ACTIVE)
-    handles.add(CReducer(r), "pb_reducer *", out)
+    return _reducer.Reducer(params, group=g, bucket_cap_mb=cap_mb, first_bucket_cap_mb=None if first == 0 else first,
+                            op=o["op"], hook=_hook(o), rebuild=not flags & NO_REBUILD,
+                            allow_unused=bool(flags & ALLOW_UNUSED), join=bool(flags & JOIN),
+                            divide_by_initial_world_size=not flags & JOIN_BY_ACTIVE)
+
+
+def _create(group, nparams, counts, dtype_codes, o, out, cap_mb):
+    """pb_reducer_create and pb_reducer_new: one path to one core call."""
+    g = live_group(group)
+    if out == capi.ffi.NULL:
+        raise InvalidArgument("out (the pointer to store the reducer handle in) is NULL")
+    specs = _specs(nparams, counts, dtype_codes, o["ndims"], o["dims"])
+    handles.add(CReducer(_build(g, specs, o, cap_mb)), "pb_reducer *", out)
+
+
+def pb_reducer_attach(group, n, params, options, out):
+    g = live_group(group)
+    integer("n", n, low=0)
+    if n and params == capi.ffi.NULL:
+        raise InvalidArgument(f"params is NULL with n = {n}")
+    if out == capi.ffi.NULL:
+        raise InvalidArgument("out (the pointer to store the reducer handle in) is NULL")
+    o = _options(options)
+    if o["ndims"] is not None:
+        raise InvalidArgument("pb_reducer_options.ndims/dims: pb_reducer_attach reads each parameter's shape "
+                              "from libtorch; leave them NULL")
+    ts = [torch_param(params + i, f"params[{i}]") for i in range(n)]
+    cap = o["bucket_cap_mb"]
+    r = _build(g, ts, o, None if cap == 0 else cap, attach=True)
+    try:
+        a = Attachment(r, ts, bucket_view=bool(o["flags"] & BUCKET_VIEW))
+    except BaseException:
+        r.close()
+        raise
+    handles.add(CReducer(r, a), "pb_reducer *", out)
 
 
 def pb_reducer_create(group, nparams, counts, dtype_codes, options, out):
@@ -187,12 +226,18 @@ def pb_reducer_generation(reducer, out):
 
 
 def pb_reducer_mark_ready(reducer, index):
-    _get(reducer).reducer.mark_ready(index)
+    _get(reducer).manual("pb_reducer_mark_ready").mark_ready(index)
 
 
 def pb_reducer_wait(reducer, timeout):
     c = _get(reducer)
     r = c.reducer
+    if c.attachment is not None:  # backward finished the reduction; say how it went
+        r.grads()  # raises Closed for a closed reducer
+        err = c.attachment.take_error()
+        if err is not None:
+            raise err
+        return
     before, flats = r.generation, [b.flat for b in r.buckets]
     try:
         r.wait(None if timeout <= 0 else timeout)  # NaN is checked there
@@ -247,7 +292,7 @@ def pb_reducer_set_shapes(reducer, nparams, ndims, dims):
 
 
 def pb_reducer_bind_grads(reducer, n, grads):
-    r = _get(reducer).reducer
+    r = _get(reducer).manual("pb_reducer_bind_grads")
     if n == 0:
         r.bind_grads(None)
         return
@@ -264,6 +309,8 @@ def pb_reducer_zero(reducer):
 
 def pb_reducer_close(reducer):
     c = handles.remove(reducer, CReducer, "reducer")
+    if c.attachment is not None:
+        c.attachment.close()  # hooks removed; bucket views become the parameters' own
     c.reducer.close()  # closes the hook's state too
     c.retired = []
 

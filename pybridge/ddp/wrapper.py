@@ -29,6 +29,7 @@ from ..comm import group as _group
 from . import join as _join
 from .stats import Stats
 from ..errors import Closed, InvalidArgument, InvalidState, PyBridgeError
+from .attach import repoint, take
 from .reducer import Reducer
 from ..comm.params import broadcast_parameters
 
@@ -398,18 +399,13 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     def _ready(self, k, p):
         reducer, stats = self._reducer, self._stats
-        v = self._views[k]
-        g = p.grad
-        if g is v:
-            reducer.mark_ready(k)
+        # Marked when backward wrote the view; else copied in, scaled (and in view mode the
+        # view adopted as .grad); in copy mode the result comes back at the end of backward.
+        g = take(reducer, k, p, self._views[k], self._view_mode)
+        if g is None:
             self._spare[k] = None  # .grad is kept now (set_to_none=False): no fresh gradient will come
-        elif self._view_mode:  # a fresh gradient (.grad was None): copy it in, scaled, and adopt the view
-            reducer.set_grad(k, g)
-            p.grad = v
-            if self._keep_spares and g.nbytes >= _KEEP_GRAD_BYTES and not g.requires_grad:
-                self._spare[k] = g  # see _spare in _attach
-        else:  # .grad stays the program's own: its value goes into the bucket, the result comes back
-            reducer.set_grad(k, g)
+        elif self._view_mode and self._keep_spares and g.nbytes >= _KEEP_GRAD_BYTES and not g.requires_grad:
+            self._spare[k] = g  # see _spare in _attach
         if stats.on:
             stats.grad_ready(k, reducer.launched)
 
@@ -432,9 +428,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         if reducer.generation != self._generation:
             old, self._views = self._views, reducer.grads()
             self._generation = reducer.generation
-            for p, prev, new in zip(self._params, old, self._views):
-                if p.grad is prev:
-                    p.grad = new
+            repoint(self._params, old, self._views)
         if reducer.iterations == 1 and reducer.rebuild:
             self._stats.rebuilt(reducer)
         unused = self._drop_unused() if reducer.allow_unused else 0

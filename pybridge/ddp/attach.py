@@ -1,0 +1,122 @@
+"""A Reducer driven by the program's own autograd, on tensors the program owns.
+
+What torch DDP's reducer does to a module's parameters, without the module: a
+post-accumulate-grad hook on each parameter marks its gradient ready the moment autograd
+has finished it (so its bucket's allreduce overlaps the rest of backward), and a callback
+queued on the autograd engine waits for the last bucket when backward ends. The
+parameters may come from any libtorch program by handle (base/at_tensor.py): the hooks
+run inside libtorch's backward, whoever called it, with no callback into the program's
+language.
+
+Modes, as torch DDP's: copy (the default: .grad stays the program's tensor, copied into
+the bucket and the result copied back) and bucket view (gradient_as_bucket_view: .grad is
+the bucket's memory). A .grad the optimizer set to None, or a view of a layout the
+reducer replaced (a rebuild, an elastic rebind), is simply a fresh gradient: copied in,
+and in bucket-view mode replaced by the current view. The DDP wrapper (wrapper.py) uses
+the same two steps, `take` and `repoint`.
+"""
+
+import weakref
+
+import torch
+
+from ..errors import InvalidArgument, PyBridgeError
+
+_engine = torch.autograd.Variable._execution_engine
+
+
+def take(reducer, k, p, view, bucket_view):
+    """Parameter k's gradient is complete: mark it when backward wrote its view, otherwise
+    copy it in (scaled) and, in bucket-view mode, make the view its .grad. Returns the
+    gradient tensor that was copied in, or None."""
+    g = p.grad
+    if g is view:
+        reducer.mark_ready(k)
+        return None
+    reducer.set_grad(k, g)
+    if bucket_view:
+        p.grad = view
+    return g
+
+
+def repoint(params, old, new):
+    """After the buckets were laid out anew: each .grad that was an old view becomes the new one."""
+    for p, prev, view in zip(params, old, new):
+        if p.grad is prev:
+            p.grad = view
+
+
+class Attachment:
+    """Hooks on `params` (leaf tensors that require grad, the reducer's parameters in its
+    order) that drive `reducer` from autograd. `error` keeps the failure of the last
+    reduction (it also fails backward) for callers that ask afterwards."""
+
+    def __init__(self, reducer, params, *, bucket_view=False):
+        params = list(params)
+        if len(params) != reducer.num_params:
+            raise InvalidArgument(f"got {len(params)} parameters for a reducer of {reducer.num_params}")
+        for i, p in enumerate(params):
+            if not p.requires_grad:
+                raise InvalidArgument(f"parameter {reducer.name(i)} does not require grad: autograd gives it no "
+                                      "gradient to reduce (set requires_grad on it, or leave it out)")
+            if not p.is_leaf:
+                raise InvalidArgument(f"parameter {reducer.name(i)} is not a leaf tensor (it is computed from "
+                                      "others): autograd keeps no .grad for it")
+        self.reducer, self.params, self.bucket_view = reducer, params, bool(bucket_view)
+        self.error = None
+        self._queued = False
+        self._views, self._generation = reducer.grads(), reducer.generation
+        if self.bucket_view:
+            for p, v in zip(params, self._views):
+                if p.grad is not None:
+                    v.copy_(p.grad)
+                    p.grad = v
+        me = weakref.ref(self)  # the parameters hold the hooks; the hooks must not hold us
+        self._hooks = [p.register_post_accumulate_grad_hook(_hook(me, k)) for k, p in enumerate(params)]
+
+    def _ready(self, k, p):
+        if not self._queued:
+            self._queued = True
+            _engine.queue_callback(self._end_of_backward)
+        take(self.reducer, k, p, self._views[k], self.bucket_view)
+
+    def _end_of_backward(self):
+        self._queued = False
+        r = self.reducer
+        try:
+            r.wait()
+        except PyBridgeError as exc:
+            self.error = exc
+            raise
+        if r.generation != self._generation:
+            old, self._views, self._generation = self._views, r.grads(), r.generation
+            repoint(self.params, old, self._views)
+        if not self.bucket_view:
+            for p, v in zip(self.params, self._views):
+                if p.grad is not None:
+                    p.grad.copy_(v)
+
+    def take_error(self):
+        """The last reduction's failure, once (None when it succeeded)."""
+        err, self.error = self.error, None
+        return err
+
+    def close(self):
+        """Remove the hooks; a .grad that is a bucket view becomes a tensor of its own."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        for p, v in zip(self.params, self._views):
+            if p.grad is v:
+                p.grad = v.clone()
+
+
+def _hook(ref, k):
+    def hook(p):
+        self = ref()
+        if self is not None:
+            self._ready(k, p)
+    return hook
+
+
+__all__ = ["Attachment", "take", "repoint"]

@@ -1,0 +1,297 @@
+"""libtorch tensors by handle through the C ABI (PB_TORCH_TENSOR, pb_reducer_attach), on
+real ranks, in-process through cffi: the handles are `at::Tensor`s as a C++ program holds
+them (pybridge.base.at_tensor.handle_of), the model is torch's, and the reference is the
+real torch DistributedDataParallel on the same ranks. tests/test_handles_cpp.py drives the
+same API from a C++ libtorch program, whose backward runs without the interpreter's lock."""
+
+import copy
+import os
+import time
+
+import pytest
+
+from capi_loader import LIB_PATH, load
+from ranks import run_ranks
+
+pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
+
+STEPS = 20
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
+
+
+def _err(ffi, lib):
+    return ffi.string(lib.pb_last_error()).decode()
+
+
+class Handles:
+    """pb_tensor descriptors naming tensors by handle; keeps the at::Tensor blocks alive."""
+
+    def __init__(self, ffi, lib):
+        self.ffi, self.lib, self._blocks = ffi, lib, []
+
+    def __call__(self, t):
+        from pybridge.base.at_tensor import handle_of
+        block, address = handle_of(t)
+        self._blocks.append((block, t))
+        d = self.ffi.new("pb_tensor *")
+        d.data = self.ffi.cast("void *", address)
+        d.dtype = self.lib.PB_TORCH_TENSOR
+        return d
+
+    def array(self, ts):
+        arr = self.ffi.new("pb_tensor[]", len(ts))
+        for i, t in enumerate(ts):
+            arr[i] = self(t)[0]
+        return arr
+
+
+def _init(ffi, lib):
+    gp = ffi.new("pb_group **")
+    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0, _err(ffi, lib)
+    return gp[0]
+
+
+# ---- collectives ---------------------------------------------------------------------------
+
+def collectives_by_handle(rank, world):
+    import torch
+    ffi, lib = load()
+    g = _init(ffi, lib)
+    h = Handles(ffi, lib)
+    for name in DTYPES:  # every dtype the backend reduces, read from the tensor: exact
+        dt = getattr(torch, name)
+        x = (torch.arange(7) % 3 + rank).to(dt)
+        assert lib.pb_all_reduce(g, h(x), lib.PB_SUM) == 0, (name, _err(ffi, lib))
+        want = sum((torch.arange(7) % 3 + r) for r in range(world)).to(dt)
+        assert x.dtype == dt and torch.equal(x, want), (name, x, want)
+    y = torch.rand(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+    sent = torch.rand(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(world - 1))
+    assert lib.pb_broadcast(g, h(y), world - 1) == 0, _err(ffi, lib)
+    assert torch.equal(y, sent)  # bit-exact
+    # A 2-D tensor that requires grad (a parameter): its storage is written, autograd records nothing.
+    w = torch.full((3, 4), float(rank), requires_grad=True)
+    assert lib.pb_all_reduce(g, h(w), lib.PB_AVG) == 0, _err(ffi, lib)
+    assert w.grad_fn is None and torch.equal(w.detach(), torch.full((3, 4), (world - 1) / 2))
+    # Async: the library holds its own reference, so the program may drop its tensor at once.
+    z = torch.ones(4096) * (rank + 1)
+    uses = torch._C._storage_Use_Count  # references to z's memory
+    before = uses(z.untyped_storage()._cdata)
+    wp = ffi.new("pb_work **")
+    assert lib.pb_all_reduce_tensor_async(g, h(z), lib.PB_SUM, wp) == 0, _err(ffi, lib)
+    assert uses(z.untyped_storage()._cdata) == before + 1  # the library's own reference
+    assert lib.pb_work_wait(wp[0], 30.0) == 0, _err(ffi, lib)
+    assert torch.equal(z, torch.full((4096,), float(sum(range(1, world + 1)))))
+    assert lib.pb_work_close(wp[0]) == 0
+    for _ in range(500):  # released with the work (gloo's thread lets go of it just after)
+        if uses(z.untyped_storage()._cdata) == before:
+            break
+        time.sleep(0.01)
+    assert uses(z.untyped_storage()._cdata) == before
+    # BroadcastParams over handles of mixed dtypes.
+    ps = [torch.full((5,), float(rank)), torch.full((2, 2), rank, dtype=torch.int64)]
+    assert lib.pb_broadcast_params(g, 2, h.array(ps), 0) == 0, _err(ffi, lib)
+    assert all(torch.equal(p, torch.zeros_like(p)) for p in ps)
+    # Refused by name.
+    refused = {}
+    nc = torch.zeros(4, 6)[:, ::2]
+    for what, d in [("null", ffi.new("pb_tensor *", {"dtype": lib.PB_TORCH_TENSOR})),
+                    ("noncontiguous", h(nc)), ("complex", h(torch.zeros(3, dtype=torch.complex64))),
+                    ("bool", h(torch.zeros(3, dtype=torch.bool))),
+                    ("sparse", h(torch.zeros(3, 3).to_sparse()))]:
+        rc = lib.pb_all_reduce(g, d, lib.PB_SUM)
+        refused[what] = (rc, _err(ffi, lib))
+    assert lib.pb_finalize(g) == 0
+    return refused
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_collectives_by_handle(world):
+    refused = run_ranks(collectives_by_handle, world, timeout=90)[0]
+    from pybridge import abi
+    assert all(rc == abi.PB_ERR_INVALID_ARGUMENT for rc, _ in refused.values()), {k: v for k, v in refused.items()
+                                                                                   if v[0] != abi.PB_ERR_INVALID_ARGUMENT}
+    assert "pb_all_reduce: tensor: the at::Tensor* handle is NULL" in refused["null"][1]
+    assert "tensor is not contiguous (sizes (4, 3), strides (6, 2))" in refused["noncontiguous"][1]
+    assert "tensor has dtype torch.complex64, which the collectives do not reduce" in refused["complex"][1]
+    assert "torch.bool" in refused["bool"][1]
+    assert "tensor is a sparse tensor" in refused["sparse"][1]
+
+
+# ---- the reducer attached to a model's parameters ------------------------------------------
+
+HOOKS = {  # pybridge's hook code -> torch's hook and state (None: compare with sequential training)
+    "allreduce": "none", "fp16": "fp16", "bf16": "bf16", "powersgd": "powersgd",
+    "hierarchical": None, "gossip": None,
+}
+
+
+def _model(seed=0):
+    import torch
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def _data(world):
+    import torch
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(STEPS, 6 * world, 8, generator=gen)
+    return x, torch.randn(STEPS, 6 * world, 4, generator=gen)
+
+
+def _train(model, x, y, shard, after_backward=None):
+    import torch
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        opt.zero_grad()  # set_to_none: every .grad is fresh (torch's and libtorch's default)
+        torch.nn.functional.mse_loss(model(x[step][shard]), y[step][shard]).backward()
+        if after_backward is not None:
+            after_backward(step)
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _options(ffi, lib, hook, flags):
+    o = ffi.new("pb_reducer_options *")
+    o.size, o.op, o.flags = ffi.sizeof("pb_reducer_options"), lib.PB_AVG, flags
+    o.hook, o.hook_rank, o.gossip_topology, o.hook_start_iter = lib.PB_HOOK_ALLREDUCE, 1, lib.PB_GOSSIP_NONE, 2
+    if hook == "gossip":
+        o.gossip_topology = lib.PB_GOSSIP_CUBE
+    elif hook != "allreduce":
+        o.hook = getattr(lib, f"PB_HOOK_{hook.upper()}")
+    return o
+
+
+def _torch_ddp(model, hook):
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook as psgd
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    if hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "bf16":
+        # torch's own hook, under another name: torch DDP refuses the name itself off NCCL.
+        ddp.register_comm_hook(None, lambda state, bucket: default_hooks.bf16_compress_hook(state, bucket))
+    elif hook == "powersgd":
+        ddp.register_comm_hook(psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                                  start_powerSGD_iter=2, warm_start=True, random_seed=0),
+                               psgd.powerSGD_hook)
+    return ddp
+
+
+def attached_training(rank, world):
+    ffi, lib = load()
+    g = _init(ffi, lib)
+    x, y = _data(world)
+    mine = slice(6 * rank, 6 * rank + 6)
+    sequential = _train(_model(), x, y, slice(None))
+    results = {}
+    for hook, twin in HOOKS.items():
+        reference = sequential if twin is None else _train(_torch_ddp(_model(), twin), x, y, mine)
+        for mode, flags in (("copy", 0), ("view", lib.PB_REDUCER_BUCKET_VIEW)):
+            model = _model()
+            params = list(model.parameters())
+            h = Handles(ffi, lib)
+            rp = ffi.new("pb_reducer **")
+            rc = lib.pb_reducer_attach(g, len(params), h.array(params), _options(ffi, lib, hook, flags), rp)
+            assert rc == 0, (hook, mode, _err(ffi, lib))
+            r = rp[0]
+            moved = []
+
+            def in_place(step, r=r, params=params, moved=moved):
+                d = ffi.new("pb_tensor *")
+                for i, p in enumerate(params):  # bucket view: .grad is the bucket's memory, no copy
+                    assert lib.pb_reducer_grad(r, i, d) == 0
+                    moved += [step] if p.grad.data_ptr() != int(ffi.cast("uintptr_t", d.data)) else []
+                assert lib.pb_reducer_wait(r, 0) == 0, _err(ffi, lib)  # backward reduced already: PB_OK
+
+            got = _train(model, x, y, mine, in_place)
+            assert lib.pb_reducer_close(r) == 0, _err(ffi, lib)
+            shared = {p.grad.untyped_storage().data_ptr() for p in params}
+            diff = max((a - b).abs().max().item() for a, b in zip(got, reference))
+            results[f"{hook}/{mode}"] = (diff, moved if mode == "view" else [], len(shared) == len(params))
+    assert lib.pb_finalize(g) == 0
+    return results
+
+
+def test_attached_reducer_matches_torch_ddp_and_sequential():
+    """20 steps of SGD, both modes, every built-in hook: within 1e-5 of torch's DDP with
+    torch's own hook (allreduce, fp16, bf16, PowerSGD), or of one process on the whole
+    batch (hierarchical, gossip on 2 ranks: exact averages). In bucket-view mode every
+    .grad is its bucket's memory after each backward (re-pointed after zero_grad set it to
+    None); after close each parameter has a gradient of its own."""
+    results = run_ranks(attached_training, 2, timeout=150)
+    for rank, res in enumerate(results):
+        for name, (diff, moved, own) in res.items():
+            assert diff < 1e-5, (rank, name, diff)
+            assert not moved, (rank, name, "grad not a bucket view at steps", moved)
+            assert own, (rank, name, "after close, parameters still share gradient memory")
+
+
+def attach_refusals(rank, world):
+    import torch
+    ffi, lib = load()
+    g = _init(ffi, lib)
+    h = Handles(ffi, lib)
+    rp = ffi.new("pb_reducer **")
+    out = {}
+    leaf = torch.zeros(3, requires_grad=True)
+    cases = {
+        "no_grad": [h(torch.zeros(3))],
+        "not_leaf": [h(leaf * 2)],
+        "int": [h(torch.zeros(3, dtype=torch.int32, requires_grad=False))],
+    }
+    for name, descs in cases.items():
+        arr = ffi.new("pb_tensor[]", len(descs))
+        for i, d in enumerate(descs):
+            arr[i] = d[0]
+        out[name] = (lib.pb_reducer_attach(g, len(descs), arr, ffi.NULL, rp), _err(ffi, lib))
+    raw = ffi.new("pb_tensor[]", 1)
+    raw[0].data, raw[0].count, raw[0].dtype, raw[0].device = ffi.new("float[3]"), 3, lib.PB_FLOAT32, lib.PB_CPU
+    out["raw"] = (lib.pb_reducer_attach(g, 1, raw, ffi.NULL, rp), _err(ffi, lib))
+    o = _options(ffi, lib, "allreduce", lib.PB_REDUCER_BUCKET_VIEW)
+    out["view_on_create"] = (lib.pb_reducer_create(g, 1, ffi.new("int64_t[]", [3]), ffi.new("int32_t[]", [0]), o, rp),
+                             _err(ffi, lib))
+    assert lib.pb_reducer_attach(g, 1, h.array([leaf]), ffi.NULL, rp) == 0, _err(ffi, lib)
+    out["mark"] = (lib.pb_reducer_mark_ready(rp[0], 0), _err(ffi, lib))
+    assert lib.pb_reducer_close(rp[0]) == 0
+    assert lib.pb_finalize(g) == 0
+    return out
+
+
+def test_attach_refusals():
+    from pybridge import abi
+    out = run_ranks(attach_refusals, 2, timeout=60)[0]
+    assert all(rc == abi.PB_ERR_INVALID_ARGUMENT for rc, _ in out.values()), out
+    assert "params[0]" not in out["no_grad"][1] and "parameter #0 does not require grad" in out["no_grad"][1]
+    assert "is not a leaf tensor" in out["not_leaf"][1]
+    assert "does not require grad" in out["int"][1]  # integer tensors never can
+    assert "params[0] is not a libtorch tensor handle" in out["raw"][1]
+    assert "PB_REDUCER_BUCKET_VIEW goes with pb_reducer_attach" in out["view_on_create"][1]
+    assert "pb_reducer_mark_ready on a reducer from pb_reducer_attach" in out["mark"][1]
+
+
+def attachment_alone(rank, world):
+    import torch
+    import pybridge
+    from pybridge.ddp.attach import Attachment
+    from pybridge.ddp.reducer import Reducer
+    g = pybridge.init(backend="gloo", timeout=20)
+    model, twin = _model(), copy.deepcopy(_model())
+    params = list(model.parameters())
+    r = Reducer(params, group=g)
+    a = Attachment(r, params, bucket_view=True)
+    x = torch.randn(5, 8)
+    model(x).sum().backward()
+    twin(x).sum().backward()
+    views = r.grads()
+    assert all(p.grad is v for p, v in zip(params, views))
+    assert all(torch.allclose(p.grad, q.grad) for p, q in zip(params, twin.parameters()))
+    a.close()
+    r.close()
+    assert all(p.grad is not v for p, v in zip(params, views))
+    pybridge.finalize()
+
+
+def test_attachment_in_python_alone():
+    """The Python core alone (pybridge.ddp.attach): on one rank, .grad becomes the bucket
+    view and equals local backward's; close gives each parameter its own again."""
+    run_ranks(attachment_alone, 1, timeout=60)
