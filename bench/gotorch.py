@@ -6,25 +6,34 @@ Same model (the MNIST MLP 784-128-10), data (synthetic digits, 10000 + 2000), gl
 ranks, seed and bucket cap for every row, in one run, each trainer under pybridge-launch with
 OMP_NUM_THREADS=1 (one core per rank):
 
-  Python + torch DDP        examples/mnist/train.py --ddp torch: the baseline
-  Python + pybridge DDP     examples/mnist/train.py
-  Go + libtorch + pybridge  examples/gotorch: forward and backward in libtorch (no Python),
-                            gradients accumulated into the buckets, marked ready by autograd hooks
-  ... --no-overlap          the same, every gradient marked after backward
+  Python + torch DDP              examples/mnist/train.py --ddp torch: the baseline
+  Python + pybridge DDP           examples/mnist/train.py
+  Go + libtorch, attached (copy)  examples/gotorch: parameters by handle, pybridge.AttachReducer;
+                                  libtorch's backward reduces the gradients (copied in and back)
+  ... attached (bucket view)      the same with --grad-as-bucket-view (nothing copied)
+  ... no overlap                  the gradients bound by handle and reduced after backward
+  ... previous shim               examples/gotorch as of SHIM_COMMIT, before the attach API: its
+                                  C++ shim set bucket views with from_blob and called
+                                  pb_reducer_mark_ready from its own autograd hooks (built from
+                                  git history; skipped where the history is not there)
 
 Step time: global batch / samples per second of the training time (best epoch after the
-first), the median over --repeats runs, interleaved. The share of the reduction hidden behind
-backward is 1 - wait(hooks) / wait(no overlap), from the Go trainer's --timing medians: with
-no overlap the whole reduction is waited for after backward; with hooks only what backward
-did not cover. The default bucket cap (0.004 MiB) splits the model into two buckets, [b2, w2]
-and [b1, w1], so that there is something to overlap (with one bucket nothing can start before
-backward ends, in torch DDP too). Writes bench/results/gotorch.json.
+first), the median over --repeats runs, interleaved. The share of the reduction hidden
+behind backward comes from the trainers' --timing medians (rank 0): with no overlap the
+whole reduction is waited for after backward (`full`); an attached reducer finishes it
+inside backward, so what it exposes is its forward+backward+wait minus the no-overlap
+forward+backward; the previous shim exposed its wait. hidden = 1 - exposed / full. The
+default bucket cap (0.004 MiB) splits the model into two buckets, [b2, w2] and [b1, w1], so
+that there is something to overlap (with one bucket nothing can start before backward ends,
+in torch DDP too). Writes bench/results/gotorch.json.
 """
 
 import argparse
 import os
 import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -33,6 +42,8 @@ from common import ROOT, progress, save, table  # noqa: E402
 from mnist import PY_TRAINER, build_go, prepare, run_trainer  # noqa: E402
 
 GOTORCH = os.path.join(ROOT, "build", "gotorch")
+SHIM = os.path.join(ROOT, "build", "gotorch-shim")
+SHIM_COMMIT = "11f061e"  # the last examples/gotorch before the attach API (issue 31)
 TIMING = re.compile(r"^timing: forward\+backward (\S+) ms  wait (\S+) ms  step (\S+) ms", re.M)
 
 
@@ -40,6 +51,24 @@ def build_gotorch():
     from pybridge.cbuild.cli import torch_flags
     cflags, libs = torch_flags()
     build_go(os.path.join("examples", "gotorch"), GOTORCH, {"CGO_CXXFLAGS": cflags, "CGO_LDFLAGS": libs})
+
+
+def build_shim():
+    """The previous examples/gotorch (and the Go package of its day), from git history: True
+    when built. It links today's libpybridge.so, whose ABI is a superset of that day's."""
+    from pybridge.cbuild.cli import torch_flags
+    tree = os.path.join(ROOT, "build", "gotorch-shim-src")
+    shutil.rmtree(tree, ignore_errors=True)
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", SHIM_COMMIT, "examples/gotorch", "examples/mnist", "go"],
+                             capture_output=True)
+    if archive.returncode != 0:
+        progress(f"no git history for {SHIM_COMMIT} here: the previous-shim row is left out")
+        return False
+    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+    cflags, libs = torch_flags()
+    build_go(os.path.join(tree, "examples", "gotorch"), SHIM, {"CGO_CXXFLAGS": cflags, "CGO_LDFLAGS": libs})
+    return True
 
 
 def main():
@@ -53,16 +82,24 @@ def main():
     opts = ap.parse_args()
     opts.target = 2.0  # run_trainer's accuracy target: not used here
     cap = ["--bucket-cap-mb", str(opts.bucket_cap_mb)]
+    attached = "Go + libtorch, attached (copy)"
+    nooverlap = "Go + libtorch, no overlap"
+    shim = "Go + libtorch, previous shim"
     rows = [("Python + torch DDP", PY_TRAINER, ["--ddp", "torch", *cap]),
             ("Python + pybridge DDP", PY_TRAINER, cap),
-            ("Go + libtorch + pybridge", GOTORCH, [*cap, "--timing"]),
-            ("Go + libtorch + pybridge, no overlap", GOTORCH, [*cap, "--timing", "--no-overlap"])]
-    runs = {name: [] for name, _, _ in rows}
+            (attached, GOTORCH, [*cap, "--timing"]),
+            ("Go + libtorch, attached (bucket view)", GOTORCH, [*cap, "--timing", "--grad-as-bucket-view"]),
+            (nooverlap, GOTORCH, [*cap, "--timing", "--no-overlap"]),
+            (shim, SHIM, [*cap, "--timing", "--check-in-place"])]
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "mnist")
         prepare(data)
         progress("building examples/gotorch (compiles the libtorch shim)")
         build_gotorch()
+        progress(f"building the previous examples/gotorch ({SHIM_COMMIT}) from git history")
+        if not build_shim():
+            rows = [r for r in rows if r[0] != shim]
+        runs = {name: [] for name, _, _ in rows}
         for rep in range(opts.repeats):
             for name, target, extra in rows:
                 progress(f"repeat {rep + 1}/{opts.repeats}: {name}")
@@ -80,23 +117,27 @@ def main():
         acc = statistics.median(r["test_accuracy"] for r in runs[name])
         summary[name] = {"step_ms": round(ms, 3), "vs_torch_ddp": round(ms / base, 3), "test_accuracy": acc}
         out.append([name, f"{ms:.3f}", f"{ms / base:.2f}x", f"{acc:.4f}"])
-    waits = {name: statistics.median(r["timing_ms"][1] for r in runs[name] if "timing_ms" in r)
-             for name, _, _ in rows[2:] if any("timing_ms" in r for r in runs[name])}
-    hidden = None
-    if len(waits) == 2:
-        exposed, full = waits[rows[2][0]], waits[rows[3][0]]
-        hidden = max(0.0, 1 - exposed / full) if full > 0 else None
+    timing = {name: [statistics.median(r["timing_ms"][k] for r in runs[name]) for k in range(3)]
+              for name, _, _ in rows if any("timing_ms" in r for r in runs[name])}
+    full = timing[nooverlap][1]  # the whole reduction, waited for after backward
+    hidden = {}
+    for name, (fb, wait, _) in timing.items():
+        if name == nooverlap or full <= 0:
+            continue
+        exposed = wait if name == shim else fb + wait - timing[nooverlap][0]
+        hidden[name] = max(0.0, min(1.0, 1 - exposed / full))
     print(f"MNIST MLP 784-128-10, synthetic digits, {opts.ranks} ranks, global batch {opts.batch_size}, "
           f"{opts.epochs} epochs, bucket cap {opts.bucket_cap_mb} MiB, OMP_NUM_THREADS=1, "
           f"median of {opts.repeats} runs, {os.cpu_count()} CPUs")
     print(table(["trainer", "step ms", "vs Python + torch DDP", "final test acc"], out))
-    if hidden is not None:
-        print(f"reduction hidden behind backward (Go): {hidden:.0%} (wait {waits[rows[2][0]]:.3f} ms with hooks, "
-              f"{waits[rows[3][0]]:.3f} ms after backward)")
+    for name, share in hidden.items():
+        fb, wait, _ = timing[name]
+        print(f"reduction hidden behind backward, {name}: {share:.0%} (forward+backward {fb:.3f} ms, "
+              f"wait {wait:.3f} ms; no overlap: {timing[nooverlap][0]:.3f} ms + {full:.3f} ms)")
     path = save("gotorch", {"ranks": opts.ranks, "batch_size": opts.batch_size, "epochs": opts.epochs,
                             "bucket_cap_mb": opts.bucket_cap_mb, "repeats": opts.repeats,
                             "command": "python bench/gotorch.py " + " ".join(sys.argv[1:]),
-                            "summary": summary, "hidden_share": hidden, "waits_ms": waits, "runs": runs})
+                            "summary": summary, "hidden_share": hidden, "timing_ms": timing, "runs": runs})
     print(f"wrote {os.path.relpath(path, ROOT)}")
 
 

@@ -120,6 +120,7 @@ var goNames = map[string]string{
 	"pb_group_close":            "Group.Close",
 	"pb_broadcast_params":       "BroadcastParams",
 	"pb_reducer_create":         "NewReducer",
+	"pb_reducer_attach":         "AttachReducer",
 	"pb_reducer_mark_ready":     "Reducer.MarkReady",
 	"pb_reducer_wait":           "Reducer.Wait",
 	"pb_reducer_join":           "Reducer.Join",
@@ -210,6 +211,8 @@ var goNames = map[string]string{
 	"PB_REDUCER_NO_REBUILD":            "WithoutRebuild",
 	"PB_REDUCER_JOIN":                  "WithJoin",
 	"PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE": "WithJoinDivideByActive",
+	"PB_REDUCER_BUCKET_VIEW":           "WithGradAsBucketView",
+	"PB_TORCH_TENSOR":                  "TorchTensor",
 }
 
 // goWords returns a library message in Go's names: the C function it starts with

@@ -132,12 +132,23 @@ func roleTensors() error {
 		{pybridge.Tensor{Data: t.Data, Len: 1, DType: 42, Device: pybridge.CPU}, "unknown DType 42"},
 		{pybridge.Tensor{Data: t.Data, Len: 1, DType: pybridge.DTypeFloat32, Device: -2}, "Device -2"},
 		{pybridge.Tensor{Data: t.Data, Len: 1, DType: pybridge.DTypeFloat32, Device: 7}, "CUDA device 7"},
+		{pybridge.TorchTensor(nil), "nil libtorch tensor handle"},
 	}
 	for _, c := range bad {
 		err := pybridge.AllReduceTensor(g, c.t, pybridge.Sum)
 		if !errors.Is(err, pybridge.ErrInvalidArgument) || !strings.Contains(err.Error(), c.words) {
 			return fmt.Errorf("%+v: got %v, want ErrInvalidArgument with %q", c.t, err, c.words)
 		}
+	}
+	// The reducer attaches to libtorch tensors only (tests/test_gotorch.py and the C++ tests
+	// attach to real ones); raw memory is named, and so is the option on NewReducer.
+	if _, err := pybridge.AttachReducer(g, []pybridge.TensorSource{t}); !errors.Is(err, pybridge.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "params[0] is not a libtorch tensor handle (dtype 0, not TorchTensor)") {
+		return fmt.Errorf("AttachReducer on raw memory: got %v", err)
+	}
+	if _, err := pybridge.NewReducer(g, pybridge.Params[float32](3), pybridge.WithGradAsBucketView()); !errors.Is(err, pybridge.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "WithGradAsBucketView goes with AttachReducer") {
+		return fmt.Errorf("NewReducer with WithGradAsBucketView: got %v", err)
 	}
 	if err := pybridge.AllReduceTensor(g, nil, pybridge.Sum); !errors.Is(err, pybridge.ErrInvalidArgument) {
 		return fmt.Errorf("nil TensorSource: got %v", err)
