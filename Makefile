@@ -26,7 +26,7 @@ TORCH_CGO = CGO_CXXFLAGS="$(shell $(PYTHON) -m pybridge.capi --torch-cflags)" \
 
 LIB := $(BUILD)/libpybridge.so
 
-.PHONY: setup test test-python test-go lint ruff go-lint go-test demo demo-real demo-gotorch demo-collectives bench clean
+.PHONY: setup test test-python test-go lint ruff go-lint go-test demo demo-real demo-gotorch demo-collectives bench clean gpu-bundle gpu-check
 
 # Bytecode written once here: every rank, launcher and CLI a test starts imports pybridge,
 # and with PYTHONDONTWRITEBYTECODE set (as on CI's machines) each would compile it again.
@@ -128,3 +128,13 @@ bench: setup
 
 clean:
 	rm -rf $(BUILD)
+
+# The GPU check: `make gpu-bundle` here (network and Go: wheels for the GPU machine's Python,
+# go/'s test binary, the GoTorch-style trainer), then carry build/gpu to a GPU machine and run
+# `bash .ci/gpu-check OUT` there (or `make gpu-check OUT=...` here: it skips without CUDA).
+gpu-bundle: setup
+	$(PYTHON) .ci/gpu_bundle.py
+
+OUT ?= $(BUILD)/gpu-check
+gpu-check:
+	bash .ci/gpu-check $(OUT)

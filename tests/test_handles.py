@@ -45,18 +45,21 @@ class Handles:
         return arr
 
 
-def _init(ffi, lib):
+def _init(ffi, lib, device="cpu"):
+    """The world group: gloo for host tensors, nccl for CUDA ones (tests/test_cuda.py)."""
     gp = ffi.new("pb_group **")
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0, _err(ffi, lib)
+    backend = b"nccl" if device == "cuda" else b"gloo"
+    assert lib.pb_init(ffi.NULL, backend, -1, -1, -1, 30.0, gp) == 0, _err(ffi, lib)
     return gp[0]
 
 
 # ---- collectives ---------------------------------------------------------------------------
 
-def collectives_by_handle(rank, world):
+def collectives_by_handle(rank, world, device="cpu"):
     import torch
+    torch.set_default_device(device)
     ffi, lib = load()
-    g = _init(ffi, lib)
+    g = _init(ffi, lib, device)
     h = Handles(ffi, lib)
     for name in DTYPES:  # every dtype the backend reduces, read from the tensor: exact
         dt = getattr(torch, name)
@@ -64,8 +67,8 @@ def collectives_by_handle(rank, world):
         assert lib.pb_all_reduce(g, h(x), lib.PB_SUM) == 0, (name, _err(ffi, lib))
         want = sum((torch.arange(7) % 3 + r) for r in range(world)).to(dt)
         assert x.dtype == dt and torch.equal(x, want), (name, x, want)
-    y = torch.rand(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
-    sent = torch.rand(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(world - 1))
+    y = torch.rand(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(rank)).to(device)
+    sent = torch.rand(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(world - 1)).to(device)
     assert lib.pb_broadcast(g, h(y), world - 1) == 0, _err(ffi, lib)
     assert torch.equal(y, sent)  # bit-exact
     # A 2-D tensor that requires grad (a parameter): its storage is written, autograd records nothing.
@@ -128,14 +131,16 @@ HOOKS = {  # pybridge's hook code -> torch's hook and state (None: compare with 
 def _model(seed=0):
     import torch
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    with torch.device("cpu"):  # the same numbers on every device: drawn on the host, then moved
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    return model.to(torch.get_default_device())
 
 
 def _data(world):
     import torch
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(STEPS, 6 * world, 8, generator=gen)
-    return x, torch.randn(STEPS, 6 * world, 4, generator=gen)
+    x = torch.randn(STEPS, 6 * world, 8, generator=gen, device="cpu")
+    return x, torch.randn(STEPS, 6 * world, 4, generator=gen, device="cpu")
 
 
 def _train(model, x, y, shard, after_backward=None):
@@ -177,10 +182,12 @@ def _torch_ddp(model, hook):
     return ddp
 
 
-def attached_training(rank, world):
+def attached_training(rank, world, device="cpu"):
+    import torch
+    torch.set_default_device(device)  # the models, and the data moved below
     ffi, lib = load()
-    g = _init(ffi, lib)
-    x, y = _data(world)
+    g = _init(ffi, lib, device)
+    x, y = (t.to(device) for t in _data(world))
     mine = slice(6 * rank, 6 * rank + 6)
     sequential = _train(_model(), x, y, slice(None))
     results = {}
