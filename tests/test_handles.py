@@ -282,23 +282,77 @@ def attachment_alone(rank, world):
     from pybridge.ddp.attach import Attachment
     from pybridge.ddp.reducer import Reducer
     g = pybridge.init(backend="gloo", timeout=20)
-    model, twin = _model(), copy.deepcopy(_model())
-    params = list(model.parameters())
-    r = Reducer(params, group=g)
+    model, twin = _model(), _model()
+    # Parameters listed in another order than backward finishes them, one bucket each: the
+    # first wait rebuilds the buckets (a new generation), and rebind() lays them out again.
+    order = [2, 3, 0, 1]
+    params = [list(model.parameters())[i] for i in order]
+    twins = [list(twin.parameters())[i] for i in order]
+    r = Reducer(params, group=g, bucket_cap_mb=1e-6)
     a = Attachment(r, params, bucket_view=True)
-    x = torch.randn(5, 8)
-    model(x).sum().backward()
-    twin(x).sum().backward()
-    views = r.grads()
-    assert all(p.grad is v for p, v in zip(params, views))
-    assert all(torch.allclose(p.grad, q.grad) for p, q in zip(params, twin.parameters()))
+    generations = []
+    for step in range(4):
+        if step == 2:
+            r.rebind(g)  # what an elastic reset does with the new world's group
+        for p, q in zip(params, twins):
+            p.grad = q.grad = None
+        x = torch.randn(5, 8)
+        model(x).sum().backward()
+        twin(x).sum().backward()
+        views = r.grads()
+        assert all(p.grad is v for p, v in zip(params, views)), step
+        assert all(torch.allclose(p.grad, q.grad) for p, q in zip(params, twins)), step
+        generations.append(r.generation)
     a.close()
     r.close()
     assert all(p.grad is not v for p, v in zip(params, views))
     pybridge.finalize()
+    return generations
 
 
 def test_attachment_in_python_alone():
-    """The Python core alone (pybridge.ddp.attach): on one rank, .grad becomes the bucket
-    view and equals local backward's; close gives each parameter its own again."""
-    run_ranks(attachment_alone, 1, timeout=60)
+    """The Python core alone (pybridge.ddp.attach), on one rank: .grad is the bucket view and
+    equals local backward's after every step, across the rebuild after the first step and a
+    rebind (an elastic reset's relayout); close gives each parameter its own again."""
+    generations = run_ranks(attachment_alone, 1, timeout=60)[0]
+    # rebuilt after the first step; rebind lays out the initial buckets and rebuilds again
+    assert generations == [1, 1, 3, 3]
+
+
+def uneven_inputs(rank, world):
+    """Join on an attached reducer: rank 1 runs out after one step and joins; rank 0's later
+    backward passes still finish (the joined rank shadows them with zero gradients), and
+    their gradients are its own divided by the world size (torch Join's default)."""
+    import torch
+    ffi, lib = load()
+    g = _init(ffi, lib)
+    model, local = _model(), _model()
+    params = list(model.parameters())
+    h = Handles(ffi, lib)
+    rp = ffi.new("pb_reducer **")
+    o = _options(ffi, lib, "allreduce", lib.PB_REDUCER_JOIN)
+    assert lib.pb_reducer_attach(g, len(params), h.array(params), o, rp) == 0, _err(ffi, lib)
+    r = rp[0]
+    x, _ = _data(world)
+    steps = 3 if rank == 0 else 1
+    worst = 0.0
+    for step in range(steps):
+        for p, q in zip(params, local.parameters()):
+            p.grad = q.grad = None
+        model(x[step][:6]).sum().backward()
+        local(x[step][:6]).sum().backward()
+        assert lib.pb_reducer_wait(r, 0) == 0, _err(ffi, lib)
+        if step >= 1:  # rank 1 has joined: its share is zero, the sum is divided by 2
+            worst = max(worst, max((p.grad - q.grad / world).abs().max().item()
+                                   for p, q in zip(params, local.parameters())))
+    root, shadowed = ffi.new("int32_t *"), ffi.new("int64_t *")
+    assert lib.pb_reducer_join(r, root, shadowed) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_close(r) == 0
+    assert lib.pb_finalize(g) == 0
+    return worst, root[0], shadowed[0]
+
+
+def test_join_with_an_attached_reducer():
+    (worst, root, shadowed0), (_, root1, shadowed1) = run_ranks(uneven_inputs, 2, timeout=90)
+    assert worst < 1e-6
+    assert root == root1 == 0 and shadowed0 == 0 and shadowed1 == 2
