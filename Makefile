@@ -84,7 +84,7 @@ test-go: setup go-lint go-test
 lint: ruff go-lint
 
 ruff: setup
-	$(PYTHON) -m ruff check pybridge tests bench examples capi
+	$(PYTHON) -m ruff check pybridge tests bench examples capi .ci
 
 go-lint: setup
 	@for m in $(sort $(GO_MODULES)); do echo "== $$m"; (cd $$m && $(TORCH_CGO) $(GO) vet ./...) || exit 1; done

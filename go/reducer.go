@@ -175,10 +175,11 @@ func WithoutRebuild() ReducerOption {
 type Reducer struct {
 	// Its mu also guards views and gen: calls hold it for reading, Wait and Close for writing.
 	cHandle[*C.pb_reducer]
-	specs  []ParamSpec
-	views  []unsafe.Pointer // library memory of each gradient, for the current generation
-	device int              // where the buckets live: CPU, or a CUDA device under nccl
-	gen    int64
+	specs    []ParamSpec
+	views    []unsafe.Pointer // library memory of each gradient, for the current generation
+	device   int              // where the buckets live: CPU, or a CUDA device under nccl
+	gen      int64
+	attached bool // AttachReducer: backward, not Wait, moves to a new generation
 }
 
 // NewReducer creates a reducer over gradients described by params, configured
@@ -311,7 +312,7 @@ func AttachReducer(g *Group, params []TensorSource, opts ...ReducerOption) (*Red
 	if err := check(op, C.pbgo_reducer_attach(gh, n, pd, &o, &h, &msg), msg); err != nil {
 		return nil, err
 	}
-	r := &Reducer{specs: make([]ParamSpec, len(params)), gen: -1}
+	r := &Reducer{specs: make([]ParamSpec, len(params)), gen: -1, attached: true}
 	for i := range r.specs {
 		r.specs[i].Len = -1 // read from the library's views by refresh
 	}
@@ -481,9 +482,19 @@ func (r *Reducer) Generation() int64 {
 	if r == nil {
 		return 0
 	}
+	r.current("Reducer.Generation")
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.gen
+}
+
+// current brings an attached reducer's views up to date: libtorch's backward, not
+// Wait, may have rebuilt its buckets. A no-op for other reducers (Wait does it).
+func (r *Reducer) current(op string) error {
+	if !r.attached {
+		return nil
+	}
+	return r.reread(op)
 }
 
 // Grad returns gradient i of a float32 parameter as a slice over library
@@ -496,6 +507,9 @@ func (r *Reducer) Grad(i int) ([]float32, error) { return GradAs[float32](r, i) 
 // valid until the generation changes or the reducer is closed.
 func GradAs[T Float](r *Reducer, i int) ([]T, error) {
 	const op = "Reducer.Grad"
+	if err := r.current(op); err != nil {
+		return nil, err
+	}
 	if _, err := r.rhandle(op); err != nil {
 		return nil, err
 	}
@@ -524,6 +538,9 @@ func GradAs[T Float](r *Reducer, i int) ([]T, error) {
 // until the generation changes or the reducer is closed.
 func (r *Reducer) GradTensor(i int) (Tensor, error) {
 	const op = "Reducer.GradTensor"
+	if err := r.current(op); err != nil {
+		return Tensor{}, err
+	}
 	if _, err := r.rhandle(op); err != nil {
 		return Tensor{}, err
 	}

@@ -4,7 +4,6 @@ them (pybridge.base.at_tensor.handle_of), the model is torch's, and the referenc
 real torch DistributedDataParallel on the same ranks. tests/test_handles_cpp.py drives the
 same API from a C++ libtorch program, whose backward runs without the interpreter's lock."""
 
-import copy
 import os
 import time
 
@@ -143,11 +142,23 @@ def _data(world):
     return x, torch.randn(STEPS, 6 * world, 4, generator=gen, device="cpu")
 
 
+def zero_grad_as_libtorch(params, step):
+    """libtorch's Optimizer::zero_grad (gotch's too): detach_() each .grad, then drop it
+    (set_to_none, the default: even steps) or zero it in place (odd steps)."""
+    for p in params:
+        if p.grad is not None:
+            p.grad.detach_()  # autograd refuses this on a view: bucket-view .grads must not be views
+            if step % 2 == 0:
+                p.grad = None
+            else:
+                p.grad.zero_()
+
+
 def _train(model, x, y, shard, after_backward=None):
     import torch
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(STEPS):
-        opt.zero_grad()  # set_to_none: every .grad is fresh (torch's and libtorch's default)
+        zero_grad_as_libtorch(list(model.parameters()), step)
         torch.nn.functional.mse_loss(model(x[step][shard]), y[step][shard]).backward()
         if after_backward is not None:
             after_backward(step)
@@ -299,13 +310,13 @@ def attachment_alone(rank, world):
         x = torch.randn(5, 8)
         model(x).sum().backward()
         twin(x).sum().backward()
-        views = r.grads()
-        assert all(p.grad is v for p, v in zip(params, views)), step
+        views = r.grads()  # .grad is each bucket's memory (a plain tensor over it, not a view)
+        assert all(p.grad.data_ptr() == v.data_ptr() and p.grad._base is None for p, v in zip(params, views)), step
         assert all(torch.allclose(p.grad, q.grad) for p, q in zip(params, twins)), step
         generations.append(r.generation)
     a.close()
     r.close()
-    assert all(p.grad is not v for p, v in zip(params, views))
+    assert all(p.grad.data_ptr() != v.data_ptr() for p, v in zip(params, views))
     pybridge.finalize()
     return generations
 
@@ -323,7 +334,6 @@ def uneven_inputs(rank, world):
     """Join on an attached reducer: rank 1 runs out after one step and joins; rank 0's later
     backward passes still finish (the joined rank shadows them with zero gradients), and
     their gradients are its own divided by the world size (torch Join's default)."""
-    import torch
     ffi, lib = load()
     g = _init(ffi, lib)
     model, local = _model(), _model()

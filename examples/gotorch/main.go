@@ -265,6 +265,11 @@ func (t *trainer) step(b *pybridge.Batch, lr, momentum float32) (float32, error)
 		return 0, err
 	}
 	backward := time.Now()
+	if t.check { // GradTensor reads the attached reducer's current buckets itself: no Wait needed
+		if err := t.checkInPlace(); err != nil {
+			return 0, err
+		}
+	}
 	if !t.overlap {
 		if err := t.reduceAfterBackward(); err != nil {
 			return 0, err
@@ -281,11 +286,6 @@ func (t *trainer) step(b *pybridge.Batch, lr, momentum float32) (float32, error)
 	t.backward = append(t.backward, backward.Sub(start))
 	t.wait = append(t.wait, time.Since(backward))
 	defer func() { t.total = append(t.total, time.Since(start)) }()
-	if t.check {
-		if err := t.checkInPlace(); err != nil {
-			return 0, err
-		}
-	}
 	return loss, t.model.Step(lr, momentum)
 }
 

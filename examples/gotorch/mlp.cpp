@@ -143,7 +143,11 @@ int mlp_grad(mlp *m, int32_t i, void **data) {
 int mlp_zero_grad(mlp *m) {
   if (m == nullptr) return fail("model is NULL");
   return guarded("mlp_zero_grad", [&] {
-    for (auto &p : m->params) p.mutable_grad().reset();  // libtorch's zero_grad(set_to_none=true)
+    for (auto &p : m->params) {  // libtorch's Optimizer::zero_grad(set_to_none=true)
+      if (!p.grad().defined()) continue;
+      p.mutable_grad().detach_();
+      p.mutable_grad().reset();
+    }
     return 0;
   });
 }

@@ -63,8 +63,21 @@ std::pair<at::Tensor, at::Tensor> batch(int64_t step, int64_t world) {
   return {x, y};
 }
 
-double train_step(std::vector<at::Tensor> &ps, const at::Tensor &x, const at::Tensor &y) {
-  for (auto &p : ps) p.mutable_grad().reset();  // zero_grad(set_to_none=true), libtorch's default
+// torch::optim::Optimizer::zero_grad, as libtorch (and gotch) do it: detach_() each grad,
+// then drop it (set_to_none, the default) or zero it in place.
+void zero_grad(std::vector<at::Tensor> &ps, bool set_to_none) {
+  for (auto &p : ps) {
+    if (!p.grad().defined()) continue;
+    p.mutable_grad().detach_();
+    if (set_to_none)
+      p.mutable_grad().reset();
+    else
+      p.mutable_grad().zero_();
+  }
+}
+
+double train_step(std::vector<at::Tensor> &ps, const at::Tensor &x, const at::Tensor &y, int step) {
+  zero_grad(ps, step % 2 == 0);  // both of libtorch's ways, in turn
   at::Tensor h = at::tanh(at::linear(x, ps[0], ps[1]));
   at::Tensor loss = at::mse_loss(at::linear(h, ps[2], ps[3]), y);
   loss.backward();  // with an attached reducer: the gradients are averaged when this returns
@@ -115,9 +128,9 @@ void run(pb_group *g, int32_t rank, int32_t world, int steps, const std::string 
   double loss = 0;
   for (int s = 0; s < steps; s++) {
     auto [x, y] = batch(s, world);
-    loss = train_step(ps, x.narrow(0, rank * kRows, kRows), y.narrow(0, rank * kRows, kRows));
+    loss = train_step(ps, x.narrow(0, rank * kRows, kRows), y.narrow(0, rank * kRows, kRows), s);
     ok(pb_reducer_wait(r, 0), "the reduction");  // PB_OK at once, or how the reduction failed
-    train_step(reference, x, y);                 // one process on the whole global batch
+    train_step(reference, x, y, s);              // one process on the whole global batch
     if (mode == "view") {
       for (size_t i = 0; i < ps.size(); i++) {
         pb_tensor view;

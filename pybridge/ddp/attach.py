@@ -10,7 +10,8 @@ language.
 
 Modes, as torch DDP's: copy (the default: .grad stays the program's tensor, copied into
 the bucket and the result copied back) and bucket view (gradient_as_bucket_view: .grad is
-the bucket's memory). A .grad the optimizer set to None, or a view of a layout the
+the bucket's memory, as a plain tensor over it so that libtorch's optimizers may detach_
+it). A .grad the optimizer set to None, or a view of a layout the
 reducer replaced (a rebuild, an elastic rebind), is simply a fresh gradient: copied in,
 and in bucket-view mode replaced by the current view. The DDP wrapper (wrapper.py) uses
 the same two steps, `take` and `repoint`.
@@ -39,6 +40,15 @@ def take(reducer, k, p, view, bucket_view):
     return g
 
 
+def grad_aliases(views):
+    """The buckets' memory as plain tensors (not autograd views of the flat bucket), for
+    bucket-view mode's .grad: libtorch's C++ optimizers (and gotch's) call detach_() on a
+    .grad before zeroing it, which autograd refuses on a view; torch DDP's Python optimizer
+    avoids the call, its C++ one cannot."""
+    return [torch.empty(0, dtype=v.dtype, device=v.device).set_(v.untyped_storage(), v.storage_offset(), v.shape,
+                                                                v.stride()) for v in views]
+
+
 def repoint(params, old, new):
     """After the buckets were laid out anew: each .grad that was an old view becomes the new one."""
     for p, prev, view in zip(params, old, new):
@@ -65,7 +75,7 @@ class Attachment:
         self.reducer, self.params, self.bucket_view = reducer, params, bool(bucket_view)
         self.error = None
         self._queued = False
-        self._views, self._generation = reducer.grads(), reducer.generation
+        self._views, self._generation = self._grads(), reducer.generation
         if self.bucket_view:
             for p, v in zip(params, self._views):
                 if p.grad is not None:
@@ -73,6 +83,10 @@ class Attachment:
                     p.grad = v
         me = weakref.ref(self)  # the parameters hold the hooks; the hooks must not hold us
         self._hooks = [p.register_post_accumulate_grad_hook(_hook(me, k)) for k, p in enumerate(params)]
+
+    def _grads(self):
+        views = self.reducer.grads()
+        return grad_aliases(views) if self.bucket_view else views
 
     def _ready(self, k, p):
         if not self._queued:
@@ -89,7 +103,7 @@ class Attachment:
             self.error = exc
             raise
         if r.generation != self._generation:
-            old, self._views, self._generation = self._views, r.grads(), r.generation
+            old, self._views, self._generation = self._views, self._grads(), r.generation
             repoint(self.params, old, self._views)
         if not self.bucket_view:
             for p, v in zip(self.params, self._views):
