@@ -96,3 +96,14 @@ def test_build_failures_name_the_cause(tmp_path, monkeypatch, capsys):
     (tmp_path / "file").write_text("")
     assert cli.main(["build", "--prefix", str(tmp_path / "file")]) == 1  # a file, not a folder
     assert f"pybridge-capi: cannot write under {tmp_path / 'file'}" in capsys.readouterr().err
+
+
+def test_torch_cflags_without_headers_says_so(monkeypatch, capsys):
+    """A torch installed without its C++ headers: --torch-cflags names the folder and exits 1
+    rather than printing flags that fail in the compiler."""
+    from torch.utils import cpp_extension
+    assert cli.main(["--torch-cflags"]) == 0 and "-I" in capsys.readouterr().out
+    monkeypatch.setattr(cpp_extension, "include_paths", lambda *a, **k: ["/nonexistent/torch/include"])
+    assert cli.main(["--torch-cflags"]) == 1
+    err = capsys.readouterr().err
+    assert "has no C++ headers" in err and "/nonexistent/torch/include" in err

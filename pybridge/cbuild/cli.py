@@ -84,6 +84,19 @@ def torch_flags():
     return " ".join(cflags), " ".join(libs)
 
 
+def torch_headers_missing():
+    """Why C++ cannot be compiled against the installed torch (its headers are not there),
+    or None."""
+    import torch
+    from torch.utils import cpp_extension
+    want = os.path.join("ATen", "ATen.h")
+    if any(os.path.exists(os.path.join(p, want)) for p in cpp_extension.include_paths()):
+        return None
+    return (f"the torch at {os.path.dirname(torch.__file__)} has no C++ headers ({want} is not under "
+            f"{', '.join(cpp_extension.include_paths())}): install a torch wheel that ships them (pip's do) "
+            "to compile C++ against its libtorch; tensors by handle need no headers in pybridge itself")
+
+
 def pc_variables(path):
     """A .pc file's variables, ${name} references expanded."""
     values = {}
@@ -156,6 +169,10 @@ def main(argv=None):
     if opts.torch_cflags or opts.torch_libs:
         if opts.command or opts.cflags or opts.libs or opts.pkg_config_path or opts.go_dir:
             parser.error("--torch-cflags and --torch-libs go on their own")
+        missing = torch_headers_missing() if opts.torch_cflags else None
+        if missing:
+            print(f"pybridge-capi: {missing}", file=sys.stderr)
+            return 1
         cflags, libs = torch_flags()
         print(" ".join(f for f, wanted in ((cflags, opts.torch_cflags), (libs, opts.torch_libs)) if wanted))
         return 0
