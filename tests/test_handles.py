@@ -99,7 +99,8 @@ def collectives_by_handle(rank, world, device="cpu"):
     for what, d in [("null", ffi.new("pb_tensor *", {"dtype": lib.PB_TORCH_TENSOR})),
                     ("noncontiguous", h(nc)), ("complex", h(torch.zeros(3, dtype=torch.complex64))),
                     ("bool", h(torch.zeros(3, dtype=torch.bool))),
-                    ("sparse", h(torch.zeros(3, 3).to_sparse()))]:
+                    ("sparse", h(torch.zeros(3, 3).to_sparse())),
+                    ("meta", h(torch.zeros(3, device="meta")))]:
         rc = lib.pb_all_reduce(g, d, lib.PB_SUM)
         refused[what] = (rc, _err(ffi, lib))
     assert lib.pb_finalize(g) == 0
@@ -117,6 +118,7 @@ def test_collectives_by_handle(world):
     assert "tensor has dtype torch.complex64, which the collectives do not reduce" in refused["complex"][1]
     assert "torch.bool" in refused["bool"][1]
     assert "tensor is a sparse tensor" in refused["sparse"][1]
+    assert "tensor is on meta; collectives take host (cpu) or CUDA tensors" in refused["meta"][1]
 
 
 # ---- the reducer attached to a model's parameters ------------------------------------------
@@ -366,3 +368,44 @@ def test_join_with_an_attached_reducer():
     (worst, root, shadowed0), (_, root1, shadowed1) = run_ranks(uneven_inputs, 2, timeout=90)
     assert worst < 1e-6
     assert root == root1 == 0 and shadowed0 == 0 and shadowed1 == 2
+
+
+def state_by_handle(rank, world):
+    """pb_state_commit / restore / sync with the parameters named by handle and an attached
+    reducer (elastic training's state): the rollback writes libtorch's memory in place, the
+    sync gives every rank rank 0's commit, and the attached reducer keeps reducing after."""
+    import torch
+    ffi, lib = load()
+    g = _init(ffi, lib)
+    model = _model(seed=rank)  # different on each rank until the sync
+    params = list(model.parameters())
+    h = Handles(ffi, lib)
+    rp = ffi.new("pb_reducer **")
+    assert lib.pb_reducer_attach(g, len(params), h.array(params), _options(ffi, lib, "allreduce", 0), rp) == 0
+    keep = [ffi.new("char[]", f"p{i}".encode()) for i in range(len(params))]  # a reference each (cffi)
+    names = ffi.new("char *[]", keep)
+    sp, step = ffi.new("pb_state **"), ffi.new("int64_t *")
+    assert lib.pb_state_create(sp) == 0
+    committed = [p.detach().clone() for p in params]
+    assert lib.pb_state_commit(sp[0], 3, len(params), names, h.array(params), ffi.NULL, rp[0]) == 0, _err(ffi, lib)
+    with torch.no_grad():
+        for p in params:
+            p.add_(1.0)
+    assert lib.pb_state_restore(sp[0], len(params), names, h.array(params), ffi.NULL, rp[0], step) == 0, _err(ffi, lib)
+    restored = step[0] == 3 and all(torch.equal(p.detach(), c) for p, c in zip(params, committed))
+    assert lib.pb_state_sync(sp[0], g, 0, len(params), names, h.array(params), ffi.NULL, rp[0], step) == 0, _err(ffi, lib)
+    x, _ = _data(world)
+    model(x[0][6 * rank:6 * rank + 6]).sum().backward()
+    assert lib.pb_reducer_wait(rp[0], 0) == 0, _err(ffi, lib)
+    assert lib.pb_state_close(sp[0]) == 0 and lib.pb_reducer_close(rp[0]) == 0
+    assert lib.pb_finalize(g) == 0
+    # Plain lists: tensors sent back through multiprocessing's queue would travel as shared
+    # memory that the exiting rank no longer serves.
+    return restored, [p.tolist() for p in params], [p.grad.tolist() for p in params]
+
+
+def test_elastic_state_by_handle_with_an_attached_reducer():
+    (restored0, params0, grads0), (restored1, params1, grads1) = run_ranks(state_by_handle, 2, timeout=90)
+    assert restored0 and restored1
+    assert params0 == params1  # rank 0's commit everywhere
+    assert grads0 == grads1  # then reduced together
