@@ -92,10 +92,12 @@ go-lint: setup
 
 # The package timeout is a hang guard for the whole test binary: generous, because under
 # `make test` the Go tests share the 2 cores with pytest. Each multi-rank test has its own deadline.
+# examples/gotorch's Go tests run in tests/test_gotorch.py, right after it builds the trainer
+# (Go's build cache then has the C++ model compiled: compiling it twice at once, here and
+# there, cost ~20 s of the suite's 2 cores).
 go-test: setup
 	cd go && $(GO) test -count=1 -timeout 600s ./...
 	cd examples/mnist && $(GO) test -count=1 -timeout 120s ./...
-	cd examples/gotorch && $(TORCH_CGO) $(GO) test -count=1 -timeout 120s ./...
 
 # The main job: MNIST shards (synthetic digits, or the real set with MNIST_DIR=folder of
 # IDX files), the Go trainer, and NPROC ranks of it under pybridge-launch.

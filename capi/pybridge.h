@@ -719,10 +719,13 @@ int pb_reducer_join(pb_reducer *reducer, int32_t *root, int64_t *shadowed);
  * bucket and back (nothing to rebind after the optimizer's zero_grad sets it to None);
  * with PB_REDUCER_BUCKET_VIEW in options->flags each .grad becomes a view of the bucket, and
  * is made one again when the optimizer set it to None or the buckets were rebuilt.
- * Every other setting of *options applies (hooks, gossip, join, caps). A failed
- * reduction fails backward itself (libtorch throws, with pybridge's message); the next
- * pb_reducer_wait returns its status (PB_ERR_TIMEOUT, PB_ERR_COMM, PB_ERR_MEMBERSHIP) and
- * otherwise returns PB_OK at once. pb_reducer_join, pb_reducer_grad, pb_state_* and the
+ * Every other setting of *options applies (hooks, gossip, join, caps). Call
+ * pb_reducer_wait(reducer, 0) after each backward: PB_OK at once, or the status of a
+ * reduction that failed (PB_ERR_TIMEOUT, PB_ERR_COMM, PB_ERR_MEMBERSHIP: a peer lost in an
+ * elastic world, then pb_state_reset). A bucket that cannot start fails backward itself
+ * (libtorch throws, with pybridge's message); a failure seen when backward ends does not
+ * throw (Python's error state would be left on the calling thread) but is kept: a program
+ * that does not ask has its next backward fail with it. pb_reducer_join, pb_reducer_grad, pb_state_* and the
  * elastic reset work as for pb_reducer_create; pb_reducer_close removes the hooks and gives
  * each parameter a .grad of its own. The reducer holds references to the parameters.
  * COLLECTIVE, as pb_reducer_create (the ranks compare parameters and settings).

@@ -267,10 +267,11 @@ func reducerConfigOf(op string, opts []ReducerOption) (reducerConfig, error) {
 //
 // By default each grad stays the program's own tensor, copied into its bucket
 // and back (torch DDP's default); WithGradAsBucketView makes each grad a view of
-// its bucket (nothing copied). A reduction that fails makes backward fail with
-// pybridge's message (gotch returns it as an error), and the next Wait returns
-// it as a *pybridge.Error (ErrTimeout, ErrComm, ErrMembership); Wait returns nil
-// otherwise. Join, GradTensor and the elastic reset work as for NewReducer;
+// its bucket (nothing copied). Call Wait(0) after each backward: nil at once,
+// or the failure of the reduction as a *pybridge.Error (ErrTimeout, ErrComm,
+// ErrMembership). A bucket that cannot start fails backward itself (gotch
+// returns pybridge's message as an error); a failure seen as backward ends is
+// kept for Wait, and the next backward fails with it if nobody asked. Join, GradTensor and the elastic reset work as for NewReducer;
 // Close removes the hooks and gives each parameter a grad of its own. The
 // library holds references to the parameters, so the program's handles may be
 // freed while the reducer lives.

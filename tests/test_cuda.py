@@ -338,9 +338,8 @@ def _build_gotorch(tmp_path_factory):
 def test_go_device_tensors_on_one_gpu():
     """go/cuda_test.go's TestCUDATensors (skipped there without CUDA), run here where a GPU is."""
     import subprocess
-    from gobuild import GO, ROOT
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
-           "PKG_CONFIG_PATH": os.path.join(ROOT, "build"), "PB_TEST_CUDA": "1"}
+    from gobuild import GO, ROOT, go_env
+    env = go_env({"PB_TEST_CUDA": "1"})
     if os.environ.get("PB_GO_TEST_BIN"):  # `go test -c` output, built on a machine with Go
         cmd = [os.environ["PB_GO_TEST_BIN"], "-test.count=1", "-test.run", "TestCUDATensors", "-test.v"]
     elif os.path.exists(GO):

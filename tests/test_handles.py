@@ -89,6 +89,20 @@ def collectives_by_handle(rank, world, device="cpu"):
             break
         time.sleep(0.01)
     assert uses(z.untyped_storage()._cdata) == before
+    # all_gather, reduce_scatter and point-to-point messages by handle.
+    mine = torch.full((3,), float(rank))
+    everyone = torch.zeros(3 * world)
+    assert lib.pb_all_gather(g, h(mine), h(everyone)) == 0, _err(ffi, lib)
+    assert everyone.tolist() == [float(r) for r in range(world) for _ in range(3)]
+    part = torch.zeros(2, dtype=torch.int64)
+    assert lib.pb_reduce_scatter(g, h(torch.arange(2 * world)), h(part), lib.PB_SUM) == 0, _err(ffi, lib)
+    assert part.tolist() == [world * (2 * rank), world * (2 * rank + 1)]
+    if rank == 0:
+        assert lib.pb_send(g, h(torch.tensor([7.5, 8.5], dtype=torch.float64)), 1, 4) == 0, _err(ffi, lib)
+    elif rank == 1:
+        got = torch.zeros(2, dtype=torch.float64)
+        assert lib.pb_recv(g, h(got), 0, 4) == 0, _err(ffi, lib)
+        assert got.tolist() == [7.5, 8.5]
     # BroadcastParams over handles of mixed dtypes.
     ps = [torch.full((5,), float(rank)), torch.full((2, 2), rank, dtype=torch.int64)]
     assert lib.pb_broadcast_params(g, 2, h.array(ps), 0) == 0, _err(ffi, lib)
@@ -316,6 +330,17 @@ def attachment_alone(rank, world):
         assert all(p.grad.data_ptr() == v.data_ptr() and p.grad._base is None for p, v in zip(params, views)), step
         assert all(torch.allclose(p.grad, q.grad) for p, q in zip(params, twins)), step
         generations.append(r.generation)
+    # A reduction that failed at the end of backward is kept for the program to ask about
+    # (pb_reducer_wait); a program that does not ask gets it from its next backward.
+    from pybridge.errors import CommError
+    a.error = CommError("bucket 0: the peer is gone")
+    try:
+        model(torch.randn(5, 8)).sum().backward()
+        raised = ""
+    except RuntimeError as exc:
+        raised = str(exc)
+    assert "bucket 0: the peer is gone" in raised, raised
+    assert isinstance(a.take_error(), CommError) and a.take_error() is None
     a.close()
     r.close()
     assert all(p.grad.data_ptr() != v.data_ptr() for p, v in zip(params, views))

@@ -1,9 +1,10 @@
 """libtorch tensors by handle from plain C++ programs, whose backward runs in libtorch with no
 Python frame above it (the hooks take the interpreter's lock themselves):
 
-- tests/cpp/handles.cpp on 2 and 3 ranks: every dtype exact, float64 broadcast bit-exact,
-  refusals by name (NULL, undefined, non-contiguous, complex, no grad), and an async
-  allreduce that keeps the memory of a tensor the program deleted;
+- tests/cpp/handles.cpp on 3 ranks: every dtype exact, float64 broadcast bit-exact,
+  refusals by name (NULL, undefined, non-contiguous, complex, no grad), an async
+  allreduce that keeps the memory of a tensor the program deleted, and an elastic reset
+  of an attached reducer after a rank is lost;
 - examples/libtorch/train.cpp, the attached reducer in both modes with every hook, 20 steps:
   within 1e-5 of one process on the whole batch (the exact hooks), within 1e-5 of the
   Python twin under torch's DistributedDataParallel with torch's own hooks (allreduce,
@@ -49,17 +50,26 @@ def programs(tmp_path_factory):
 
 
 def launch(nproc, *argv, timeout=120):
-    p = subprocess.run([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", str(nproc), *argv],
+    """pybridge-launch --nproc-per-node NPROC ARGV... (launcher flags may lead ARGV)."""
+    flags = [a for a in argv[:1] if a.startswith("--")]
+    p = subprocess.run([sys.executable, "-m", "pybridge.launch", *flags, "--nproc-per-node", str(nproc),
+                        *argv[len(flags):]],
                        capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout + p.stderr
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_handles_from_cpp(programs, world):
-    rc, out = launch(world, programs["handles"])
+def test_handles_from_cpp_and_an_elastic_reset(programs):
+    """3 ranks under pybridge-launch --elastic: the checks, then rank 2 dies mid-training and
+    the survivors reset the attached reducer onto the 2-rank world and go on."""
+    rc, out = launch(3, "--elastic", programs["handles"], "--elastic")
     assert rc == 0, out
-    assert out.count("handles: 0 failed checks") == world, out
-    assert out.count("\nok ") >= 17 * world
+    assert "worker node0-slot2-0 (local rank 2) was killed by signal SIGKILL" in out, out
+    assert out.count("handles: 0 failed checks") == 2, out
+    for check in ("ok elastic: pb_reducer_wait said PB_ERR_MEMBERSHIP, naming the lost rank",
+                  "ok elastic: one reset onto the smaller world",
+                  "ok elastic: every gradient the average over the world of its step"):
+        assert out.count(check) == 2, (check, out)
+    assert out.count("\nok ") >= 2 * 20
 
 
 def formula(rows, cols, a, b, c, scale):

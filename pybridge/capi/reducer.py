@@ -233,10 +233,10 @@ def pb_reducer_wait(reducer, timeout):
     c = _get(reducer)
     r = c.reducer
     if c.attachment is not None:  # backward finished the reduction; say how it went
-        r.grads()  # raises Closed for a closed reducer
         err = c.attachment.take_error()
         if err is not None:
-            raise err
+            raise err  # first: an elastic world's change closes the reducer's group with it
+        r.grads()  # raises Closed for a closed reducer
         return
     before, flats = r.generation, [b.flat for b in r.buckets]
     try:

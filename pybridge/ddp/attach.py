@@ -59,7 +59,8 @@ def repoint(params, old, new):
 class Attachment:
     """Hooks on `params` (leaf tensors that require grad, the reducer's parameters in its
     order) that drive `reducer` from autograd. `error` keeps the failure of the last
-    reduction (it also fails backward) for callers that ask afterwards."""
+    reduction until take_error() collects it; a hook that fails to start a bucket fails
+    backward at once, a failed wait at the end of backward fails the next backward."""
 
     def __init__(self, reducer, params, *, bucket_view=False):
         params = list(params)
@@ -89,10 +90,16 @@ class Attachment:
         return grad_aliases(views) if self.bucket_view else views
 
     def _ready(self, k, p):
+        if self.error is not None:  # the last reduction failed and nobody asked: stop here
+            raise self.error
         if not self._queued:
             self._queued = True
             _engine.queue_callback(self._end_of_backward)
-        take(self.reducer, k, p, self._views[k], self.bucket_view)
+        try:
+            take(self.reducer, k, p, self._views[k], self.bucket_view)
+        except PyBridgeError as exc:  # a bucket's launch failed (a peer lost): backward stops here
+            self.error, self._queued = exc, False
+            raise
 
     def _end_of_backward(self):
         self._queued = False
@@ -100,8 +107,13 @@ class Attachment:
         try:
             r.wait()
         except PyBridgeError as exc:
+            # Kept for take_error(), not raised: an exception from an autograd engine's final
+            # callback leaves Python's error indicator set on the thread state of a C or Go
+            # caller (libtorch's engine does not fetch it there, cffi keeps that thread state),
+            # and the caller's next call into the library would fail on it. Raised from the
+            # hooks instead (a path libtorch cleans up), at the next backward.
             self.error = exc
-            raise
+            return
         if r.generation != self._generation:
             old, self._views, self._generation = self._views, self._grads(), r.generation
             repoint(self.params, old, self._views)

@@ -6,10 +6,18 @@
 //     complex one, a parameter that does not require grad;
 //   - an asynchronous allreduce keeps its tensor's memory alive after the program deleted
 //     its at::Tensor (the library's reference), and lets go of it when the work is closed.
+//   - with --elastic (under pybridge-launch --elastic, 3 ranks): a reducer attached to a
+//     parameter by handle, its state committed every step; the last rank SIGKILLs itself,
+//     and on the survivors pb_reducer_wait after backward says PB_ERR_MEMBERSHIP, naming the
+//     lost rank; pb_state_reset puts the same attached reducer on the new world and backward
+//     averages over it from then on.
 // Prints "ok <what>" per check and "handles: N failed checks" at the end (exit 1 if N > 0).
 
 #include <ATen/ATen.h>
 #include <pybridge.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <csignal>
 
 #include <chrono>
 #include <cstdio>
@@ -36,10 +44,69 @@ static void refused(pb_group *g, at::Tensor *t, const std::string &what, const s
   check(rc == PB_ERR_INVALID_ARGUMENT && msg.find(words) != std::string::npos, "refused " + what, msg);
 }
 
-int main() {
+// The elastic phase: returns after the survivors trained on the smaller world (the rank that
+// dies never returns).
+static void elastic(pb_group *&g, int32_t rank, int32_t world) {
+  at::Tensor w = at::ones({4}).set_requires_grad(true);
+  pb_tensor dw = handle(&w);
+  const char *names[] = {"w"};
+  pb_state *state = nullptr;
+  pb_reducer *r = nullptr;
+  int64_t step = 0;
+  check(pb_state_create(&state) == PB_OK && pb_reducer_attach(g, 1, &dw, nullptr, &r) == PB_OK &&
+            pb_state_sync(state, g, 0, 1, names, &dw, nullptr, r, &step) == PB_OK,
+        "elastic: attached and synced", pb_last_error());
+  int resets = 0, lost = 0, wrong = 0;
+  for (int attempts = 0; step < 6 && attempts < 20; attempts++) {
+    if (rank == world - 1 && step == 3) raise(SIGKILL);  // lost mid-training
+    int32_t me = 0, size = 0;
+    pb_rank(g, &me);
+    pb_size(g, &size);
+    w.mutable_grad().reset();
+    bool threw = false;
+    try {
+      (w * static_cast<double>(me + 1)).sum().backward();  // gradient me + 1: the average is (size + 1) / 2
+    } catch (const std::exception &e) {  // a bucket that could not start fails backward itself
+      threw = true;
+    }
+    int status = pb_reducer_wait(r, 0);  // how the reduction went: PB_OK, or the peer that was lost
+    if (threw && status == PB_OK) status = PB_ERR_INTERNAL;  // backward failed, and no status says why
+    if (status == PB_ERR_MEMBERSHIP) {
+      lost += std::string(pb_last_error()).find("lost") != std::string::npos;
+      while ((status = pb_state_reset(state, 1, names, &dw, nullptr, r, &g, &step)) == PB_ERR_MEMBERSHIP) {
+      }
+      check(status == PB_OK, "elastic: pb_state_reset with the attached reducer", pb_last_error());
+      resets++;
+      continue;
+    }
+    if (status != PB_OK) {
+      check(false, "elastic: a step", pb_last_error());
+      return;
+    }
+    wrong += !at::allclose(w.grad(), at::full({4}, (size + 1) / 2.0));
+    {
+      torch::autograd::AutoGradMode no_grad(false);
+      w.add_(w.grad(), -0.1);
+    }
+    step++;
+    pb_state_commit(state, step, 1, names, &dw, nullptr, r);
+  }
+  int32_t size = 0;
+  pb_size(g, &size);
+  check(resets == 1 && size == world - 1, "elastic: one reset onto the smaller world");
+  check(lost == 1, "elastic: pb_reducer_wait said PB_ERR_MEMBERSHIP, naming the lost rank");
+  check(wrong == 0 && step == 6, "elastic: every gradient the average over the world of its step");
+  pb_reducer_close(r);
+  pb_state_close(state);
+  pb_elastic_finish(g);
+}
+
+int main(int argc, char **argv) {
+  bool elastic_phase = argc > 1 && std::string(argv[1]) == "--elastic";
   pb_group *g = nullptr;
-  if (pb_init(nullptr, "gloo", -1, -1, -1, 60.0, &g) != PB_OK) {
-    std::printf("pb_init: %s\n", pb_last_error());
+  int rc0 = elastic_phase ? pb_elastic_init("gloo", nullptr, 20.0, &g) : pb_init(nullptr, "gloo", -1, -1, -1, 60.0, &g);
+  if (rc0 != PB_OK) {
+    std::printf("init: %s\n", pb_last_error());
     return 1;
   }
   int32_t rank = 0, world = 0;
@@ -106,6 +173,7 @@ int main() {
   }
   check(released, "async: released once the work is closed");
 
+  if (elastic_phase) elastic(g, rank, world);
   pb_finalize(g);
   std::printf("handles: %d failed checks\n", failed);
   return failed == 0 ? 0 : 1;
