@@ -56,16 +56,13 @@ def go_test_binary():
 
 
 def gotorch_binary():
-    """examples/gotorch's Go code in a copy without mlp.cpp, linked against a libgotorch_mlp.so
+    """examples/gotorch's Go code in a copy without model/mlp.cpp, linked against a libgotorch_mlp.so
     (built here from mlp.cpp only to link against; the GPU machine builds its own)."""
     from pybridge.cbuild.cli import torch_flags
     src = os.path.join(ROOT, "build", "gpu-src", "gotorch")
     shutil.rmtree(src, ignore_errors=True)
-    os.makedirs(src)
     example = os.path.join(ROOT, "examples", "gotorch")
-    for name in os.listdir(example):
-        if name.endswith(".go") and not name.endswith("_test.go") or name == "mlp.h":
-            shutil.copy(os.path.join(example, name), src)
+    shutil.copytree(example, src, ignore=lambda d, names: [n for n in names if n == "mlp.cpp" or n.endswith("_test.go")])
     with open(os.path.join(example, "go.mod")) as f:
         mod = f.read().replace("=> ../mnist", f"=> {ROOT}/examples/mnist").replace("=> ../../go", f"=> {ROOT}/go")
     with open(os.path.join(src, "go.mod"), "w") as f:
@@ -73,7 +70,7 @@ def gotorch_binary():
     cflags, libs = torch_flags()
     say("building libgotorch_mlp.so (to link against) and the gotorch binary")
     subprocess.run(["g++", "-std=c++17", "-O2", "-shared", "-fPIC", "-w", *cflags.split(),
-                    os.path.join(example, "mlp.cpp"), "-o", os.path.join(src, "libgotorch_mlp.so"), *libs.split()],
+                    os.path.join(example, "model", "mlp.cpp"), "-o", os.path.join(src, "libgotorch_mlp.so"), *libs.split()],
                    check=True, timeout=600)
     go, env = go_env()
     env.update(CGO_CXXFLAGS=cflags, CGO_LDFLAGS=f"{libs} -L{src} -lgotorch_mlp")

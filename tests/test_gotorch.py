@@ -48,12 +48,14 @@ def gotorch(tmp_path_factory):
 
 
 def test_model_go_tests(gotorch):
-    """examples/gotorch's own Go tests (the C++ model alone), run here rather than in `make
-    go-test`: after the trainer's build, Go's cache holds the compiled model."""
+    """examples/gotorch/model's Go tests (the C++ model alone), run here rather than in `make
+    go-test`: after the trainer's build Go's cache holds the compiled model, which external
+    tests (package model_test) reuse (a test in package main would compile the C++ again)."""
     from gobuild import GO, go_env
-    p = subprocess.run([GO, "test", "-count=1", "-timeout", "120s", "."], cwd=GOTORCH, env=go_env(torch_cgo_env()),
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and p.stdout.startswith("ok"), p.stdout + p.stderr
+    p = subprocess.run([GO, "test", "-count=1", "-timeout", "120s", "./..."], cwd=GOTORCH,
+                       env=go_env(torch_cgo_env()), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "ok  \tgithub.com/pybridge/pybridge/examples/gotorch/model" in p.stdout, \
+        p.stdout + p.stderr
 
 
 def torch_init(seed):

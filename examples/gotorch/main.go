@@ -24,6 +24,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/pybridge/pybridge/examples/gotorch/model"
 	"github.com/pybridge/pybridge/examples/mnist/mnistdata"
 	pybridge "github.com/pybridge/pybridge/go"
 )
@@ -108,7 +109,7 @@ func main() {
 // trainer holds one rank's state.
 type trainer struct {
 	host                  *pybridge.Group // the world, or its gloo copy under nccl: for host memory
-	model                 *Model
+	model                 *model.Model
 	reducer               *pybridge.Reducer // attached to the parameters (or, with --no-overlap, driven after backward)
 	check                 bool              // verify after every step that the gradients are the buckets' memory
 	overlap               bool              // the reducer is attached: autograd marks gradients ready
@@ -139,15 +140,15 @@ func run(opts options) error {
 		return err
 	}
 
-	model, err := NewModel(hidden, opts.Seed, g.Device()) // libtorch memory on this rank's GPU under nccl
+	net, err := model.NewModel(hidden, opts.Seed, g.Device()) // libtorch memory on this rank's GPU under nccl
 	if err != nil {
 		return err
 	}
-	defer model.Close()
-	t := &trainer{host: host, model: model, check: opts.checkInPlace, overlap: !opts.noOverlap, timed: opts.timing}
-	params := make([]pybridge.TensorSource, model.NumParams())
+	defer net.Close()
+	t := &trainer{host: host, model: net, check: opts.checkInPlace, overlap: !opts.noOverlap, timed: opts.timing}
+	params := make([]pybridge.TensorSource, net.NumParams())
 	for i := range params {
-		if params[i], err = model.ParamHandle(i); err != nil {
+		if params[i], err = net.ParamHandle(i); err != nil {
 			return err
 		}
 	}
@@ -168,7 +169,7 @@ func run(opts options) error {
 	if t.overlap {
 		t.reducer, err = pybridge.AttachReducer(g, params, reduceOpts...)
 	} else {
-		t.reducer, err = newUnattached(g, model, reduceOpts)
+		t.reducer, err = newUnattached(g, net, reduceOpts)
 	}
 	if err != nil {
 		return err
@@ -237,10 +238,10 @@ func run(opts options) error {
 // newUnattached makes the reducer of --no-overlap: not attached to the
 // parameters; after backward the step binds the gradients (by handle) and marks
 // them all ready at once.
-func newUnattached(g *pybridge.Group, model *Model, opts []pybridge.ReducerOption) (*pybridge.Reducer, error) {
-	specs := make([]pybridge.ParamSpec, model.NumParams())
+func newUnattached(g *pybridge.Group, net *model.Model, opts []pybridge.ReducerOption) (*pybridge.Reducer, error) {
+	specs := make([]pybridge.ParamSpec, net.NumParams())
 	for i := range specs {
-		_, n, shape, err := model.Param(i)
+		_, n, shape, err := net.Param(i)
 		if err != nil {
 			return nil, err
 		}
@@ -278,7 +279,7 @@ func (t *trainer) step(b *pybridge.Batch, lr, momentum float32) (float32, error)
 	if err := t.reducer.Wait(0); err != nil { // attached: PB_OK at once, or the reduction's error
 		return 0, err
 	}
-	if t.timed && t.model.device != pybridge.CPU { // CUDA returns before the reduction ends
+	if t.timed && t.model.Device() != pybridge.CPU { // CUDA returns before the reduction ends
 		if err := t.model.Synchronize(); err != nil {
 			return 0, err
 		}

@@ -1,4 +1,7 @@
-package main
+// Package model is the GoTorch-style trainer's model: the MNIST MLP held by libtorch
+// (mlp.cpp, through the C interface mlp.h), reached from Go with cgo. It knows nothing of
+// pybridge beyond handing out its tensors as pybridge.TorchTensor handles.
+package model
 
 /*
 #cgo CXXFLAGS: -std=c++20 -D_GLIBCXX_USE_CXX11_ABI=1 -O2
@@ -13,6 +16,7 @@ import (
 	"runtime"
 	"unsafe"
 
+	"github.com/pybridge/pybridge/examples/mnist/mnistdata"
 	pybridge "github.com/pybridge/pybridge/go"
 )
 
@@ -41,7 +45,7 @@ func call(op string, f func() C.int) error {
 func NewModel(hidden int, seed int64, device int) (*Model, error) {
 	var m *C.mlp
 	if err := call("NewModel", func() C.int {
-		return C.mlp_new(C.int32_t(imageSize), C.int32_t(hidden), C.int32_t(numClasses), C.int64_t(seed),
+		return C.mlp_new(C.int32_t(mnistdata.ImageSize), C.int32_t(hidden), C.int32_t(mnistdata.NumClasses), C.int64_t(seed),
 			C.int32_t(device), &m)
 	}); err != nil {
 		return nil, err
@@ -59,6 +63,9 @@ func (md *Model) Close() {
 
 // NumParams is 4: w1, b1, w2, b2.
 func (md *Model) NumParams() int { return int(C.mlp_nparams(md.m)) }
+
+// Device is where the model lives: pybridge.CPU or a CUDA device index.
+func (md *Model) Device() int { return md.device }
 
 // Param returns parameter i's memory (libtorch's), element count and shape.
 func (md *Model) Param(i int) (unsafe.Pointer, int, []int, error) {
@@ -148,7 +155,7 @@ func (md *Model) ZeroGrad() error {
 // forward and backward; it returns the mean loss and the right predictions.
 func (md *Model) ForwardBackward(pixels, labels []byte) (float32, int, error) {
 	n := len(labels)
-	if n == 0 || len(pixels) != n*imageSize {
+	if n == 0 || len(pixels) != n*mnistdata.ImageSize {
 		return 0, 0, errors.New("ForwardBackward: empty batch or pixels of the wrong size")
 	}
 	var loss C.float

@@ -1,20 +1,22 @@
-package main
+package model_test
 
 import (
 	"fmt"
+	"github.com/pybridge/pybridge/examples/gotorch/model"
+	"github.com/pybridge/pybridge/examples/mnist/mnistdata"
 	"strings"
 	"sync"
 	"testing"
 )
 
 func batch(n int) (pixels, labels []byte) {
-	pixels = make([]byte, n*imageSize)
+	pixels = make([]byte, n*mnistdata.ImageSize)
 	labels = make([]byte, n)
 	for i := range pixels {
 		pixels[i] = byte(i * 7 % 251)
 	}
 	for i := range labels {
-		labels[i] = byte(i % numClasses)
+		labels[i] = byte(i % mnistdata.NumClasses)
 	}
 	return pixels, labels
 }
@@ -22,7 +24,7 @@ func batch(n int) (pixels, labels []byte) {
 // Backward gives every parameter a gradient; ZeroGrad drops them (set to none, as
 // libtorch's optimizers do), and a second backward makes fresh ones.
 func TestBackwardMakesGradientsAndZeroGradDropsThem(t *testing.T) {
-	m, err := NewModel(16, 1, -1)
+	m, err := model.NewModel(16, 1, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +54,7 @@ func TestBackwardMakesGradientsAndZeroGradDropsThem(t *testing.T) {
 }
 
 func TestBadIndexIsReported(t *testing.T) {
-	m, err := NewModel(8, 1, -1)
+	m, err := model.NewModel(8, 1, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +68,7 @@ func TestBadIndexIsReported(t *testing.T) {
 // index, must each get their own message (CI once saw an empty one: the goroutine had
 // moved to another thread between the failing call and the read).
 func TestConcurrentFailuresKeepTheirOwnMessages(t *testing.T) {
-	m, err := NewModel(8, 1, -1)
+	m, err := model.NewModel(8, 1, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
