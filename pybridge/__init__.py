@@ -42,6 +42,7 @@ _EXPORTS = {
     "comm.subgroups": ("node_groups", "split"),
     "ddp.reducer": ("Reducer",),
     "comm.params": ("broadcast_parameters",),
+    "base.jobenv": ("env",),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 

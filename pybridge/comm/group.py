@@ -23,6 +23,7 @@ from . import streams as _streams
 from . import roster as _roster
 from . import watchdog as _watchdog
 from ..base.checks import index, positive_seconds
+from ..base import jobenv
 from ..errors import AlreadyInitialized, Closed, InvalidArgument, NotInitialized, PyBridgeError, Timeout, classify
 
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds rendezvous and every collective
@@ -354,19 +355,24 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
     with _lock:
         if _current is not None or dist.is_initialized():
             raise AlreadyInitialized("process group is already initialized; call finalize() first")
-        rank = env_int("RANK") if rank is None or rank < 0 else rank
-        world_size = env_int("WORLD_SIZE") if world_size is None or world_size < 0 else world_size
+        job = jobenv.detect()  # the launcher's variables, else srun's or mpirun's
+        rank = job.rank if rank is None or rank < 0 else rank
+        world_size = job.world_size if world_size is None or world_size < 0 else world_size
         if rank is None or world_size is None:
             raise InvalidArgument("rank and world size are unknown: set RANK and WORLD_SIZE "
-                                  "(pybridge-launch and torchrun do) or pass them explicitly")
+                                  "(pybridge-launch and torchrun do), start the ranks with srun or mpirun, "
+                                  "or pass them explicitly")
         if world_size < 1 or not 0 <= rank < world_size:
             raise InvalidArgument(f"rank {rank} is not within world size {world_size}")
         if local_rank is None or local_rank < 0:
-            local_rank = env_int("LOCAL_RANK")
-            local_rank = rank if local_rank is None else local_rank
+            local_rank = rank if job.local_rank is None else job.local_rank
         timeout = positive_seconds("timeout", timeout)
         backend = pick_backend(backend)
-        method = _rendezvous(init_method, master_addr, master_port) if store is None else None
+        method = None
+        if store is None and init_method is None and master_addr is None and master_port is None:
+            method = jobenv.rendezvous_method(job)  # srun, mpirun: the address they imply
+        if store is None and method is None:
+            method = _rendezvous(init_method, master_addr, master_port)
         if backend == "nccl":
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
         checked = _checked_setting(checked)

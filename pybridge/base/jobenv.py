@@ -1,0 +1,191 @@
+"""Who this process is in its job, and where the job meets: the one rule for Python, C and Go.
+
+From the launcher's variables when they are there (pybridge-launch and torchrun set RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), else from the
+scheduler that started the process, so that `srun` and `mpirun` need no export lines:
+
+  SLURM (srun)          SLURM_PROCID, SLURM_STEP_NUM_TASKS (the step's, not the job's
+                        SLURM_NTASKS, which counts tasks that never start in this step),
+                        SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE; the master is the step's
+                        first node (SLURM_STEP_NODELIST, expanded from "node[01-04,07]"),
+                        its port derived from the job and step ids
+  Open MPI (mpirun)     OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+  MPICH, Intel MPI      PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
+  (Hydra's PMI)
+
+Under MPI the master is loopback when every rank is on one node; across nodes it needs
+MASTER_ADDR (MPI does not say where rank 0 runs), and says so. The port under MPI is
+derived from the job's id (PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid, or Hydra's PMI_PORT), so
+every rank derives the same one. MASTER_ADDR and MASTER_PORT given by hand win everywhere.
+
+A launcher variable beside a scheduler's that disagrees (RANK=1 with SLURM_PROCID=0, say)
+is an error naming both, unless the launcher is torchrun's agent (pybridge-launch under
+srun runs one launcher per node, whose ranks are not srun's tasks). `detect()` reports
+where each value came from (pybridge.env()).
+"""
+
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+
+from ..errors import InvalidArgument
+
+PORT_BASE, PORT_SPAN = 20000, 12000  # derived ports: 20000-31999, below Linux's ephemeral range (32768-)
+
+# name: (rank, world size, local rank, local world size) variables of each scheduler
+SCHEDULERS = {
+    "slurm": ("SLURM_PROCID", ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), "SLURM_LOCALID", None),
+    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    "pmi": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+}
+
+
+@dataclass
+class JobEnv:
+    """This process's place in its job; None where nothing says. `sources` names the variable
+    (or rule) each value came from; `scheduler` is "launcher", "slurm", "openmpi", "pmi" or
+    None (nothing set: a single process, or values passed to init)."""
+    rank: int = None
+    world_size: int = None
+    local_rank: int = None
+    local_world_size: int = None
+    master_addr: str = None
+    master_port: int = None
+    scheduler: str = None
+    sources: dict = field(default_factory=dict)
+
+
+def _int(env, name):
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidArgument(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _first(env, names):
+    """(value, name) of the first of `names` that is set."""
+    for name in (names if isinstance(names, tuple) else (names,)):
+        if name is not None and env.get(name, "") != "":
+            return _int(env, name), name
+    return None, None
+
+
+def expand_nodelist(text):
+    """SLURM's compressed host list as a list: "node[01-03,07],gpu5" -> node01, node02,
+    node03, node07, gpu5 (zero padding kept)."""
+    hosts = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text or ""):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not m:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                raise InvalidArgument(f"SLURM node list {text!r}: cannot read the range {r!r}")
+            for n in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{prefix}{n:0{len(lo)}d}{suffix}")
+    return hosts
+
+
+def _derived_port(key):
+    return PORT_BASE + zlib.crc32(key.encode()) % PORT_SPAN
+
+
+def _scheduler_values(env):
+    """(scheduler, {value: (int, variable)}) of the first scheduler whose rank is set."""
+    for name, (rank_v, size_v, local_v, local_size_v) in SCHEDULERS.items():
+        rank, rank_name = _first(env, rank_v)
+        if rank is None:
+            continue
+        values = {"rank": (rank, rank_name), "world_size": _first(env, size_v),
+                  "local_rank": _first(env, local_v), "local_world_size": _first(env, local_size_v)}
+        return name, values
+    return None, {}
+
+
+def _slurm_master(env):
+    nodes_var = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
+    nodes = expand_nodelist(env.get(nodes_var, ""))
+    job = env.get("SLURM_JOB_ID", "")
+    step = env.get("SLURM_STEP_ID", "0")
+    addr = (nodes[0], f"the first node of {nodes_var}") if nodes else (None, None)
+    port = (_derived_port(f"slurm:{job}.{step}"), "derived from SLURM_JOB_ID and SLURM_STEP_ID") if job \
+        else (None, None)
+    return addr, port
+
+
+def _mpi_master(env, scheduler, world, local_world):
+    key = next((f"{v}={env[v]}" for v in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "PMI_PORT",
+                                          "OMPI_MCA_orte_hnp_uri") if env.get(v)), None)
+    port = (_derived_port(f"{scheduler}:{key}"), f"derived from {key.split('=')[0]}") if key else (None, None)
+    if world is not None and local_world is not None and local_world == world:
+        return ("127.0.0.1", "every rank on this node (loopback)"), port
+    return (None, None), port
+
+
+def detect(environ=None):
+    """This process's JobEnv, from `environ` (default: os.environ)."""
+    env = os.environ if environ is None else environ
+    out = JobEnv()
+    launcher_rank, launcher_size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+    scheduler, values = _scheduler_values(env)
+    agent = bool(env.get("TORCHELASTIC_RUN_ID") or env.get("GROUP_RANK"))
+    if launcher_rank is not None or launcher_size is not None:
+        out.scheduler = "launcher"
+        if scheduler and not agent:
+            for what, mine in (("rank", (launcher_rank, "RANK")), ("world_size", (launcher_size, "WORLD_SIZE"))):
+                theirs = values.get(what, (None, None))
+                if mine[0] is not None and theirs[0] is not None and mine[0] != theirs[0]:
+                    raise InvalidArgument(f"{mine[1]}={mine[0]} but {theirs[1]}={theirs[0]} ({scheduler}): the "
+                                          f"launcher's variable and the scheduler's disagree; unset {mine[1]} to "
+                                          f"take {scheduler}'s, or start the ranks with one of them")
+        values = {"rank": (launcher_rank, "RANK"), "world_size": (launcher_size, "WORLD_SIZE"),
+                  "local_rank": _first(env, "LOCAL_RANK"), "local_world_size": _first(env, "LOCAL_WORLD_SIZE")}
+    elif scheduler:
+        out.scheduler = scheduler
+    for name, (value, source) in values.items():
+        if value is not None:
+            setattr(out, name, value)
+            out.sources[name] = source
+    addr, port = (None, None), (None, None)
+    if out.scheduler == "slurm":
+        addr, port = _slurm_master(env)
+    elif out.scheduler in ("openmpi", "pmi"):
+        addr, port = _mpi_master(env, out.scheduler, out.world_size, out.local_world_size)
+    if env.get("MASTER_ADDR"):
+        addr = (env["MASTER_ADDR"], "MASTER_ADDR")
+    if env.get("MASTER_PORT"):
+        port = (_int(env, "MASTER_PORT"), "MASTER_PORT")
+    for name, (value, source) in (("master_addr", addr), ("master_port", port)):
+        if value is not None:
+            setattr(out, name, value)
+            out.sources[name] = source
+    return out
+
+
+def env():
+    """Where this process's rank, world size, local rank and rendezvous come from: a JobEnv
+    with each value and its source, as pybridge.init() will read them."""
+    return detect()
+
+
+def rendezvous_method(job):
+    """tcp://ADDR:PORT for a job a scheduler started (no MASTER_* set by hand), or None when
+    the launcher's env:// applies. Raises InvalidArgument saying what to set when a
+    scheduler's job has no address (MPI across nodes)."""
+    if job.scheduler in (None, "launcher"):
+        return None
+    if job.master_addr is None:
+        raise InvalidArgument(f"started by {job.scheduler} across nodes, with no address for rank 0: set "
+                              "MASTER_ADDR to the host of rank 0 (MPI does not say where it runs); on one "
+                              "node it is loopback")
+    if job.master_port is None:
+        raise InvalidArgument(f"started by {job.scheduler} with no job id to derive a port from: set MASTER_PORT")
+    return f"tcp://{job.master_addr}:{job.master_port}"

@@ -1,0 +1,119 @@
+"""Rank, world size and rendezvous from the scheduler that started the process
+(pybridge/base/jobenv.py): SLURM's srun, Open MPI's mpirun, MPICH's and Intel MPI's PMI, with
+the launcher's variables first; and two processes started with only Open MPI's or SLURM's
+variables (no launcher, no export lines) that form a world and reduce."""
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from pybridge.base import jobenv
+from pybridge.errors import InvalidArgument
+
+SLURM = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
+         "SLURM_STEP_NODELIST": "gpu[04-07]", "SLURM_JOB_NODELIST": "gpu[01-07]", "SLURM_JOB_ID": "4242",
+         "SLURM_STEP_ID": "1"}
+OMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMIX_NAMESPACE": "prterun-host-77@1"}
+PMI = {"PMI_RANK": "2", "PMI_SIZE": "3", "MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "3", "PMI_PORT": "host:4711"}
+
+
+def test_nodelists_expand_as_slurm_writes_them():
+    assert jobenv.expand_nodelist("node[01-03,07],gpu5,x[8-10]-ib") == \
+        ["node01", "node02", "node03", "node07", "gpu5", "x8-ib", "x9-ib", "x10-ib"]
+    assert jobenv.expand_nodelist("localhost") == ["localhost"]
+    with pytest.raises(InvalidArgument, match="cannot read the range 'a-b'"):
+        jobenv.expand_nodelist("n[a-b]")
+
+
+def test_slurm_takes_the_steps_counts_and_its_first_node():
+    job = jobenv.detect(SLURM)
+    assert (job.scheduler, job.rank, job.world_size, job.local_rank) == ("slurm", 3, 8, 1)
+    assert job.sources["world_size"] == "SLURM_STEP_NUM_TASKS"  # not the job's 16
+    assert job.master_addr == "gpu04" and job.sources["master_addr"] == "the first node of SLURM_STEP_NODELIST"
+    assert jobenv.PORT_BASE <= job.master_port < jobenv.PORT_BASE + jobenv.PORT_SPAN
+    assert jobenv.detect({**SLURM, "SLURM_STEP_ID": "2"}).master_port != job.master_port  # each step its own
+    assert jobenv.rendezvous_method(job) == f"tcp://gpu04:{job.master_port}"
+    given = jobenv.detect({**SLURM, "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29511"})
+    assert (given.master_addr, given.master_port, given.sources["master_port"]) == ("10.0.0.9", 29511, "MASTER_PORT")
+
+
+def test_mpi_on_one_node_meets_on_loopback_and_across_nodes_asks_for_the_address():
+    job = jobenv.detect({**OMPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+    assert (job.scheduler, job.rank, job.world_size, job.local_rank, job.master_addr) == \
+        ("openmpi", 1, 4, 1, "127.0.0.1")
+    assert job.sources["master_port"] == "derived from PMIX_NAMESPACE"
+    across = jobenv.detect(OMPI)  # 2 of 4 ranks on this node
+    assert across.master_addr is None
+    with pytest.raises(InvalidArgument, match="set MASTER_ADDR to the host of rank 0"):
+        jobenv.rendezvous_method(across)
+    pmi = jobenv.detect(PMI)
+    assert (pmi.scheduler, pmi.rank, pmi.world_size, pmi.master_addr) == ("pmi", 2, 3, "127.0.0.1")
+    with pytest.raises(InvalidArgument, match="set MASTER_PORT"):
+        jobenv.rendezvous_method(jobenv.detect({k: v for k, v in PMI.items() if k != "PMI_PORT"}))
+
+
+def test_the_launcher_wins_and_a_disagreement_is_named():
+    launcher = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "a", "MASTER_PORT": "1234"}
+    job = jobenv.detect(launcher)
+    assert (job.scheduler, job.rank, job.world_size, job.sources["rank"]) == ("launcher", 5, 8, "RANK")
+    assert jobenv.rendezvous_method(job) is None  # env://, as before
+    # pybridge-launch under srun: one launcher per node, its ranks are not srun's tasks
+    agent = jobenv.detect({**SLURM, **launcher, "TORCHELASTIC_RUN_ID": "x"})
+    assert (agent.scheduler, agent.rank) == ("launcher", 5)
+    with pytest.raises(InvalidArgument, match=r"RANK=5 but SLURM_PROCID=3 \(slurm\)"):
+        jobenv.detect({**SLURM, **launcher})
+    assert jobenv.detect({}).scheduler is None
+    with pytest.raises(InvalidArgument, match="OMPI_COMM_WORLD_RANK='x' is not an integer"):
+        jobenv.detect({**OMPI, "OMPI_COMM_WORLD_RANK": "x"})
+
+
+HELLO = """
+import torch, pybridge
+job = pybridge.env()
+g = pybridge.init(backend="gloo", timeout=30)
+x = torch.full((3,), float(g.rank + 1))
+pybridge.all_reduce(x, "sum")
+print("RESULT", job.scheduler, g.rank, g.size, g.local_rank, x.tolist(), flush=True)
+pybridge.finalize()
+"""
+
+
+def _free_derived(prefix, make, rank0):
+    """The job's scheduler variables (from make(key)) whose derived port is free here."""
+    for _ in range(50):
+        env = make(f"{prefix}-{uuid.uuid4().hex}")
+        port = jobenv.detect({**env, **rank0}).master_port
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return env
+            except OSError:
+                continue
+    raise AssertionError("no free derived port in 50 tries")
+
+
+@pytest.mark.parametrize("scheduler", ["openmpi", "slurm"])
+def test_ranks_started_by_a_scheduler_form_a_world_with_no_exports(scheduler):
+    """Two processes with only the scheduler's variables, as mpirun -np 2 or srun -n 2 on one
+    node start them: no RANK, WORLD_SIZE or MASTER_* anywhere."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "SLURM_", "OMPI_", "PMI", "TORCHELASTIC"))}
+    if scheduler == "openmpi":
+        ranks = [{"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": str(r),
+                  "OMPI_COMM_WORLD_LOCAL_SIZE": "2"} for r in range(2)]
+        job = _free_derived("prterun", lambda ns: {"PMIX_NAMESPACE": ns}, ranks[0])
+    else:
+        ranks = [{"SLURM_PROCID": str(r), "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": str(r)} for r in range(2)]
+        job = _free_derived("job", lambda j: {"SLURM_JOB_ID": j, "SLURM_STEP_ID": "0",
+                                              "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "4"}, ranks[0])
+    procs = [subprocess.Popen([sys.executable, "-c", HELLO], env={**base, **job, **r}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in ranks]
+    outs = [p.communicate(timeout=90)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    for r, out in enumerate(outs):
+        assert f"RESULT {scheduler} {r} 2 {r} [3.0, 3.0, 3.0]" in out, out
