@@ -57,14 +57,20 @@ class JobEnv:
     sources: dict = field(default_factory=dict)
 
 
-def _int(env, name):
-    raw = env.get(name)
+def env_int(name, env=None):
+    """An integer environment variable (of `env`, default os.environ), or None when unset
+    or empty; InvalidArgument naming it when it is not an integer."""
+    raw = (os.environ if env is None else env).get(name)
     if raw is None or raw == "":
         return None
     try:
         return int(raw)
     except ValueError:
         raise InvalidArgument(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _int(env, name):
+    return env_int(name, env)
 
 
 def _first(env, names):

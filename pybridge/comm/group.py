@@ -284,15 +284,7 @@ def _within(seconds, what, fn):
     return box["value"]
 
 
-def env_int(name):
-    """An integer environment variable, or None when unset or empty."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidArgument(f"environment variable {name}={raw!r} is not an integer") from None
+env_int = jobenv.env_int  # an integer environment variable, or None (importable from here, as before)
 
 
 def pick_backend(backend):
