@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; _EXPORTS below must name t
     from .comm.subgroups import node_groups, split
     from .ddp.reducer import Reducer
     from .comm.params import broadcast_parameters
+    from .base.jobenv import env
 
 # The names exported here, by the module that defines them. They load on first use (PEP 562):
 # the command-line tools (pybridge-launch, pybridge-capi, pybridge-recordio) import this
