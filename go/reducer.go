@@ -193,15 +193,7 @@ type Reducer struct {
 // settings that differ.
 func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, error) {
 	const op = "NewReducer"
-	gh, err := g.handle(op)
-	if err != nil {
-		return nil, err
-	}
-	c, err := reducerConfigOf(op, opts)
-	if err != nil {
-		return nil, err
-	}
-	n, err := toInt32(op, "parameter count", len(params))
+	gh, c, n, err := reducerArgs(op, g, opts, len(params))
 	if err != nil {
 		return nil, err
 	}
@@ -241,19 +233,25 @@ func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, 
 	return r, nil
 }
 
-// reducerConfigOf applies opts to the defaults.
-func reducerConfigOf(op string, opts []ReducerOption) (reducerConfig, error) {
+// reducerArgs is what NewReducer and AttachReducer begin with: the group's handle,
+// opts applied to the defaults, and the parameter count as C takes it.
+func reducerArgs(op string, g *Group, opts []ReducerOption, nparams int) (*C.pb_group, reducerConfig, C.int32_t, error) {
 	c := reducerConfig{op: Avg, hook: HookAllReduce, hookRank: 1, hookStart: 2}
+	gh, err := g.handle(op)
+	if err != nil {
+		return nil, c, 0, err
+	}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
 		}
 	}
 	if c.badComp != nil {
-		return c, newError(statusInvalidArgument, op, "WithCompression: unknown compression %d; "+
+		return nil, c, 0, newError(statusInvalidArgument, op, "WithCompression: unknown compression %d; "+
 			"use NoCompression, CompressFP16 or CompressBF16 (or WithHook)", int32(*c.badComp))
 	}
-	return c, nil
+	n, err := toInt32(op, "parameter count", nparams)
+	return gh, c, n, err
 }
 
 // AttachReducer attaches a reducer to a libtorch model's parameters, named by
@@ -271,8 +269,9 @@ func reducerConfigOf(op string, opts []ReducerOption) (reducerConfig, error) {
 // or the failure of the reduction as a *pybridge.Error (ErrTimeout, ErrComm,
 // ErrMembership). A bucket that cannot start fails backward itself (gotch
 // returns pybridge's message as an error); a failure seen as backward ends is
-// kept for Wait, and the next backward fails with it if nobody asked. Join, GradTensor and the elastic reset work as for NewReducer;
-// Close removes the hooks and gives each parameter a grad of its own. The
+// kept for Wait, and the next backward fails with it if nobody asked. Join,
+// GradTensor and the elastic reset work as for NewReducer; Close removes the
+// hooks and gives each parameter a grad of its own. The
 // library holds references to the parameters, so the program's handles may be
 // freed while the reducer lives.
 //
@@ -280,33 +279,19 @@ func reducerConfigOf(op string, opts []ReducerOption) (reducerConfig, error) {
 // dtype, on the group's device. It is a collective, as NewReducer.
 func AttachReducer(g *Group, params []TensorSource, opts ...ReducerOption) (*Reducer, error) {
 	const op = "AttachReducer"
-	gh, err := g.handle(op)
-	if err != nil {
-		return nil, err
-	}
-	c, err := reducerConfigOf(op, opts)
-	if err != nil {
-		return nil, err
-	}
-	n, err := toInt32(op, "parameter count", len(params))
+	gh, c, n, err := reducerArgs(op, g, opts, len(params))
 	if err != nil {
 		return nil, err
 	}
 	var pin runtime.Pinner
 	defer pin.Unpin()
-	descs := make([]C.pb_tensor, len(params))
-	for i, p := range params {
-		if descs[i], err = tensorDesc(op, "params["+strconv.Itoa(i)+"]", p, true, &pin); err != nil {
-			return nil, err
-		}
+	pd, err := tensorArray(op, "params", params, true, &pin)
+	if err != nil {
+		return nil, err
 	}
 	var o C.pb_reducer_options
 	if err := c.fill(op, &o); err != nil {
 		return nil, err
-	}
-	var pd *C.pb_tensor
-	if n > 0 {
-		pd = &descs[0]
 	}
 	var h *C.pb_reducer
 	var msg *C.char
@@ -573,15 +558,9 @@ func (r *Reducer) BindGrads(grads []TensorSource) error {
 	}
 	var pin runtime.Pinner
 	defer pin.Unpin()
-	descs := make([]C.pb_tensor, len(grads))
-	for i, g := range grads {
-		if descs[i], err = tensorDesc(op, "grads["+strconv.Itoa(i)+"]", g, true, &pin); err != nil {
-			return err
-		}
-	}
-	var pd *C.pb_tensor
-	if n > 0 {
-		pd = &descs[0]
+	pd, err := tensorArray(op, "grads", grads, true, &pin)
+	if err != nil {
+		return err
 	}
 	var msg *C.char
 	return check(op, C.pbgo_reducer_bind_grads(h, n, pd, &msg), msg)

@@ -101,6 +101,23 @@ func tensorDesc(op, field string, src TensorSource, async bool, pin *runtime.Pin
 	return C.pb_tensor{data: t.Data, count: C.int64_t(t.Len), dtype: C.int32_t(t.DType), device: C.int32_t(t.Device)}, nil
 }
 
+// tensorArray describes srcs as one C array (its first element; nil when srcs is
+// empty, as C takes NULL then), element i named field[i] in errors. Go memory is
+// pinned with pin.
+func tensorArray(op, field string, srcs []TensorSource, async bool, pin *runtime.Pinner) (*C.pb_tensor, error) {
+	if len(srcs) == 0 {
+		return nil, nil
+	}
+	descs := make([]C.pb_tensor, len(srcs))
+	for i, s := range srcs {
+		var err error
+		if descs[i], err = tensorDesc(op, field+"["+strconv.Itoa(i)+"]", s, async, pin); err != nil {
+			return nil, err
+		}
+	}
+	return &descs[0], nil
+}
+
 // tensorCall checks g and the tensors (named by fields) and makes the call with
 // their descriptors; async calls also get a Work.
 func tensorCall(name string, g *Group, async bool, fields []string, srcs []TensorSource,

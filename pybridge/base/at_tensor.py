@@ -23,6 +23,9 @@ from . import dtypes
 _capsule = ctypes.pythonapi.PyCapsule_New
 _capsule.restype = ctypes.py_object
 _capsule.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = (ctypes.py_object, ctypes.c_char_p)
 
 
 def from_handle(address, what="tensor"):
@@ -66,12 +69,5 @@ def handle_of(t):
     block holding its TensorImpl pointer, returned as (ctypes block, address). The block
     borrows `t`'s reference, so it is valid while `t` lives; for tests and Python callers
     that hand a tensor to code written for handles."""
-    block = ctypes.c_void_p(_impl(t))
+    block = ctypes.c_void_p(_capsule_pointer(torch._C._tensor_impl_raw_handle(t), None))
     return block, ctypes.addressof(block)
-
-
-def _impl(t):
-    capsule = torch._C._tensor_impl_raw_handle(t)
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, (ctypes.py_object, ctypes.c_char_p)
-    return get(capsule, None)

@@ -69,15 +69,11 @@ def env_int(name, env=None):
         raise InvalidArgument(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def _int(env, name):
-    return env_int(name, env)
-
-
 def _first(env, names):
     """(value, name) of the first of `names` that is set."""
     for name in (names if isinstance(names, tuple) else (names,)):
         if name is not None and env.get(name, "") != "":
-            return _int(env, name), name
+            return env_int(name, env), name
     return None, None
 
 
@@ -140,7 +136,7 @@ def detect(environ=None):
     """This process's JobEnv, from `environ` (default: os.environ)."""
     env = os.environ if environ is None else environ
     out = JobEnv()
-    launcher_rank, launcher_size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+    launcher_rank, launcher_size = env_int("RANK", env), env_int("WORLD_SIZE", env)
     scheduler, values = _scheduler_values(env)
     agent = bool(env.get("TORCHELASTIC_RUN_ID") or env.get("GROUP_RANK"))
     if launcher_rank is not None or launcher_size is not None:
@@ -168,7 +164,7 @@ def detect(environ=None):
     if env.get("MASTER_ADDR"):
         addr = (env["MASTER_ADDR"], "MASTER_ADDR")
     if env.get("MASTER_PORT"):
-        port = (_int(env, "MASTER_PORT"), "MASTER_PORT")
+        port = (env_int("MASTER_PORT", env), "MASTER_PORT")
     for name, (value, source) in (("master_addr", addr), ("master_port", port)):
         if value is not None:
             setattr(out, name, value)

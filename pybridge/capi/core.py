@@ -87,29 +87,28 @@ _prepared = {}
 _MAX_PREPARED = 256
 
 
-def _prepared_call(t, key, prepare):
-    """The prepared call for descriptor t: remembered under (descriptor, key), except for a
-    libtorch handle, which is read anew each time."""
+def _prepared_call(prepare, group, t, arg):
+    """prepare(tensor, arg, group=...) for descriptor t, remembered per (prepare, group,
+    descriptor, arg); a libtorch handle is read anew each time (the program may free its
+    tensor and make another at the same address)."""
     fields = descriptor_key(t)
     if fields is None:
-        return prepare()
-    key = (*fields, *key)
+        return prepare(tensor(t), arg, group=live_group(group))
+    key = (prepare, group, *fields, arg)
     run = _prepared.get(key)
     if run is None:
         if len(_prepared) >= _MAX_PREPARED:
             _prepared.clear()
-        run = _prepared[key] = prepare()
+        run = _prepared[key] = prepare(tensor(t), arg, group=live_group(group))
     return run
 
 
 def pb_broadcast(group, t, root):
-    _prepared_call(t, (group, root, "broadcast"),
-                   lambda: collectives.prepare_broadcast(tensor(t), root, group=live_group(group)))()
+    _prepared_call(collectives.prepare_broadcast, group, t, root)()
 
 
 def pb_all_reduce(group, t, op):
-    _prepared_call(t, (group, op),
-                   lambda: collectives.prepare_all_reduce(tensor(t), op, group=live_group(group)))()
+    _prepared_call(collectives.prepare_all_reduce, group, t, op)()
 
 
 def pb_all_gather(group, inp, out):
