@@ -95,8 +95,9 @@ go-lint: setup
 # examples/gotorch's Go tests run in tests/test_gotorch.py, right after it builds the trainer
 # (Go's build cache then has the C++ model compiled: compiling it twice at once, here and
 # there, cost ~20 s of the suite's 2 cores).
+# PYBRIDGE_PORTS: Go's tests pick rendezvous ports apart from pytest's workers' (tests/conftest.py).
 go-test: setup
-	cd go && $(GO) test -count=1 -timeout 600s ./...
+	cd go && PYBRIDGE_PORTS=20000-21999 $(GO) test -count=1 -timeout 600s ./...
 	cd examples/mnist && $(GO) test -count=1 -timeout 120s ./...
 
 # The main job: MNIST shards (synthetic digits, or the real set with MNIST_DIR=folder of

@@ -56,9 +56,10 @@ func logf(format string, args ...any) {
 	fmt.Printf("rank %s: %s\n", os.Getenv("RANK"), fmt.Sprintf(format, args...))
 }
 
-// freePort picks a rendezvous port below Linux's ephemeral range (32768-60999),
-// as pybridge.base.netif.free_port does: one found free there can be taken, before
-// rank 0 binds it, as the source port of any outgoing connection (seen in CI).
+// freePort picks a rendezvous port as pybridge.base.netif.free_port does: from
+// PYBRIDGE_PORTS (make test gives Go's tests their own range), else 20000-31999,
+// below Linux's ephemeral range (32768-60999): a port found free there can be taken,
+// before rank 0 binds it, as the source port of any outgoing connection (seen in CI).
 func freePort(t testing.TB) int {
 	t.Helper()
 	port, err := belowEphemeral()
@@ -69,14 +70,20 @@ func freePort(t testing.TB) int {
 }
 
 func belowEphemeral() (int, error) {
+	low, high := 20000, 31999
+	if spec := os.Getenv("PYBRIDGE_PORTS"); spec != "" {
+		if _, err := fmt.Sscanf(spec, "%d-%d", &low, &high); err != nil || low > high {
+			return 0, fmt.Errorf("PYBRIDGE_PORTS=%q: expected LOW-HIGH", spec)
+		}
+	}
 	for range 200 {
-		port := 20000 + rand.IntN(12000)
+		port := low + rand.IntN(high-low+1)
 		if l, err := net.Listen("tcp", ":"+strconv.Itoa(port)); err == nil {
 			l.Close()
 			return port, nil
 		}
 	}
-	return 0, errors.New("no free port in 20000-31999")
+	return 0, fmt.Errorf("no free port in %d-%d", low, high)
 }
 
 // lockedBuffer lets a test read a rank's output while it is still running.

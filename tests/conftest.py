@@ -1,11 +1,25 @@
 """Settings for the whole test session.
 
+Each pytest worker picks rendezvous ports from its own range (PYBRIDGE_PORTS, which the
+ranks, launchers and programs it starts inherit), and `make test` gives Go's tests another:
+two tests running at once never pick the same port.
+
 `make test` runs pytest on several workers (pytest-xdist, `--dist loadfile`): each file goes
 whole to one worker, in collection order, as workers free up. A slow file that starts last
 keeps its worker busy while the others sit idle, so the slowest files are collected first
 (longest first: the usual greedy rule for spreading jobs over machines). Order inside a
 file is kept. The list only orders: a file missing from it runs after these, as before.
 """
+import os
+
+# Ranges inside pybridge's default 20000-31999: Go's tests get 20000-21999 (Makefile), pytest
+# worker gwN gets a 2000-port slice from 22000 (five slices; a sixth worker shares gw0's).
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _worker.startswith("gw") and _worker[2:].isdigit():
+    _low = 22000 + 2000 * (int(_worker[2:]) % 5)
+    os.environ["PYBRIDGE_PORTS"] = f"{_low}-{_low + 1999}"
+else:
+    os.environ.setdefault("PYBRIDGE_PORTS", "22000-31999")
 
 # The slowest files of a full run, slowest first: `make test` prints the slowest tests at
 # the end; move a file up here when it grows.

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from pybridge.base import jobenv
+from pybridge.base import jobenv, netif
 from pybridge.errors import InvalidArgument
 
 SLURM = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
@@ -35,9 +35,11 @@ def test_slurm_takes_the_steps_counts_and_its_first_node():
     assert (job.scheduler, job.rank, job.world_size, job.local_rank) == ("slurm", 3, 8, 1)
     assert job.sources["world_size"] == "SLURM_STEP_NUM_TASKS"  # not the job's 16
     assert job.master_addr == "gpu04" and job.sources["master_addr"] == "the first node of SLURM_STEP_NODELIST"
-    assert jobenv.PORT_BASE <= job.master_port < jobenv.PORT_BASE + jobenv.PORT_SPAN
+    assert job.master_port in netif.DEFAULT_PORTS
     assert jobenv.detect({**SLURM, "SLURM_STEP_ID": "2"}).master_port != job.master_port  # each step its own
     assert jobenv.rendezvous_method(job) == f"tcp://gpu04:{job.master_port}"
+    narrowed = jobenv.detect({**SLURM, "PYBRIDGE_PORTS": "40000-40009"})  # every rank derives it alike
+    assert narrowed.master_port in range(40000, 40010) and narrowed == jobenv.detect({**SLURM, "PYBRIDGE_PORTS": "40000-40009"})
     given = jobenv.detect({**SLURM, "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29511"})
     assert (given.master_addr, given.master_port, given.sources["master_port"]) == ("10.0.0.9", 29511, "MASTER_PORT")
 
@@ -117,3 +119,20 @@ def test_ranks_started_by_a_scheduler_form_a_world_with_no_exports(scheduler):
     assert all(p.returncode == 0 for p in procs), outs
     for r, out in enumerate(outs):
         assert f"RESULT {scheduler} {r} 2 {r} [3.0, 3.0, 3.0]" in out, out
+
+
+def test_port_range_is_checked_and_free_port_keeps_to_it(monkeypatch):
+    for bad in ("20000", "3000-2000", "80-90", "20000-70000", "a-b"):
+        with pytest.raises(InvalidArgument, match=f"PYBRIDGE_PORTS='{bad}': expected LOW-HIGH"):
+            netif.port_range({"PYBRIDGE_PORTS": bad})
+    monkeypatch.setenv("PYBRIDGE_PORTS", "41000-41003")
+    assert {netif.free_port() for _ in range(40)} <= set(range(41000, 41004))
+
+
+def test_free_port_ignores_the_global_random_seed():
+    import random
+    picks = []
+    for _ in range(3):
+        random.seed(1)  # torch's test cases seed it; every pytest worker would then pick alike
+        picks.append(netif.free_port())
+    assert len(set(picks)) > 1

@@ -9,6 +9,7 @@ scheduler that started the process, so that `srun` and `mpirun` need no export l
                         SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE; the master is the step's
                         first node (SLURM_STEP_NODELIST, expanded from "node[01-04,07]"),
                         its port derived from the job and step ids
+                        (within PYBRIDGE_PORTS where set)
   Open MPI (mpirun)     OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
   MPICH, Intel MPI      PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
   (Hydra's PMI)
@@ -30,8 +31,8 @@ import zlib
 from dataclasses import dataclass, field
 
 from ..errors import InvalidArgument
+from .netif import port_range
 
-PORT_BASE, PORT_SPAN = 20000, 12000  # derived ports: 20000-31999, below Linux's ephemeral range (32768-)
 
 # name: (rank, world size, local rank, local world size) variables of each scheduler
 SCHEDULERS = {
@@ -96,8 +97,10 @@ def expand_nodelist(text):
     return hosts
 
 
-def _derived_port(key):
-    return PORT_BASE + zlib.crc32(key.encode()) % PORT_SPAN
+def _derived_port(key, env):
+    """The same port on every rank of a job, from port_range() (PYBRIDGE_PORTS, else 20000-31999)."""
+    ports = port_range(env)
+    return ports[zlib.crc32(key.encode()) % len(ports)]
 
 
 def _scheduler_values(env):
@@ -118,7 +121,7 @@ def _slurm_master(env):
     job = env.get("SLURM_JOB_ID", "")
     step = env.get("SLURM_STEP_ID", "0")
     addr = (nodes[0], f"the first node of {nodes_var}") if nodes else (None, None)
-    port = (_derived_port(f"slurm:{job}.{step}"), "derived from SLURM_JOB_ID and SLURM_STEP_ID") if job \
+    port = (_derived_port(f"slurm:{job}.{step}", env), "derived from SLURM_JOB_ID and SLURM_STEP_ID") if job \
         else (None, None)
     return addr, port
 
@@ -126,7 +129,7 @@ def _slurm_master(env):
 def _mpi_master(env, scheduler, world, local_world):
     key = next((f"{v}={env[v]}" for v in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "PMI_PORT",
                                           "OMPI_MCA_orte_hnp_uri") if env.get(v)), None)
-    port = (_derived_port(f"{scheduler}:{key}"), f"derived from {key.split('=')[0]}") if key else (None, None)
+    port = (_derived_port(f"{scheduler}:{key}", env), f"derived from {key.split('=')[0]}") if key else (None, None)
     if world is not None and local_world is not None and local_world == world:
         return ("127.0.0.1", "every rank on this node (loopback)"), port
     return (None, None), port

@@ -9,9 +9,13 @@ rendezvous host: the one this node already reaches the others through.
 """
 
 import fcntl
+import os
 import random
+import re
 import socket
 import struct
+
+from ..errors import InvalidArgument
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
@@ -54,13 +58,32 @@ def interface_towards(host):
 # Rendezvous ports are picked below Linux's default ephemeral range (32768-60999): a port
 # found free there can be taken, before the store binds it, as the source port of any
 # outgoing connection on the machine (seen in CI: "address already in use").
-PORTS = range(20000, 32000)
+# PYBRIDGE_PORTS=LOW-HIGH narrows the range: a firewall's open ports, or one range per job
+# where several share a machine (the test suite gives each of its workers its own).
+DEFAULT_PORTS = range(20000, 32000)
+
+# Not the global generator: programs (torch's test cases among them) seed it, and two
+# processes seeded alike would pick the same "free" port at the same moment (seen in CI).
+_random = random.SystemRandom()
+
+
+def port_range(env=None):
+    """The ports rendezvous ports are picked from: PYBRIDGE_PORTS, else 20000-31999."""
+    spec = (os.environ if env is None else env).get("PYBRIDGE_PORTS", "").strip()
+    if not spec:
+        return DEFAULT_PORTS
+    m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", spec)
+    if not m or not 1024 <= int(m[1]) <= int(m[2]) <= 65535:
+        raise InvalidArgument(f"PYBRIDGE_PORTS={spec!r}: expected LOW-HIGH, two ports from 1024 to "
+                              "65535 with LOW <= HIGH, e.g. 20000-31999")
+    return range(int(m[1]), int(m[2]) + 1)
 
 
 def free_port():
-    """A TCP port nothing listens on now, below the ephemeral range (for a rendezvous)."""
+    """A TCP port nothing listens on now, from port_range() (for a rendezvous)."""
+    ports = port_range()
     for _ in range(200):
-        port = random.choice(PORTS)
+        port = _random.choice(ports)
         with socket.socket() as s:
             try:
                 s.bind(("", port))

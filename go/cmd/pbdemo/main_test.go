@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -26,9 +27,13 @@ func TestMain(m *testing.M) {
 }
 
 func TestDemoTwoRanks(t *testing.T) {
+	low, high := 20000, 31999 // below the ephemeral range, as pybridge.base.netif.free_port
+	if _, err := fmt.Sscanf(os.Getenv("PYBRIDGE_PORTS"), "%d-%d", &low, &high); err != nil {
+		low, high = 20000, 31999 // unset: the default range
+	}
 	port := 0
-	for port == 0 { // below the ephemeral range, as pybridge.base.netif.free_port
-		p := 20000 + rand.IntN(12000)
+	for port == 0 {
+		p := low + rand.IntN(high-low+1)
 		if l, err := net.Listen("tcp", ":"+strconv.Itoa(p)); err == nil {
 			l.Close()
 			port = p
