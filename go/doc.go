@@ -25,7 +25,10 @@
 //
 // Every rank must issue collectives in the same order: they are matched by
 // sequence, not by name. All functions may be called from any goroutine, but
-// goroutines that issue collectives concurrently must be ordered by the program.
+// goroutines that issue collectives concurrently on one group must be ordered by
+// the program, or each use its own group (Group.Split): each rank's scheduler orders
+// them its own way. WithChecked names such calls as a mismatch (both calls, every
+// rank) instead of letting a rank abort or hang.
 //
 // # Gradient reduction
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,11 +82,45 @@ func roleMismatch() error {
 	if pe := (*pybridge.Error)(nil); !errors.As(err, &pe) || !strings.HasPrefix(pe.Msg, "ranks pass different tensors") {
 		return fmt.Errorf("broadcast params: %v does not start with what is wrong (Op names BroadcastParams)", err)
 	}
+	if err := concurrentAllReduces(g); err != nil {
+		return err
+	}
 	sum := []float32{float32(g.Rank() + 1)}
 	if err := pybridge.AllReduce(g, sum, pybridge.Sum); err != nil || sum[0] != 3 {
 		return fmt.Errorf("all_reduce after the refusals: %v %v", sum, err)
 	}
 	return nil
+}
+
+// concurrentAllReduces: 8 goroutines per rank each reduce a slice of their own length on
+// one group, in whatever order the scheduler runs them (issue 32: a rank aborted in
+// default mode, and checked mode hung). In checked mode every call either sums right or
+// is named as a mismatch; none hangs and none aborts.
+func concurrentAllReduces(g *pybridge.Group) error {
+	errs := make([]error, 8)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x := make([]float32, i+1)
+			for j := range x {
+				x[j] = 1
+			}
+			err := pybridge.AllReduce(g, x, pybridge.Sum)
+			switch {
+			case err == nil && x[0] != 2:
+				errs[i] = fmt.Errorf("goroutine %d: sum %v, want 2", i, x[0])
+			case err != nil && (!errors.Is(err, pybridge.ErrInvalidArgument) ||
+				!strings.Contains(err.Error(), "checked mode: ranks disagree on all_reduce #")):
+				errs[i] = fmt.Errorf("goroutine %d: %v, want a sum or a named mismatch", i, err)
+			case err != nil:
+				logf("goroutine %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // TestWorldSizeDisagreement: rank 0 says 2 ranks, rank 1 says 3: both fail.

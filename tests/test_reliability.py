@@ -22,8 +22,32 @@ def _error(fn):
     return None
 
 
+def _threads_in_opposite_orders(g, rank):
+    """Two threads each all_reduce their own length on g; rank 0 starts them in one order,
+    the other ranks in the other (the second starts once the first is numbered: it holds
+    checked mode's unit). Returns what each thread got: its sum or (error type, text)."""
+    import threading
+    got = {}
+
+    def call(n):
+        t = torch.ones(n)
+        got[n] = _error(lambda: pybridge.all_reduce(t, group=g)) or t.tolist()
+
+    first, second = (2, 3) if rank == 0 else (3, 2)
+    before = g.issued
+    a = threading.Thread(target=call, args=(first,))
+    a.start()
+    while g.issued == before:
+        time.sleep(0.001)
+    b = threading.Thread(target=call, args=(second,))
+    b.start()
+    a.join()
+    b.join()
+    return got
+
+
 def _checked_cases(rank, world):
-    pybridge.init(backend="gloo", timeout=30, checked=True)
+    g = pybridge.init(backend="gloo", timeout=30, checked=True)
     odd = rank == 1
     out = {}
     out["dtype"] = _error(lambda: pybridge.all_reduce(
@@ -34,6 +58,7 @@ def _checked_cases(rank, world):
     out["gather"] = _error(lambda: pybridge.all_gather(
         torch.ones(3 if odd else 2), torch.zeros(world * (3 if odd else 2))))
     out["kind"] = _error(lambda: pybridge.barrier() if odd else pybridge.all_reduce(torch.ones(1)))
+    out["threads"] = _threads_in_opposite_orders(g, rank)
     t = torch.full((4,), float(rank))
     pybridge.all_reduce(t)  # the group is still in step after the refusals
     out["sum"] = t.tolist()
@@ -71,6 +96,12 @@ def test_checked_mode_names_the_ranks_that_differ():
         assert "rank 1 passed all_gather #5 float32 x 3 into 9 (count, output count differs)" in out["gather"][1]
         assert "rank 1 passed barrier #6 (operation, dtype, count, op or root differs)" in out["kind"][1]
         assert out["sum"] == [3.0] * 4
+        # the finding: goroutines calling at once hung every rank in checked mode
+        for n, (kind, msg) in out["threads"].items():
+            seq = 7 if n == (2 if rank == 0 else 3) else 8
+            assert kind == "InvalidArgument" and f"ranks disagree on all_reduce #{seq} on the world group" in msg, msg
+        assert "rank 0 passed all_reduce #7 (sum) float32 x 2 (count differs); ranks [1, 2] passed all_reduce #7 (sum) float32 x 3" \
+            in res[0]["threads"][2][1]
     for rank in (0, 2):  # each names itself root: the subgroup's ranks 0 and 1 differ
         kind, msg = res[rank]["sub"]
         assert kind == "InvalidArgument" and "ranks disagree on broadcast #1 on group w.1-2_0:" in msg

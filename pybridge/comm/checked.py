@@ -82,6 +82,7 @@ class State:
         self._buffer = None  # made on first use
         self._p2p = {}  # (direction, peer, tag) -> (count, the last one posted)
         self._lock = threading.Lock()
+        self.unit = threading.RLock()  # held while a collective is numbered, verified and posted
 
     def fingerprint(self, seq, op):
         """A 2-element int64 tensor (h, -h), h a 62-bit hash of collective `seq`'s

@@ -134,6 +134,17 @@ def _run(g, op, start, async_op, *buffers):
     or wrap it in a Work that keeps `buffers` alive while it is in flight. Numbered by the
     group's progress (the watchdog's, which sees it while it runs); checked mode verifies
     its fingerprint first."""
+    if g.checks is None:
+        return _numbered(g, op, start, async_op, buffers)
+    # Checked mode numbers, verifies and posts a collective as one unit per group: calls
+    # from several threads (goroutines) then reach the backend in the order they were
+    # numbered, and where two ranks numbered them differently the fingerprints say so
+    # (both calls, both ranks) instead of each rank waiting in another collective.
+    with g.checks.unit:
+        return _numbered(g, op, start, async_op, buffers)
+
+
+def _numbered(g, op, start, async_op, buffers):
     progress = g.progress
     seq = progress.begin(op)
     try:
