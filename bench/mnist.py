@@ -44,11 +44,13 @@ def prepare(out, mnist_dir=None, download=False, extra=()):
     return "real MNIST" if mnist_dir else "synthetic digits"
 
 
-def run_trainer(target, ranks, data, opts, extra=()):
-    """Train with `ranks` ranks; `extra`: more trainer flags (--reduce, --metrics...)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "pybridge.launch", "--nproc-per-node", str(ranks), target,
+def run_trainer(target, ranks, data, opts, extra=(), launch_args=(), threads="1"):
+    """Train with `ranks` ranks; `extra`: more trainer flags (--reduce, --metrics...);
+    `launch_args`: more launcher flags; `threads`: OMP_NUM_THREADS (None: the launcher's)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **({"OMP_NUM_THREADS": threads} if threads else {}))
+    cmd = [sys.executable, "-m", "pybridge.launch", "--nproc-per-node", str(ranks), *launch_args, target,
            "--data", data, "--epochs", str(opts.epochs), "--batch-size", str(opts.batch_size), *extra]
     t0 = time.monotonic()
     out, epoch_end = [], []  # epoch_end[i]: seconds from launch to epoch i+1's line

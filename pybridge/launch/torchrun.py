@@ -27,6 +27,10 @@ Environment of every process (set by torchrun unless noted):
   RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (= node rank), MASTER_ADDR,
   MASTER_PORT, TORCHELASTIC_RESTART_COUNT (0 on the first attempt), PYBRIDGE_DEVICE (pybridge),
   OMP_NUM_THREADS=1 when several processes share a node and it is not already set.
+  With --cpu-bind cores|numa (cores is the default on CPUs a scheduler allocated, when
+  several processes share the node and each can have a core of its own),
+  each process is bound to its share of the launcher's CPUs and OMP_NUM_THREADS is the size
+  of that share unless set (pybridge/launch/cpubind.py).
 
 Output: each process's stdout goes straight to the console; stderr is also copied to the
 console with a "[rank<R>]:" prefix on each line and kept in a log file (under --log-dir, or
@@ -51,6 +55,7 @@ import tempfile
 
 from .._version import __version__
 from ..base import netif
+from . import cpubind
 from .exits import PROG, ExitClock, signal_exit
 
 DEFAULT_CPU_NPROC = 2
@@ -74,6 +79,20 @@ if gpus > 0:
     os.environ["PYBRIDGE_DEVICE"] = "cuda:%d" % gpu
 else:
     os.environ["PYBRIDGE_DEVICE"] = "cpu"
+cpu_map = os.environ.get("PYBRIDGE_CPU_MAP")  # cpubind.py: "0-11;12-23", a share per local rank
+if cpu_map:
+    shares = cpu_map.split(";")
+    cpus = set()
+    for part in shares[local_rank % len(shares)].split(","):  # cpubind.parse_list: no pybridge import here
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        sys.stderr.write("pybridge-launch: local rank %d not bound to CPUs %s: %s\n" % (local_rank, sorted(cpus), exc))
+    else:
+        if os.environ.get("PYBRIDGE_CPU_THREADS") == "1":
+            os.environ["OMP_NUM_THREADS"] = str(len(cpus))
 sys.stdout.flush()
 try:
     if mode == "script":
@@ -120,6 +139,11 @@ def _parser():
                    help="seconds the other ranks get after SIGTERM before SIGKILL (default 10)")
     p.add_argument("--log-dir", default=None,
                    help="keep per-rank logs here (default: a temporary folder, removed on success)")
+    p.add_argument("--cpu-bind", choices=cpubind.MODES, default=None,
+                   help="bind each process to its share of this launcher's CPUs, whole cores or "
+                        "NUMA nodes, with as many threads (default: cores on CPUs a scheduler "
+                        "allocated, when several processes share the node and each can have a "
+                        "core of its own, else none; env PYBRIDGE_CPU_BIND)")
     p.add_argument("--isolate-gpus", action="store_true",
                    help="set CUDA_VISIBLE_DEVICES to each process's one GPU")
     p.add_argument("--elastic", action="store_true",
@@ -283,7 +307,7 @@ def elastic_main(opts):
     command = worker_command(opts)
     gpus = _gpu_count()
     nproc = _nproc(opts.nproc_per_node, gpus)
-    _worker_settings(opts, gpus)
+    _worker_settings(opts, gpus, nproc)
     sup = Supervisor(command, nproc=nproc, node_rank=node_rank, nnodes=nnodes, store_addr=endpoint,
                      min_world=opts.min_world, max_world=opts.max_world, replace=opts.replace,
                      monitor_interval=opts.monitor_interval, shutdown_timeout=opts.shutdown_timeout,
@@ -382,13 +406,30 @@ def _kept(log_dir):
     return False
 
 
-def _worker_settings(opts, gpus):
+def _worker_settings(opts, gpus, nproc):
     """What the workers inherit from this launcher, with torchrun's agent or the elastic one:
-    the GPU count and isolation the worker shim picks its device by, and the network
-    interface of a multi-node job."""
+    the GPU count and isolation the worker shim picks its device by, the CPUs it binds
+    each process to, and the network interface of a multi-node job."""
     os.environ["PYBRIDGE_NUM_GPUS"] = str(gpus)
     os.environ["PYBRIDGE_ISOLATE_GPUS"] = "1" if opts.isolate_gpus else "0"
+    _bind_cpus(opts, nproc)
     _choose_interface(opts)
+
+
+def _bind_cpus(opts, nproc):
+    """Split this launcher's CPUs among its nproc processes (cpubind.py); the shim binds each."""
+    cpus = cpubind.allowed()
+    topo = cpubind.topology(cpus)
+    mode = opts.cpu_bind or os.environ.get("PYBRIDGE_CPU_BIND") or cpubind.default_mode(nproc, cpus, topo)
+    if mode not in cpubind.MODES:
+        raise SystemExit(f"{PROG}: PYBRIDGE_CPU_BIND must be one of {', '.join(cpubind.MODES)}, got {mode!r}")
+    cpu_plan = cpubind.plan(mode, nproc, cpus, topo)
+    os.environ.pop("PYBRIDGE_CPU_MAP", None)  # not an outer launcher's
+    if cpu_plan is None:
+        return
+    os.environ["PYBRIDGE_CPU_MAP"] = cpubind.encode(cpu_plan)
+    os.environ["PYBRIDGE_CPU_THREADS"] = "0" if os.environ.get("OMP_NUM_THREADS") else "1"  # the user's wins
+    print(f"{PROG}: {cpubind.describe(mode, cpu_plan)}", file=sys.stderr, flush=True)
 
 
 def _choose_interface(opts):
@@ -431,7 +472,7 @@ def main(argv=None):
     import torch.distributed.run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    _worker_settings(opts, gpus)
+    _worker_settings(opts, gpus, nproc)
     os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
     # The c10d rendezvous otherwise hands the workers of every restart the same store: keys of
     # the failed attempt (gloo peer addresses) are still there and a restarted rank can read a
