@@ -7,12 +7,15 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 
 import pytest
 
 from pybridge.base import jobenv, netif
 from pybridge.errors import InvalidArgument
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SLURM = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
          "SLURM_STEP_NODELIST": "gpu[04-07]", "SLURM_JOB_NODELIST": "gpu[01-07]", "SLURM_JOB_ID": "4242",
@@ -119,6 +122,57 @@ def test_ranks_started_by_a_scheduler_form_a_world_with_no_exports(scheduler):
     assert all(p.returncode == 0 for p in procs), outs
     for r, out in enumerate(outs):
         assert f"RESULT {scheduler} {r} 2 {r} [3.0, 3.0, 3.0]" in out, out
+
+
+def test_a_launcher_under_srun_takes_its_node_and_rendezvous_from_slurm():
+    step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "4", "SLURM_STEP_NUM_TASKS": "4",
+            "SLURM_STEP_NODELIST": "gpu[02-05]", "SLURM_NODEID": "2", "SLURM_PROCID": "2"}
+    job = jobenv.launcher_job(step)
+    assert (job.nnodes, job.node_rank, job.endpoint) == (4, 2, ("gpu02", jobenv.detect(step).master_port))
+    with pytest.raises(InvalidArgument, match=r"this step has 8 tasks \(SLURM_STEP_NUM_TASKS\) on 4 nodes "
+                                              r"\(SLURM_STEP_NUM_NODES\); use `srun --ntasks-per-node=1"):
+        jobenv.launcher_job({**step, "SLURM_STEP_NUM_TASKS": "8"})
+    batch = jobenv.launcher_job({"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "4"})  # the batch script itself
+    assert batch.nnodes is None and "of 4 nodes but not started by srun: only this node runs" in batch.warning
+    assert jobenv.launcher_job({"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "1"}).warning is None
+    assert jobenv.launcher_job({}) == jobenv.LauncherJob()
+
+
+def test_two_launchers_started_as_srun_would_form_one_world():
+    """`srun -N 2 --ntasks-per-node=1 pybridge-launch --nproc-per-node 1 hello.py`, both
+    "nodes" on this machine: no --nnodes, --node-rank or endpoint on the command line."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "SLURM_", "PET_", "TORCHELASTIC"))}
+    job = _free_derived("job", lambda j: {"SLURM_JOB_ID": j, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "2",
+                                          "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost"},
+                        {"SLURM_PROCID": "0"})
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "hello.py")
+        with open(script, "w") as f:
+            f.write(HELLO)
+        procs = [subprocess.Popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", "1", script],
+                                  env={**base, **job, "SLURM_NODEID": str(n), "SLURM_PROCID": str(n),
+                                       "PYTHONPATH": ROOT}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for n in (0, 1)]
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    for n, out in enumerate(outs):
+        assert f"from srun: --nnodes 2 (SLURM_STEP_NUM_NODES), --node-rank {n} (SLURM_NODEID), --rdzv-endpoint " \
+               f"localhost:" in out, out
+        assert f"RESULT launcher {n} 2 0 [3.0, 3.0, 3.0]" in out, out
+
+
+def test_pet_variables_are_the_launchers_defaults_as_torchrun_reads_them(tmp_path):
+    """Kubernetes' PyTorchJob passes torchrun's options as PET_* variables."""
+    script = tmp_path / "report"
+    script.write_text(f"#!{sys.executable}\nimport os\nprint('WORKER', os.environ['RANK'], os.environ['WORLD_SIZE'])\n")
+    script.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_"))}
+    p = subprocess.run([sys.executable, "-m", "pybridge.launch", str(script)], capture_output=True, text=True,
+                       env={**env, "PET_NPROC_PER_NODE": "3", "PET_NO_PYTHON": "1", "PYTHONPATH": ROOT}, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(line for line in p.stdout.splitlines() if line.startswith("WORKER")) == \
+        ["WORKER 0 3", "WORKER 1 3", "WORKER 2 3"]
 
 
 def test_port_range_is_checked_and_free_port_keeps_to_it(monkeypatch):

@@ -194,3 +194,50 @@ def rendezvous_method(job):
     if job.master_port is None:
         raise InvalidArgument(f"started by {job.scheduler} with no job id to derive a port from: set MASTER_PORT")
     return f"tcp://{job.master_addr}:{job.master_port}"
+
+
+@dataclass
+class LauncherJob:
+    """What pybridge-launch takes from SLURM when srun started it (one launcher per node)."""
+    nnodes: int = None
+    node_rank: int = None
+    endpoint: tuple = None  # (host, port) of the static rendezvous node 0 hosts
+    sources: dict = field(default_factory=dict)
+    warning: str = None  # an allocation the launcher was not started in by srun
+
+
+def launcher_job(environ=None):
+    """The node count, node rank and rendezvous of a launcher that srun started once per
+    node (`srun --ntasks-per-node=1 pybridge-launch ...`): SLURM_STEP_NUM_NODES,
+    SLURM_NODEID, and the step's first node with the port derived as for ranks. Outside
+    srun: nothing, and a warning where a multi-node allocation's batch script runs the
+    launcher itself (only this node would run). InvalidArgument when the step has several
+    tasks per node (each would start a whole node's processes)."""
+    env = os.environ if environ is None else environ
+    out = LauncherJob()
+    if not env.get("SLURM_JOB_ID"):
+        return out
+    if not env.get("SLURM_STEP_ID"):
+        nodes = env_int("SLURM_JOB_NUM_NODES", env) or env_int("SLURM_NNODES", env) or 1
+        if nodes > 1:
+            out.warning = (f"inside SLURM job {env['SLURM_JOB_ID']} of {nodes} nodes but not started by srun: "
+                           "only this node runs; start one launcher per node with `srun --ntasks-per-node=1 "
+                           "pybridge-launch ...`")
+        return out
+    nodes, nodes_var = _first(env, ("SLURM_STEP_NUM_NODES", "SLURM_NNODES"))
+    tasks, tasks_var = _first(env, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
+    node_rank = env_int("SLURM_NODEID", env)
+    if nodes is None or node_rank is None:
+        return out
+    if tasks is not None and tasks != nodes:
+        raise InvalidArgument(f"pybridge-launch under srun starts a whole node's processes, so it runs once per "
+                              f"node: this step has {tasks} tasks ({tasks_var}) on {nodes} nodes ({nodes_var}); "
+                              "use `srun --ntasks-per-node=1 pybridge-launch --nproc-per-node N ...`")
+    (host, host_src), (port, port_src) = _slurm_master(env)
+    out.nnodes, out.node_rank = nodes, node_rank
+    out.sources.update(nnodes=nodes_var, node_rank="SLURM_NODEID")
+    if host is not None and port is not None:
+        out.endpoint = (host, port)
+        out.sources["endpoint"] = f"{host_src}; port {port_src}"
+    return out
+

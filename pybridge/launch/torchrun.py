@@ -54,7 +54,8 @@ import sys
 import tempfile
 
 from .._version import __version__
-from ..base import netif
+from ..base import jobenv, netif
+from ..errors import InvalidArgument
 from . import cpubind
 from .exits import PROG, ExitClock, signal_exit
 
@@ -117,7 +118,7 @@ def _parser():
     p.add_argument("--nproc-per-node", "--nproc_per_node", default=None,
                    help="processes on this node: an integer, 'gpu' or 'auto' (default: the number "
                         f"of GPUs, or {DEFAULT_CPU_NPROC} without GPUs; env PYBRIDGE_NPROC)")
-    p.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX (default 1)")
+    p.add_argument("--nnodes", default=None, help="number of nodes, or MIN:MAX (default 1; under srun, the step's)")
     p.add_argument("--node-rank", "--node_rank", type=int, default=None,
                    help="this node's rank (0..nnodes-1): static rendezvous hosted by node 0")
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None,
@@ -162,7 +163,39 @@ def _parser():
                    help="run TARGET as an executable even if it ends in .py")
     p.add_argument("target", help="a .py script, a module (-m) or an executable")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for TARGET")
+    for action in p._actions:  # torchrun's rule: PET_<OPTION> is the option's default
+        given = os.environ.get(f"PET_{action.dest.upper()}") if action.dest in PET_OPTIONS else None
+        if given is not None:
+            action.default = given if action.nargs != 0 else given.lower() in ("1", "true", "yes")
     return p
+
+
+# The options torchrun also reads from PET_* variables (Kubernetes' PyTorchJob sets them).
+PET_OPTIONS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "master_addr", "master_port",
+               "rdzv_id", "standalone", "max_restarts", "monitor_interval", "log_dir", "no_python", "module"}
+
+
+def _from_slurm(opts):
+    """Under srun (one launcher per node), the node count, node rank and rendezvous that
+    the flags (and PET_* variables) leave unsaid; a warning in an allocation without srun."""
+    job = jobenv.launcher_job()
+    if job.warning:
+        print(f"{PROG}: warning: {job.warning}", file=sys.stderr, flush=True)
+    taken = []
+    if opts.nnodes is None and job.nnodes is not None:
+        opts.nnodes = str(job.nnodes)
+        taken.append(f"--nnodes {job.nnodes} ({job.sources['nnodes']})")
+    opts.nnodes = opts.nnodes or "1"
+    if job.nnodes is None or int(str(opts.nnodes).split(":")[-1]) == 1:
+        return
+    if opts.node_rank is None:
+        opts.node_rank = job.node_rank
+        taken.append(f"--node-rank {job.node_rank} (SLURM_NODEID)")
+    if _endpoint(opts) is None and job.endpoint is not None:
+        opts.rdzv_endpoint = "%s:%d" % job.endpoint
+        taken.append(f"--rdzv-endpoint {opts.rdzv_endpoint} ({job.sources['endpoint']})")
+    if taken:
+        print(f"{PROG}: from srun: {', '.join(taken)}", file=sys.stderr, flush=True)
 
 
 def _gpu_count():
@@ -454,6 +487,10 @@ def _choose_interface(opts):
 
 def main(argv=None):
     opts = _parser().parse_args(argv)
+    try:
+        _from_slurm(opts)
+    except InvalidArgument as exc:
+        raise SystemExit(f"{PROG}: {exc}") from None
     if opts.max_restarts < 0:
         raise SystemExit(f"{PROG}: --max-restarts must be >= 0")
     if opts.elastic:
