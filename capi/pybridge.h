@@ -839,6 +839,18 @@ int pb_checkpoint_restore(pb_group *group, const char *directory, int32_t n,
                           const char *const *names, const pb_tensor *tensors, pb_loader *loader,
                           pb_reducer *reducer, int64_t *step);
 
+/* ---- Preemption ---------------------------------------------------------------- */
+/* A scheduler warns before it kills (SLURM: SIGUSR1 with --signal=USR1@120, or SIGTERM);
+ * the signal reaches ranks at different moments, or only some of them. The program
+ * catches it (sigaction) and asks every step whether any rank saw it; all ranks then stop
+ * after the same step, save a checkpoint and exit with PB_EXIT_REQUEUE, which the job
+ * script (or pybridge-launch) turns into a requeue (docs/checkpoint.md, "Preemption"). */
+#define PB_EXIT_REQUEUE 75 /* EX_TEMPFAIL: the job saved its state and wants to run again */
+
+/* *any receives 1 on every rank if `flag` is non-zero on any of them, else 0. COLLECTIVE
+ * over `group` (one allreduce of one integer): every member calls it at the same point. */
+int pb_any_rank(pb_group *group, int32_t flag, int32_t *any);
+
 /* ---- Elastic state: commit and roll back in memory ------------------------------- */
 /* The training state of a checkpoint (named flat tensors, a loader's position, a reducer's
  * counters) kept in this process's memory instead of a file: pb_state_commit copies it in,

@@ -6,6 +6,8 @@ package pybridge
 import "C"
 
 import (
+	"context"
+	"errors"
 	"time"
 	"unsafe"
 )
@@ -111,6 +113,31 @@ func (w *Work) Wait(timeout time.Duration) error {
 	var msg *C.char
 	return check(w.op+".Wait", C.pbgo_work_wait(h, C.double(secs), &msg), msg)
 }
+
+// WaitContext is Wait that also returns when ctx is done, with ctx's error
+// (context.Canceled, or DeadlineExceeded), as database/sql's QueryContext does.
+// A collective cannot be cancelled once posted: the operation goes on, and a
+// later Wait or Test reports its result. A ctx without deadline still waits at
+// most the group's timeout.
+func (w *Work) WaitContext(ctx context.Context) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		err := w.Wait(waitSlice)
+		if !errors.Is(err, ErrTimeout) {
+			return err
+		}
+		// ErrTimeout: either this slice passed (not finished yet) or the operation itself
+		// timed out (finished, with that error); Test tells which.
+		if done, terr := w.Test(); done || terr != nil {
+			return terr
+		}
+	}
+}
+
+// waitSlice: how often WaitContext looks at its context.
+const waitSlice = 20 * time.Millisecond
 
 // Test reports without blocking whether the operation has finished, and its
 // error if it finished with one. Poll until done is true or err is non-nil.

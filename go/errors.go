@@ -129,6 +129,7 @@ var goNames = map[string]string{
 	"pb_reducer_close":          "Reducer.Close",
 	"pb_checkpoint_save":        "Checkpoint.Save",
 	"pb_checkpoint_restore":     "Checkpoint.Restore",
+	"pb_any_rank":               "AnyRank",
 	"pb_elastic_init":           "ElasticInit",
 	"pb_elastic_finish":         "RunElastic",
 	"pb_elastic_last_change":    "LastElasticChange",

@@ -399,6 +399,10 @@ static inline int pbgo_checkpoint_restore(pb_group *group, const char *directory
 	                                         reducer, step), msg);
 }
 
+static inline int pbgo_any_rank(pb_group *group, int32_t flag, int32_t *any, char **msg) {
+	return pbgo_status(pb_any_rank(group, flag, any), msg);
+}
+
 static inline int pbgo_state_create(pb_state **out, char **msg) {
 	return pbgo_status(pb_state_create(out), msg);
 }

@@ -49,6 +49,7 @@ PB_COMPRESS_BF16 = 2
 PB_GOSSIP_NONE = -1  # no gossip: buckets travel with the hook (the default)
 PB_GOSSIP_CUBE = 0  # partner i XOR 2^k: symmetric pairs; N a power of two mixes exactly
 PB_GOSSIP_DISSEMINATION = 1  # send to i + 2^k, receive from i - 2^k: every node, any N
+PB_EXIT_REQUEUE = 75  # EX_TEMPFAIL: the job saved its state and wants to run again
 PB_FED_ASYNC = 0  # a worker gets its next client as soon as it returns one
 PB_FED_SYNC = 1  # waves of one client per worker, each wave waited for (FLUTE on gloo)
 PB_FED_TRAIN = 2  # train the client; the result is its trained weights

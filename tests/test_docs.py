@@ -306,7 +306,7 @@ def c_results(tmp):
 # ---- Go: every block compiled in one `go vet` of a scratch module -------------------------------
 
 # What an excerpt may use without importing it (each used once, so no import goes unused).
-GO_IMPORTS = {'"errors"': "errors.Is", '"fmt"': "fmt.Sprint", '"log"': "log.Fatal", '"os"': "os.Exit",
+GO_IMPORTS = {'"context"': "context.Background", '"errors"': "errors.Is", '"fmt"': "fmt.Sprint", '"log"': "log.Fatal", '"os"': "os.Exit",
               '"time"': "time.Now", '"unsafe"': "unsafe.Sizeof(0)",
               'pybridge "github.com/pybridge/pybridge/go"': "pybridge.Sum",
               '"github.com/pybridge/pybridge/go/recordio"': "recordio.None"}

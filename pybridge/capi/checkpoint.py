@@ -5,7 +5,7 @@ pybridge.runtime.checkpoint saves, agrees on the newest and restores.
 """
 
 from .. import capi
-from ..runtime import checkpoint
+from ..runtime import checkpoint, preempt
 from ..base.checks import integer
 from ..errors import InvalidArgument
 from . import handles, live_group, put, tensor, text
@@ -58,3 +58,9 @@ def pb_checkpoint_restore(group, directory, n, names, tensors, loader, reducer, 
     ld, red = _objects(loader, reducer)
     got = checkpoint.restore(d, group=g, local=alone, tensors=_named(n, names, tensors), loader=ld, reducer=red)
     put(step, -1 if got is None else got.step)
+
+
+def pb_any_rank(group, flag, out):
+    if out == capi.ffi.NULL:
+        raise InvalidArgument("any (the pointer to store the answer in) is NULL")
+    put(out, 1 if preempt.any_rank(flag != 0, group=live_group(group)) else 0)

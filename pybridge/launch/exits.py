@@ -15,8 +15,40 @@ import signal
 import threading
 import time
 
+from ..abi import PB_EXIT_REQUEUE
+
 PROG = "pybridge-launch"  # how the launcher names itself in every message
 SCAN_INTERVAL = 0.02  # seconds between looks for new children; exits are seen at once
+
+
+REQUEUE = PB_EXIT_REQUEUE  # 75: workers that saved on a scheduler's warning (runtime/preempt.py)
+# SIGUSR1 kills a process by default: SLURM's warning (--signal=USR1@120) must not kill the
+# launcher, which passes it to its workers (they may have received it too: twice is harmless).
+FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def children():
+    """This process's child pids (Linux /proc; an empty set elsewhere)."""
+    pids = set()
+    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+        try:
+            with open(path) as f:
+                pids.update(int(p) for p in f.read().split())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return pids
+
+
+def forward_signals(signals=FORWARDED):
+    """Pass `signals` on to every child instead of dying of them."""
+    def forward(num, frame):
+        for pid in children():
+            try:
+                os.kill(pid, num)
+            except ProcessLookupError:
+                pass
+    for num in signals:
+        signal.signal(num, forward)
 
 
 class ExitClock:
@@ -47,18 +79,8 @@ class ExitClock:
         with self._lock:
             return self._times.get(pid)
 
-    def _children(self):
-        pids = set()
-        for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-            try:
-                with open(path) as f:
-                    pids.update(int(p) for p in f.read().split())
-            except OSError:  # the thread ended meanwhile
-                pass
-        return pids
-
     def _watch_new(self, poller, by_fd):
-        listed = self._children()
+        listed = children()
         for pid in listed - set(self._fds):
             if pid in self._times and pid in self._listed:
                 continue  # the zombie whose exit is already recorded

@@ -57,7 +57,7 @@ from .._version import __version__
 from ..base import jobenv, netif
 from ..errors import InvalidArgument
 from . import cpubind
-from .exits import PROG, ExitClock, signal_exit
+from .exits import PROG, REQUEUE, ExitClock, forward_signals, signal_exit
 
 DEFAULT_CPU_NPROC = 2
 STDERR_TAIL_LINES = 30
@@ -345,6 +345,7 @@ def elastic_main(opts):
                      min_world=opts.min_world, max_world=opts.max_world, replace=opts.replace,
                      monitor_interval=opts.monitor_interval, shutdown_timeout=opts.shutdown_timeout,
                      hosting=node_rank == 0)
+    forward_signals()
     try:
         return sup.run()
     except KeyboardInterrupt:
@@ -391,6 +392,10 @@ def format_failure(exc, log_dir, node_rank, exit_time=None):
     """
     failures = exc.failures
     own = [r for r, f in failures.items() if not _stopped_by_us(f)] or list(failures)
+    if all(failures[r].exitcode == REQUEUE for r in own):  # the others were stopped while they exited
+        saved = sorted(r for r, f in failures.items() if f.exitcode == REQUEUE)
+        return (f"{PROG}: preempted: rank(s) {', '.join(map(str, saved))} saved and exited with {REQUEUE} "
+                f"(requeue); run the job again to resume (SLURM: `scontrol requeue $SLURM_JOB_ID`)", REQUEUE)
     logs = {r: _stderr_log(log_dir, failures[r].local_rank) for r in own}
     tails = {r: _tail(path) if path else None for r, path in logs.items()}
     # A peer's death makes the survivors fail too, often in the same monitoring pass, where
@@ -524,6 +529,7 @@ def main(argv=None):
     parser.allow_abbrev = False
     args = parser.parse_args(targs)
     clock = ExitClock().start()
+    forward_signals()
     try:
         torchrun.run(args)
     except ChildFailedError as exc:

@@ -1,0 +1,92 @@
+package pybridge_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	pybridge "github.com/pybridge/pybridge/go"
+)
+
+func init() { roles["preempt"] = rolePreempt }
+
+// TestPreemptionStopsEveryRankAtTheSameStep: only rank 1 receives SIGUSR1 (as a
+// scheduler's warning may reach one node), at step 3; NotifyPreemption's context
+// and AnyRank stop both ranks after step 3. Work.WaitContext returns the context's
+// error while a receive is still open, and a later Wait its result.
+func TestPreemptionStopsEveryRankAtTheSameStep(t *testing.T) {
+	expectPass(t, runRanks(t, &launch{role: "preempt", world: 2, limit: 90 * time.Second}))
+}
+
+func rolePreempt() error {
+	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(30*time.Second))
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	if pybridge.ExitRequeue != 75 {
+		return fmt.Errorf("ExitRequeue = %d, want 75 (EX_TEMPFAIL)", pybridge.ExitRequeue)
+	}
+	if err := checkWaitContext(g); err != nil {
+		return err
+	}
+	ctx, stop := pybridge.NotifyPreemption(context.Background())
+	defer stop()
+	for step := 1; step <= 50; step++ {
+		if g.Rank() == 1 && step == 3 {
+			if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
+				return err
+			}
+			select { // delivered asynchronously: wait for it, so that step 3 is the one
+			case <-ctx.Done():
+			case <-time.After(10 * time.Second):
+				return errors.New("SIGUSR1 did not cancel the context")
+			}
+		}
+		stopNow, err := pybridge.AnyRank(g, ctx.Err() != nil)
+		if err != nil {
+			return err
+		}
+		if stopNow {
+			if step != 3 {
+				return fmt.Errorf("stopped after step %d, want 3", step)
+			}
+			logf("stopped after step %d (signal seen here: %v)", step, ctx.Err() != nil)
+			return nil
+		}
+	}
+	return errors.New("no rank stopped")
+}
+
+func checkWaitContext(g *pybridge.Group) error {
+	buf, err := pybridge.NewBuffer[float32](2)
+	if err != nil {
+		return err
+	}
+	defer buf.Close()
+	if g.Rank() == 1 {
+		time.Sleep(500 * time.Millisecond)
+		return pybridge.Send(g, []float32{4, 5}, 0, 11)
+	}
+	w, err := pybridge.IRecv(g, buf, 1, 11)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := w.WaitContext(short); !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("WaitContext before the peer sent: %v, want context.DeadlineExceeded", err)
+	}
+	if err := w.WaitContext(context.Background()); err != nil {
+		return fmt.Errorf("WaitContext after the peer sent: %v", err)
+	}
+	if got := buf.Data(); got[0] != 4 || got[1] != 5 {
+		return fmt.Errorf("received %v, want [4 5]", got)
+	}
+	return nil
+}
