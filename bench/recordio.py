@@ -15,6 +15,7 @@ For 100-byte, 1 KiB and 100 KiB records, uncompressed and Snappy, it writes one 
 Targets (issue 4): uncompressed 100 KiB records >= 50% of plain; 1 KiB >= 1M records/s.
 
     python bench/recordio.py [--mib 128] [--repeat 5] [--dir DIR] [--sizes 102400] [--no-go]
+                             [--compressors none snappy gzip]
 """
 
 import argparse
@@ -135,6 +136,8 @@ def main(argv=None):
     ap.add_argument("--no-go", action="store_true", help="skip the Go via bridge column")
     ap.add_argument("--sizes", type=int, nargs="+", choices=[size for size, _ in CASES],
                     help="measure only these record sizes (bytes); the JSON is then not written")
+    ap.add_argument("--compressors", nargs="+", choices=["none", "snappy", "gzip"],
+                    help="measure these compressors (default none and snappy; anything else writes no JSON)")
     args = ap.parse_args(argv)
     work = args.dir or tempfile.mkdtemp(prefix="pybridge-bench-recordio-")
     os.makedirs(work, exist_ok=True)
@@ -149,7 +152,7 @@ def main(argv=None):
             if args.sizes and size not in args.sizes:
                 continue
             n = (args.mib << 20) // size
-            for compressor in COMPRESSORS:
+            for compressor in args.compressors or COMPRESSORS:
                 path = os.path.join(work, f"r{size}-{compressor}.recordio")
                 make_file(path, size, n, compressor, rng)
                 file_bytes = os.path.getsize(path)
@@ -204,7 +207,7 @@ def main(argv=None):
     print(table(["record", "compressor", "pybridge API", "batch", "file MiB", "plain MB/s",
                  "plain+CRC MB/s", "pybridge MB/s", "M records/s", "vs plain", "Go via bridge"], rows))
 
-    if args.sizes:
+    if args.sizes or (args.compressors and args.compressors != COMPRESSORS):
         print(f"(total {time.perf_counter() - started:.0f} s; partial run: no JSON written)")
         return
 

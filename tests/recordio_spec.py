@@ -139,14 +139,33 @@ LIMITS = {
     "header_size": 20,
     "default_max_chunk_bytes": 32 << 20,  # raw record bytes at which a writer closes a chunk
     "snappy_max_block": 65536,  # uncompressed bytes in one Snappy frame (the framing format's limit)
+    "max_decoded_bytes": 256 << 20,  # default cap on what one compressed chunk may decode to
 }
 VECTORS_PATH = os.path.join(GOLDEN_DIR, "vectors.json")
 
 
+def hostile():
+    """name -> bytes of a crafted file with valid CRCs that every reader must refuse as corrupt
+    data (naming chunk 1 at its offset) after returning chunk 0's record b"ok", without allocating
+    what the file declares."""
+    good = chunk([b"ok"])
+    # A compressed frame whose block declares 2^35 - 1 bytes (the largest 5-byte varint, ~32 GiB),
+    # followed by one byte: 44 bytes as a file of its own.
+    frame_32g = _frame(0x00, b"\0\0\0\0" + b"\xff\xff\xff\xff\x7f" + b"\0")
+    # One byte over the framing format's 65536 per frame, declared by a compressed frame.
+    frame_65537 = _frame(0x00, b"\0\0\0\0" + b"\x81\x80\x04" + b"\0")
+    return {
+        "snappy_frame_declares_32gib": good + chunk([b"x"], 1, snappy_stream([frame_32g])),
+        "snappy_frame_over_block": good + chunk([b"x"], 1, snappy_stream([frame_65537])),
+    }
+
+
 def vectors():
-    """What vectors.json holds: the limits, and each golden file's records (hex)."""
+    """What vectors.json holds: the limits, each golden file's records (hex), and the hostile
+    files every reader must refuse (hex)."""
     return {"limits": LIMITS,
-            "records": {name: [r.hex() for r in recs] for name, (_, recs, _) in sorted(golden().items())}}
+            "records": {name: [r.hex() for r in recs] for name, (_, recs, _) in sorted(golden().items())},
+            "corrupt": {name: data.hex() for name, data in sorted(hostile().items())}}
 
 
 if __name__ == "__main__":  # regenerate the checked-in files: python tests/recordio_spec.py

@@ -83,6 +83,23 @@ def test_bad_inputs_are_named(tmp_path):
         checkpoint.restore(tmp_path)
 
 
+@pytest.mark.parametrize("field, value", [("step", "seven"), ("step", "7"), ("step", 7.5), ("step", True), ("step", -1),
+                                          ("step", None), ("world_size", "two"), ("world_size", 0),
+                                          ("tensors", [torch.zeros(1)]), ("tensors", {"w": 1.0})])
+def test_metadata_of_the_wrong_type_is_corrupt_data_naming_the_file_and_field(tmp_path, field, value):
+    # A step that is not an integer was a raw ValueError from int() (issue 32, finding 10); a
+    # float was truncated without a word.
+    state = checkpoint.state_of(3, tensors={"w": torch.zeros(2)})
+    state[field] = value
+    path = checkpoint.path_for(tmp_path, 3)
+    with open(path, "wb") as f:
+        f.write(checkpoint.to_bytes(state))
+    with pytest.raises(CorruptData, match=f"step-000000000003.pt.*'{field}'"):
+        checkpoint.restore(tmp_path, tensors={"w": torch.zeros(2)})
+    with pytest.raises(CorruptData, match=f"rank 0's state: field '{field}'"):
+        checkpoint.decode(checkpoint.to_bytes(state), "rank 0's state")
+
+
 def test_loader_state_of_another_dataset_is_refused(tmp_path):
     paths = resume_train.write_dataset(str(tmp_path), 64)
     with Loader(paths, 4, shuffle=True, seed=7) as a, Loader(paths, 4, shuffle=True, seed=8) as b, \

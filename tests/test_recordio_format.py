@@ -222,8 +222,9 @@ def test_the_shared_vectors_are_the_specs_and_pythons_numbers():
     with open(recordio_spec.VECTORS_PATH) as f:
         assert json.load(f) == recordio_spec.vectors(), "regenerate with: python tests/recordio_spec.py"
     limits = recordio_spec.LIMITS
-    assert (fmt.MAGIC, fmt.HEADER_SIZE, fmt.DEFAULT_MAX_CHUNK_BYTES, fmt.SNAPPY_MAX_BLOCK) == (
-        limits["magic"], limits["header_size"], limits["default_max_chunk_bytes"], limits["snappy_max_block"])
+    assert (fmt.MAGIC, fmt.HEADER_SIZE, fmt.DEFAULT_MAX_CHUNK_BYTES, fmt.SNAPPY_MAX_BLOCK, fmt.MAX_DECODED_BYTES) == (
+        limits["magic"], limits["header_size"], limits["default_max_chunk_bytes"], limits["snappy_max_block"],
+        limits["max_decoded_bytes"])
 
 
 def _snappy_frame_sizes(stream):

@@ -18,7 +18,10 @@
 //
 // A malformed file gives a *CorruptError naming the file, the chunk index and
 // the chunk's byte offset; errors.Is(err, ErrCorrupt) matches it. No record of
-// a chunk that fails a check is ever returned.
+// a chunk that fails a check is ever returned. So does a chunk that would
+// decompress to more than the Reader's cap (MaxDecodedBytes by default), or a
+// Snappy frame larger than 65536 bytes: both are refused before the memory is
+// allocated.
 package recordio
 
 import (
@@ -75,6 +78,17 @@ const (
 	DefaultMaxChunkBytes = 32 << 20
 	// MaxChunkLimit is the largest chunk size limit a Writer accepts.
 	MaxChunkLimit = 1 << 31
+	// MaxDecodedBytes is the default for the most a compressed chunk may
+	// decompress to (length prefixes included), as in pybridge.recordio: the
+	// format has no uncompressed size, so this bounds what a crafted chunk can
+	// make a Reader allocate. A chunk that would decode to more is a
+	// *CorruptError, found before that memory is allocated. Files written with
+	// a chunk limit up to 128 MiB read under it; see WithMaxDecodedBytes and
+	// MaxDecodedEnv to raise it.
+	MaxDecodedBytes = 256 << 20
+	// MaxDecodedEnv, when set to a byte count, replaces MaxDecodedBytes as the
+	// default cap (the Python reader reads the same variable).
+	MaxDecodedEnv = "PYBRIDGE_RECORDIO_MAX_DECODED"
 )
 
 // ChunkHeader is a decoded chunk header.

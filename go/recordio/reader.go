@@ -8,6 +8,8 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -40,21 +42,54 @@ type Reader struct {
 	err     error
 	done    bool
 	gz      *gzip.Reader
+	limit   int64 // the most a compressed chunk may decode to
 }
 
+// ReaderOption configures a Reader (Open, NewReader).
+type ReaderOption func(*Reader)
+
+// WithMaxDecodedBytes sets the most one compressed chunk may decompress to
+// (default MaxDecodedBytes, or the PYBRIDGE_RECORDIO_MAX_DECODED environment
+// variable). A chunk that would decode to more is a *CorruptError.
+func WithMaxDecodedBytes(n int64) ReaderOption { return func(r *Reader) { r.limit = n } }
+
 // NewReader reads chunks from r; name appears in error messages.
-func NewReader(r io.Reader, name string) *Reader {
-	return &Reader{r: r, name: name, size: -1}
+func NewReader(r io.Reader, name string, opts ...ReaderOption) *Reader {
+	rd := &Reader{r: r, name: name, size: -1}
+	rd.configure(opts)
+	return rd
 }
 
 // Open opens the file at path for reading. A missing or unreadable file gives
 // an error wrapping the *os.PathError (errors.Is(err, fs.ErrNotExist) works).
-func Open(path string) (*Reader, error) {
+func Open(path string, opts ...ReaderOption) (*Reader, error) {
 	f, size, err := openRegular(path)
 	if err != nil {
 		return nil, err
 	}
-	return &Reader{r: f, f: f, name: path, size: size}, nil
+	r := &Reader{r: f, f: f, name: path, size: size}
+	r.configure(opts)
+	return r, nil
+}
+
+// configure applies the options over the default cap; a bad cap (from an
+// option or the environment) becomes the Reader's error, so reading stops at once.
+func (r *Reader) configure(opts []ReaderOption) {
+	r.limit = MaxDecodedBytes
+	if v := strings.TrimSpace(os.Getenv(MaxDecodedEnv)); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			r.err, r.done = fmt.Errorf("recordio: environment variable %s=%q is not a byte count of at least 1", MaxDecodedEnv, v), true
+			return
+		}
+		r.limit = n
+	}
+	for _, o := range opts {
+		o(r)
+	}
+	if r.limit < 1 {
+		r.err, r.done = fmt.Errorf("recordio: %s: the decoded chunk cap must be at least 1 byte, got %d", r.name, r.limit), true
+	}
 }
 
 // ErrNotRegular is wrapped by the error for a path that is not a regular file.
@@ -160,15 +195,9 @@ func (r *Reader) readChunk() bool {
 	if r.size >= 0 && r.off+HeaderSize+int64(h.Size) > r.size {
 		return r.corrupt("payload size %d is larger than the file: only %d bytes follow the header", h.Size, r.size-r.off-HeaderSize)
 	}
-	if cap(r.buf) < int(h.Size) {
-		r.buf = make([]byte, h.Size)
-	}
-	body := r.buf[:h.Size]
-	if n, err := io.ReadFull(r.r, body); err != nil {
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
-			return r.corrupt("truncated chunk: read %d of %d payload bytes", n, h.Size)
-		}
-		return r.ioFail(err)
+	body, ok := r.readBody(int64(h.Size))
+	if !ok {
+		return false
 	}
 	if got := crc32.Checksum(body, crcTable); got != h.Checksum {
 		return r.corrupt("checksum mismatch: the header says 0x%08x, the payload's CRC-32 is 0x%08x", h.Checksum, got)
@@ -188,6 +217,44 @@ func (r *Reader) readChunk() bool {
 	return true
 }
 
+// readBody reads a chunk's n payload bytes into r.buf. A file's size was
+// checked against n already; a stream's was not, so a large payload of a
+// stream is read as it arrives rather than allocated up front from the header.
+func (r *Reader) readBody(n int64) ([]byte, bool) {
+	if r.size < 0 && n > int64(cap(r.buf)) && n > streamPrealloc {
+		buf := bytes.NewBuffer(r.buf[:0])
+		got, err := io.CopyN(buf, r.r, n)
+		r.buf = buf.Bytes()
+		if err == io.EOF {
+			return nil, r.corrupt("truncated chunk: read %d of %d payload bytes", got, n)
+		}
+		if err != nil {
+			return nil, r.ioFail(err)
+		}
+		return r.buf[:n], true
+	}
+	if int64(cap(r.buf)) < n {
+		r.buf = make([]byte, n)
+	}
+	body := r.buf[:n]
+	if got, err := io.ReadFull(r.r, body); err != nil {
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return nil, r.corrupt("truncated chunk: read %d of %d payload bytes", got, n)
+		}
+		return nil, r.ioFail(err)
+	}
+	return body, true
+}
+
+// streamPrealloc is the largest payload of a stream (NewReader) allocated
+// from its header alone; a larger one grows as its bytes arrive.
+const streamPrealloc = 64 << 20
+
+func (r *Reader) tooBig(what string) error {
+	return fmt.Errorf("%s decodes to more than %d bytes, the most a chunk may decode to (WithMaxDecodedBytes / %s; default %d)",
+		what, r.limit, MaxDecodedEnv, MaxDecodedBytes)
+}
+
 func (r *Reader) decompress(c Compressor, body []byte) ([]byte, error) {
 	switch c {
 	case None:
@@ -195,8 +262,11 @@ func (r *Reader) decompress(c Compressor, body []byte) ([]byte, error) {
 		// after this chunk's records are used up, as Record documents.
 		return body, nil
 	case Snappy:
-		p, err := snappyFrameDecode(r.payload[:0], body)
+		p, err := snappyFrameDecode(r.payload[:0], body, r.limit)
 		r.payload = p[:0]
+		if errors.Is(err, errSnappyTooBig) {
+			return nil, r.tooBig(err.Error())
+		}
 		return p, err
 	case Gzip:
 		var err error
@@ -208,12 +278,18 @@ func (r *Reader) decompress(c Compressor, body []byte) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("gzip payload does not decode: %v", err)
 		}
+		// Inflate at most limit+1 bytes: one more than allowed tells a chunk
+		// that is too big from one that is exactly at the cap.
 		out := bytes.NewBuffer(r.payload[:0])
-		if _, err := io.Copy(out, r.gz); err != nil {
-			return nil, fmt.Errorf("gzip payload does not decode: %v", err)
-		}
+		n, err := io.Copy(out, io.LimitReader(r.gz, r.limit+1))
 		p := out.Bytes()
 		r.payload = p[:0]
+		if err != nil {
+			return nil, fmt.Errorf("gzip payload does not decode: %v", err)
+		}
+		if n > r.limit {
+			return nil, r.tooBig("gzip payload")
+		}
 		return p, nil
 	}
 	return nil, fmt.Errorf("unknown compressor %d", uint32(c))

@@ -43,8 +43,10 @@ type vectors struct {
 		HeaderSize           int    `json:"header_size"`
 		DefaultMaxChunkBytes int    `json:"default_max_chunk_bytes"`
 		SnappyMaxBlock       int    `json:"snappy_max_block"`
+		MaxDecodedBytes      int64  `json:"max_decoded_bytes"`
 	} `json:"limits"`
 	Records map[string][]string `json:"records"` // hex
+	Corrupt map[string]string   `json:"corrupt"` // hex of crafted files every reader refuses
 }
 
 var shared = func() vectors {
@@ -77,9 +79,9 @@ var golden = func() map[string][][]byte {
 func TestConstantsAreTheSharedLimits(t *testing.T) {
 	l := shared.Limits
 	if Magic != l.Magic || HeaderSize != l.HeaderSize || DefaultMaxChunkBytes != l.DefaultMaxChunkBytes ||
-		snappyMaxBlock != l.SnappyMaxBlock {
-		t.Fatalf("Go's constants (magic %#x, header %d, chunk %d, snappy block %d) differ from vectors.json's %+v",
-			Magic, HeaderSize, DefaultMaxChunkBytes, snappyMaxBlock, l)
+		snappyMaxBlock != l.SnappyMaxBlock || MaxDecodedBytes != l.MaxDecodedBytes {
+		t.Fatalf("Go's constants (magic %#x, header %d, chunk %d, snappy block %d, decoded cap %d) differ from vectors.json's %+v",
+			Magic, HeaderSize, DefaultMaxChunkBytes, snappyMaxBlock, MaxDecodedBytes, l)
 	}
 	if len(golden) < 6 {
 		t.Fatalf("vectors.json lists %d golden files, want at least 6", len(golden))

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/bits"
+	"slices"
 )
 
 const (
@@ -54,12 +55,21 @@ func snappyFrameEncode(dst, src []byte) []byte {
 	return dst
 }
 
+// errSnappyTooBig is wrapped by snappyFrameDecode's error for a stream that
+// would decode to more than its limit.
+var errSnappyTooBig = errors.New("snappy stream")
+
 // snappyFrameDecode decodes a whole framing-format stream, appending to dst.
-func snappyFrameDecode(dst, src []byte) ([]byte, error) {
+// Each frame's size is checked before it is decoded: at most 65536 bytes (the
+// framing format's limit), and at most limit bytes for the whole stream (an
+// error wrapping errSnappyTooBig), so a crafted stream cannot make it allocate
+// more than limit.
+func snappyFrameDecode(dst, src []byte, limit int64) ([]byte, error) {
 	if len(src) == 0 {
 		return dst, nil // an empty stream
 	}
 	seenID := false
+	base := len(dst)
 	for pos := 0; pos < len(src); {
 		if pos+4 > len(src) {
 			return dst, fmt.Errorf("snappy stream: frame header at byte %d is truncated", pos)
@@ -89,6 +99,20 @@ func snappyFrameDecode(dst, src []byte) ([]byte, error) {
 			}
 			want := binary.LittleEndian.Uint32(frame)
 			start := len(dst)
+			size := uint64(len(frame) - 4)
+			if kind == frameCompressed {
+				n, k := binary.Uvarint(frame[4:])
+				if k <= 0 {
+					return dst, errSnappyBlock
+				}
+				size = n
+			}
+			if size > snappyMaxBlock {
+				return dst, fmt.Errorf("snappy stream: the frame at byte %d declares %d bytes, more than the framing format's %d", pos-length-4, size, snappyMaxBlock)
+			}
+			if total := uint64(start-base) + size; total > uint64(limit) {
+				return dst, fmt.Errorf("%w (the frame at byte %d reaches %d bytes)", errSnappyTooBig, pos-length-4, total)
+			}
 			if kind == frameRaw {
 				dst = append(dst, frame[4:]...)
 			} else {
@@ -121,11 +145,7 @@ func snappyDecodeBlock(dst, src []byte) ([]byte, error) {
 	}
 	base := len(dst)
 	want := base + int(n)
-	if cap(dst) < want {
-		grown := make([]byte, len(dst), want)
-		copy(grown, dst)
-		dst = grown
-	}
+	dst = slices.Grow(dst, int(n)) // amortized: exact growth per frame would copy the stream once per frame
 	s := k
 	for s < len(src) {
 		tag := src[s]

@@ -10,6 +10,13 @@ A file is a sequence of chunks, with no file header or footer. Each chunk is:
 This module holds the pure encode/decode functions; I/O lives in writer.py, index.py and
 reader.py. Decoders raise FormatError (no file context); callers turn it into CorruptData
 naming the file, the chunk and the byte offset.
+
+Decompression is bounded before it allocates: the header has no uncompressed size, so a chunk
+may decode to at most `limit` bytes (MAX_DECODED_BYTES, 256 MiB, by default; the reader's
+max_decoded_bytes or PYBRIDGE_RECORDIO_MAX_DECODED): a Snappy stream's size is summed from its
+frame headers (each frame at most 65536 bytes) before one byte is decoded, and gzip is inflated
+with zlib's max_length, so a crafted payload that would expand further is refused after at most
+`limit` bytes, never with a MemoryError.
 """
 
 import struct
@@ -19,6 +26,8 @@ from typing import NamedTuple
 import cramjam
 import numpy as np
 
+from ..base.jobenv import env_int
+from ..base.checks import integer
 from ..errors import CorruptData, InvalidArgument, IOFailure
 
 MAGIC = 0x01020304
@@ -32,6 +41,12 @@ COMPRESSOR_NAMES = {v: k for k, v in COMPRESSORS.items()}
 
 DEFAULT_MAX_CHUNK_BYTES = 32 << 20  # raw record bytes per chunk, as the Go writer
 SNAPPY_MAX_BLOCK = 65536  # uncompressed bytes in one frame of the Snappy framing format
+# Decoded bytes one compressed chunk may expand to (length prefixes included), unless the reader
+# is told otherwise: 8x the default chunk, so any file written with max_chunk_bytes up to 128 MiB
+# reads as is. The format has no uncompressed size to check against; this bounds what a crafted
+# chunk can make a reader allocate (gzip expands up to ~1000:1, uint32 sizes allow terabytes).
+MAX_DECODED_BYTES = 256 << 20
+MAX_DECODED_ENV = "PYBRIDGE_RECORDIO_MAX_DECODED"
 MAX_U32 = 0xFFFFFFFF
 GZIP_LEVEL = 6  # Go's gzip.DefaultCompression is level 6 as well
 
@@ -61,6 +76,17 @@ def compressor_id(compressor) -> int:
             or int(compressor) not in COMPRESSOR_NAMES:
         raise InvalidArgument(f"unknown compressor {compressor!r}; choose 0 (none), 1 (snappy) or 2 (gzip)")
     return int(compressor)
+
+
+def decoded_limit(value=None) -> int:
+    """The decoded-size cap: `value` if given, else PYBRIDGE_RECORDIO_MAX_DECODED, else
+    MAX_DECODED_BYTES."""
+    name = "max_decoded_bytes"
+    if value is None:
+        value, name = env_int(MAX_DECODED_ENV), MAX_DECODED_ENV
+        if value is None:
+            return MAX_DECODED_BYTES
+    return integer(name, value, low=1, high=1 << 62, expected="a byte count of at least 1")
 
 
 def pack_header(checksum, compressor, size, num_records) -> bytes:
@@ -108,38 +134,78 @@ def compress(compressor, payload) -> bytes:
     raise InvalidArgument(f"unknown compressor {compressor!r}")
 
 
-def _snappy_framed_size(data) -> int:
+def _too_big(what, limit):
+    return FormatError(f"{what} decodes to more than {limit} bytes, the most a chunk may decode to "
+                       f"(max_decoded_bytes / {MAX_DECODED_ENV}; default {MAX_DECODED_BYTES})")
+
+
+def _snappy_framed_size(data, limit) -> int:
     """Uncompressed size of a Snappy framing-format stream, read from its frame headers.
 
-    Knowing it lets us decompress into one preallocated buffer instead of a growing one.
-    Returns -1 when the frames do not parse (the decompressor then reports the error).
+    Knowing it lets us decompress into one preallocated buffer instead of a growing one, and
+    check it before allocating: a frame declaring more than 65536 bytes (the format's limit), or
+    a stream adding up to more than `limit`, is a FormatError. So is a stream whose frames do
+    not parse (nothing is decoded unbounded).
     """
     n, pos, total = len(data), 0, 0
     while pos < n:
         if pos + 4 > n:
-            return -1
+            raise FormatError(f"snappy payload does not decode: frame header at byte {pos} is truncated")
         kind = data[pos]
         length = data[pos + 1] | data[pos + 2] << 8 | data[pos + 3] << 16
         body = pos + 4
+        if body + length > n:
+            raise FormatError(f"snappy payload does not decode: the frame at byte {pos} ({length} bytes) runs "
+                              f"past the end of the {n}-byte stream")
+        size = 0
         if kind == 0x00:  # compressed frame: masked CRC-32C, then a raw block led by a varint size
-            p, shift, size = body + 4, 0, 0
+            p, shift = body + 4, 0
             while True:
-                if p >= min(n, body + length) or shift > 28:
-                    return -1
+                if p >= body + length or shift > 28:
+                    raise FormatError(f"snappy payload does not decode: the frame at byte {pos} has no "
+                                      "valid block size")
                 b = data[p]
                 size |= (b & 0x7F) << shift
                 p, shift = p + 1, shift + 7
                 if not b & 0x80:
                     break
-            total += size
         elif kind == 0x01:  # uncompressed frame: masked CRC-32C, then the bytes
-            total += length - 4
+            size = length - 4
+        if size > SNAPPY_MAX_BLOCK:
+            raise FormatError(f"snappy payload does not decode: the frame at byte {pos} declares {size} "
+                              f"bytes, more than the framing format's {SNAPPY_MAX_BLOCK}")
+        total += size
+        if total > limit:
+            raise _too_big(f"snappy stream (the frame at byte {pos} reaches {total} bytes)", limit)
         pos = body + length
-    return total if pos == n else -1
+    return total
 
 
-def decompress(compressor, data, alloc=None):
-    """Decompress a chunk payload; returns a uint8 numpy array.
+def _gunzip(data, limit):
+    """Inflate a gzip stream (one member or several) into at most `limit` bytes: zlib's
+    max_length stops each step at the bytes still allowed, plus one to see that it was more."""
+    pieces, rest, total = [], bytes(data), 0
+    try:
+        while True:  # a gzip stream may hold several members
+            d = zlib.decompressobj(31)
+            piece = d.decompress(rest, limit - total + 1)
+            total += len(piece)
+            if total > limit:
+                raise _too_big("gzip payload", limit)
+            pieces.append(piece)
+            if not d.eof:  # (input left over means the cap stopped it, handled above)
+                raise FormatError("gzip payload does not decode: the stream is truncated")
+            rest = d.unused_data
+            if not rest:
+                break
+    except zlib.error as exc:
+        raise FormatError(f"gzip payload does not decode: {exc}") from None
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def decompress(compressor, data, alloc=None, limit=MAX_DECODED_BYTES):
+    """Decompress a chunk payload; returns a uint8 numpy array of at most `limit` bytes
+    (FormatError, before allocating more, for a payload that would decode to more).
 
     alloc(n) -> uint8 array of at least n bytes lets the caller supply a reusable buffer:
     a fresh 32 MiB allocation per chunk costs page faults comparable to the decompression.
@@ -147,31 +213,17 @@ def decompress(compressor, data, alloc=None):
     if compressor == NONE:
         return np.frombuffer(data, np.uint8)
     if compressor == SNAPPY:
-        size = _snappy_framed_size(memoryview(data))
+        size = _snappy_framed_size(memoryview(data), limit)
         try:
-            if size >= 0:
-                dest = (alloc(size) if alloc else np.empty(size, np.uint8))[:size]
-                written = cramjam.snappy.decompress_into(data, dest)
-                if written != size:
-                    raise FormatError(f"snappy stream decoded to {written} bytes, its frames declare {size}")
-                return dest
-            return np.frombuffer(cramjam.snappy.decompress(data), np.uint8)
+            dest = (alloc(size) if alloc else np.empty(size, np.uint8))[:size]
+            written = cramjam.snappy.decompress_into(data, dest)
         except cramjam.DecompressionError as exc:
             raise FormatError(f"snappy payload does not decode: {exc}") from None
+        if written != size:
+            raise FormatError(f"snappy stream decoded to {written} bytes, its frames declare {size}")
+        return dest
     if compressor == GZIP:
-        pieces, rest = [], bytes(data)
-        try:
-            while True:  # a gzip stream may hold several members
-                d = zlib.decompressobj(31)
-                pieces.append(d.decompress(rest))
-                if not d.eof:
-                    raise FormatError("gzip payload does not decode: the stream is truncated")
-                rest = d.unused_data
-                if not rest:
-                    break
-        except zlib.error as exc:
-            raise FormatError(f"gzip payload does not decode: {exc}") from None
-        return np.frombuffer(pieces[0] if len(pieces) == 1 else b"".join(pieces), np.uint8)
+        return np.frombuffer(_gunzip(data, limit), np.uint8)
     raise FormatError(f"unknown compressor {compressor} (known: 0 none, 1 snappy, 2 gzip)")
 
 

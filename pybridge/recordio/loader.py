@@ -151,7 +151,7 @@ class Loader:
         same data, open at once or one after another, each read every record once per
         epoch; every rank must open its dynamic loaders in the same order.
     prefetch: batches prepared ahead on a background thread (0: read on the caller's thread).
-    skip_corrupt, verify_checksums, index_cache: passed to each Reader.
+    skip_corrupt, verify_checksums, index_cache, max_decoded_bytes: passed to each Reader.
 
     The static partition is deterministic for given (files, seed, epoch); the dynamic
     partition's assignment depends on timing, by design.
@@ -164,7 +164,8 @@ class Loader:
 
     def __init__(self, files, batch_size, *, partition="static", group=None, num_replicas=None, rank=None,
                  shuffle=False, seed=0, drop_last=False, task_records=None, store=None, name=None,
-                 prefetch=2, skip_corrupt=False, verify_checksums=True, index_cache=False, epoch=0):
+                 prefetch=2, skip_corrupt=False, verify_checksums=True, index_cache=False, epoch=0,
+                 max_decoded_bytes=None):
         batch_size = integer("batch_size", batch_size, low=1)
         if partition not in PARTITIONS:
             raise InvalidArgument(f"partition must be 'static' or 'dynamic', got {partition!r}")
@@ -199,7 +200,8 @@ class Loader:
         try:
             for path in self.files:
                 r = Reader(path, skip_corrupt=skip_corrupt, verify_checksums=verify_checksums,
-                           index_cache=index_cache, allow_empty=skip_corrupt)
+                           index_cache=index_cache, allow_empty=skip_corrupt,
+                           max_decoded_bytes=max_decoded_bytes)
                 r.release()  # reopened on first read: many shards must not hold many descriptors
                 self._readers[path] = r
             self.tasks = [t for path in self.files

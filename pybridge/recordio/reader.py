@@ -40,7 +40,8 @@ from ..errors import Closed, CorruptData, InvalidArgument
 from ..base.checks import integer
 from .batch import Batch
 from .checksum import crc32_combine, crc32_update
-from .format import HEADER_SIZE, NONE, FormatError, corrupt, decompress, gather_into, io_failure, parse_records
+from .format import (HEADER_SIZE, NONE, FormatError, corrupt, decoded_limit, decompress, gather_into, io_failure,
+                     parse_records)
 from .index import build_index
 
 _PAGE = 4096
@@ -336,11 +337,15 @@ class Reader:
     cache_chunks: decoded chunks kept for reuse by later reads.
     mmap: read through a memory map of the file (default: on unless PYBRIDGE_RECORDIO_MMAP=0;
         files that cannot be mapped are read with pread). See the module docstring.
+    max_decoded_bytes: the most one compressed chunk may decompress to (default
+        PYBRIDGE_RECORDIO_MAX_DECODED, else 256 MiB); a chunk that would decode to more is
+        CorruptData (skipped under skip_corrupt), refused before that memory is allocated.
     """
 
     def __init__(self, path, *, skip_corrupt=False, verify_checksums=True, index_cache=False,
-                 allow_empty=False, cache_chunks=2, mmap=None):
+                 allow_empty=False, cache_chunks=2, mmap=None, max_decoded_bytes=None):
         self.path = os.fspath(path)
+        self.max_decoded_bytes = decoded_limit(max_decoded_bytes)
         self.use_mmap = _mmap_default() if mmap is None else bool(mmap)
         self.skip_corrupt = bool(skip_corrupt)
         self.verify_checksums = bool(verify_checksums)
@@ -553,7 +558,7 @@ class Reader:
             taken.append(owner)
             return view
         try:
-            payload = decompress(info.compressor, raw, alloc)
+            payload = decompress(info.compressor, raw, alloc, self.max_decoded_bytes)
         except FormatError as exc:
             raise self._fail(info, str(exc)) from None
         return payload, (taken[0] if taken else None)

@@ -168,7 +168,22 @@ def decode(data, source="checkpoint"):
         raise CorruptData(f"{source}: not a pybridge checkpoint")
     if state.get("version") != VERSION:
         raise CorruptData(f"{source}: checkpoint version {state.get('version')!r}, this pybridge reads {VERSION}")
+    _check_fields(state, source)
     return state
+
+
+def _check_fields(state, source):
+    """The metadata restore() and apply() read, type-checked: CorruptData naming the field, not
+    a ValueError (or a silently truncated float) from int() later."""
+    for field, low, high, default in (("step", 0, 10**12 - 1, None), ("world_size", 1, 1 << 31, 1)):
+        value = state.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise CorruptData(f"{source}: field {field!r} is {value!r} ({type(value).__name__}), "
+                              f"not an integer in [{low}, {high}]")
+    tensors = state.get("tensors")
+    if tensors is not None and not (isinstance(tensors, dict) and all(
+            isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in tensors.items())):
+        raise CorruptData(f"{source}: field 'tensors' is not a dict of name -> tensor")
 
 
 def _read(path):
@@ -271,7 +286,7 @@ def restore(directory, *, group=None, model=None, optimizer=None, reducer=None, 
     state = decode(data, source)
     apply(state, source, model=model, optimizer=optimizer, reducer=reducer, loader=loader, tensors=tensors,
           strict=strict)
-    return Restored(int(state["step"]), state.get("extra"), src, int(state.get("world_size", 1)))
+    return Restored(state["step"], state.get("extra"), src, state.get("world_size", 1))
 
 
 def apply(state, source, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None, strict=True):
