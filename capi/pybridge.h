@@ -1014,6 +1014,14 @@ int pb_fed_server_new(pb_group *group, int32_t mode, double timeout_seconds, int
  * max_norm is negative or not finite. */
 int pb_fed_server_set_max_norm(pb_fed_server *server, double max_norm);
 
+/* Bound, from the next result on, the sample count a result may claim (samples weight the
+ * FedAvg sum): a worker whose result claims more than `max_samples` is retired like one
+ * that broke the protocol (named by rank, client and round; with requeue its client goes
+ * to the others), so no single update can outweigh the round by claiming more. Set it to
+ * the largest client's dataset size; the default is 2^31. Errors:
+ * PB_ERR_INVALID_ARGUMENT when max_samples < 1. */
+int pb_fed_server_set_max_samples(pb_fed_server *server, int64_t max_samples);
+
 /* Client-to-worker affinity: hand `client` only to the `n` workers (ranks in the
  * federated group) in `workers`, those that hold its data, from the next assignment on;
  * n = 0 lifts it (any worker). A round whose remaining clients can go only to lost workers

@@ -62,11 +62,13 @@ func (c FedCommand) String() string {
 }
 
 type fedConfig struct {
-	mode    FedMode
-	timeout time.Duration
-	requeue bool
-	maxNorm float64
-	agg     *C.pb_fed_options // strategies, FedBuff, DP (federated_strategy.go); nil: the defaults
+	mode          FedMode
+	timeout       time.Duration
+	requeue       bool
+	maxNorm       float64
+	maxSamples    int64
+	maxSamplesSet bool
+	agg           *C.pb_fed_options // strategies, FedBuff, DP (federated_strategy.go); nil: the defaults
 }
 
 // FedOption configures NewFedServer.
@@ -89,6 +91,15 @@ func WithRequeue() FedOption { return func(c *fedConfig) { c.requeue = true } }
 // worker, the client and the round (with WithRequeue the client is handed out
 // once more first).
 func WithMaxNorm(maxNorm float64) FedOption { return func(c *fedConfig) { c.maxNorm = maxNorm } }
+
+// WithMaxSamples bounds the sample count a result may claim (default 2^31):
+// a worker whose result claims more is retired, named by rank, client and round
+// (with WithRequeue its client goes to the other workers), so that no single
+// update outweighs the round. Set it to the largest client's dataset size.
+// ErrInvalidArgument from NewFedServer when maxSamples < 1.
+func WithMaxSamples(maxSamples int64) FedOption {
+	return func(c *fedConfig) { c.maxSamples = maxSamples; c.maxSamplesSet = true }
+}
 
 // FedWorkerError is the server's error for a worker that died, timed out or
 // reported a failure while holding a client. It wraps the library's *Error, so
@@ -149,6 +160,12 @@ func NewFedServer[T Float](g *Group, opts ...FedOption) (*FedServer[T], error) {
 	}
 	if c.maxNorm != 0 {
 		if err := check(op, C.pbgo_fed_server_set_max_norm(h, C.double(c.maxNorm), &msg), msg); err != nil {
+			C.pbgo_fed_server_close(h, nil)
+			return nil, err
+		}
+	}
+	if c.maxSamplesSet {
+		if err := check(op, C.pbgo_fed_server_set_max_samples(h, C.int64_t(c.maxSamples), &msg), msg); err != nil {
 			C.pbgo_fed_server_close(h, nil)
 			return nil, err
 		}

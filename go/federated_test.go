@@ -139,7 +139,10 @@ func roleFedServer() error {
 	if _, err := pybridge.NewFedWorker[float32](g); !errors.Is(err, pybridge.ErrInvalidArgument) {
 		return fmt.Errorf("a worker on rank 0: want ErrInvalidArgument, got %v", err)
 	}
-	s, err := pybridge.NewFedServer[float32](g, pybridge.WithClientTimeout(60*time.Second))
+	// Client c trains from c + 1 samples: 12 is the largest of the rounds below, so a
+	// bound passed wrong (any value under 12) would retire a worker and fail them.
+	s, err := pybridge.NewFedServer[float32](g, pybridge.WithClientTimeout(60*time.Second),
+		pybridge.WithMaxSamples(12))
 	if err != nil {
 		return err
 	}

@@ -463,6 +463,11 @@ static inline int pbgo_fed_server_set_max_norm(pb_fed_server *server, double max
 	return pbgo_status(pb_fed_server_set_max_norm(server, max_norm), msg);
 }
 
+static inline int pbgo_fed_server_set_max_samples(pb_fed_server *server, int64_t max_samples,
+                                                  char **msg) {
+	return pbgo_status(pb_fed_server_set_max_samples(server, max_samples), msg);
+}
+
 static inline int pbgo_fed_server_set_affinity(pb_fed_server *server, int64_t client,
                                                const int32_t *workers, int32_t n, char **msg) {
 	return pbgo_status(pb_fed_server_set_affinity(server, client, workers, n), msg);

@@ -271,6 +271,17 @@ def _c_server(ffi, lib, g):
     assert lib.pb_fed_sample_clients(3, 4, 1, 1, drawn) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_fed_sample_clients(3, 2, 1, 1, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT
 
+    # The sample bound (issue 32): refused values, then a worker claiming more is retired by name.
+    bad_samples = []
+    for bad in (0, -1):
+        assert lib.pb_fed_server_set_max_samples(s, bad) == lib.PB_ERR_INVALID_ARGUMENT
+        bad_samples.append(_err(ffi, lib))
+    assert lib.pb_fed_server_set_max_samples(s, 3) == 0, _err(ffi, lib)
+    five = ffi.new("int64_t[1]", [5])  # trained from 6 samples
+    assert lib.pb_fed_server_start_round(s, five, 1, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    rc = lib.pb_fed_server_next_result(s, info, has)
+    res["max_samples"] = (bad_samples, rc, _err(ffi, lib), info.worker, info.client, info.round)
+
     # Foreign handles: a server is not a worker, nor the reverse.
     foreign = ffi.cast("pb_fed_worker *", s)
     assert lib.pb_fed_worker_fail(foreign, b"x") == lib.PB_ERR_INVALID_ARGUMENT
@@ -408,6 +419,14 @@ def test_a_round_left_early_does_not_wait_for_its_straggler_and_drops_its_result
 def test_affinity_keeps_clients_on_the_workers_holding_their_data(result):
     workers = result[0]["B"]["affinity"]
     assert sorted(workers) == CLIENTS and all(workers[c] == 2 for c in range(4))
+
+
+def test_the_sample_bound_is_the_cores_and_retires_a_worker_claiming_more(result):
+    bad, rc, text, worker, client, rnd = result[0]["B"]["max_samples"]
+    assert all("max_samples must be" in t for t in bad), bad
+    assert rc == -5 and client == 5 and worker > 0, (rc, text)
+    assert f"federated worker rank {worker} was retired (client 5, round {rnd})" in text, text
+    assert "claims 6 samples (at most max_samples = 3)" in text, text
 
 
 def test_the_sampler_is_the_cores(result):

@@ -88,6 +88,10 @@ def pb_fed_server_set_max_norm(server, max_norm):
     _server(server).rounds.server.set_max_norm(max_norm)
 
 
+def pb_fed_server_set_max_samples(server, max_samples):
+    _server(server).rounds.server.set_max_samples(max_samples)
+
+
 def pb_fed_server_set_affinity(server, client, workers, n):
     s = _server(server)
     integer("n", n, low=0)

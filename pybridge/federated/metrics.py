@@ -14,12 +14,14 @@ from ..errors import CorruptData, InvalidArgument
 MAX_METRICS = 32  # a small dict, not a data channel
 MAX_NAME = 64
 MAX_BYTES = MAX_METRICS * (MAX_NAME + 32)  # a header announcing more is corrupt
+MAX_VALUE = 1e200  # larger magnitudes are refused: times any sample count, a sum stays finite
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*\Z")
 
 
 def check(metrics):
     """`metrics` (a mapping of names to numbers, or None) as a new dict of floats; names are
-    identifiers of at most MAX_NAME characters (letters, digits, `_ . : / -`)."""
+    identifiers of at most MAX_NAME characters (letters, digits, `_ . : / -`), values
+    finite numbers of magnitude at most MAX_VALUE (NaN or Inf would poison a round's means)."""
     if metrics is None:
         return {}
     if not hasattr(metrics, "items"):
@@ -37,6 +39,9 @@ def check(metrics):
             out[name] = float(value)
         except (TypeError, ValueError):
             raise InvalidArgument(f"metric {name!r} must be a number, got {value!r}") from None
+        if not abs(out[name]) <= MAX_VALUE:  # NaN fails this too
+            raise InvalidArgument(f"metric {name!r} must be a finite number of magnitude at most "
+                                  f"{MAX_VALUE:g}, got {out[name]!r}")
     return out
 
 
@@ -46,11 +51,12 @@ def encode(metrics):
 
 
 def decode(data):
-    """Metrics from their wire text; CorruptData if it is not what encode() writes."""
+    """Metrics from their wire text; CorruptData if it is not what encode() writes (or breaks
+    check()'s rules: a non-finite value, a bad name)."""
     try:
         pairs = [line.split("=", 1) for line in bytes(data).decode("ascii").split("\n")] if data else []
         return check({k: float(v) for k, v in pairs})
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, InvalidArgument) as exc:
         raise CorruptData(f"a result's metrics are not name=value lines: {exc}") from None
 
 

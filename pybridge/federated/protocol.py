@@ -1,18 +1,17 @@
 """The federated wire protocol: a fixed int64 header per message, then at most one flat
 payload. Tensors only (no pickling), so a C or Go peer can speak it.
 
-Rank 0 of the federated group is the server; the others are workers. Four links (subgroups
-of the same members) carry the messages, a header on a control link and its payload after
-it on the data link of the same direction:
-  down: server -> worker: task headers; the model
-  up:   worker -> server: result headers; result payloads
-Each direction has its own process groups so that the server's listener threads (on `up`)
-never share one with the server's own sends (on `down`). Control links are gloo, on the
-CPU, whatever the group's backend: a header is read on the host to decide what comes next,
-and a CPU receive blocks until the bytes are there, where an NCCL one only queues work on a
-GPU stream. Data links use the group's backend, so on NCCL the model and results move
-GPU to GPU. On a gloo group the data links are gloo too, kept apart all the same: one
-layout for both backends, so the gloo tests exercise the NCCL layout.
+Rank 0 of the federated group is the server; the others are workers. Two directions:
+  down: server -> worker: task headers; the model. Two links (subgroups of the same
+        members): headers on a gloo control link, the model after its header on a data
+        link of the group's backend (on NCCL the model moves GPU to GPU).
+  up:   worker -> server: result headers, payloads, metrics, acknowledgements. One TCP
+        stream per worker that the server reads with its own framing (uplink.py): the server
+        never posts a receive a worker could overrun (a gloo receive overrun aborts the
+        process), and checks every header against what it expects before reading or
+        allocating anything more.
+The control link is gloo on the CPU whatever the group's backend: a worker reads each
+header on the host to decide what comes next.
 
 Header fields, in order (int64 each):
   command  one of the commands below
@@ -22,8 +21,7 @@ Header fields, in order (int64 each):
   length   elements in the payload that follows (0: none)
   dtype    the payload's element type (pybridge dtype code, as PB_FLOAT32 ...)
   seq      per-worker task number: a result carries its task's seq
-  metrics  bytes of the result's metrics text (metrics.py) that follow the payload on the
-           control link (0: none)
+  metrics  bytes of the result's metrics text (metrics.py) that follow the payload (0: none)
 """
 
 import datetime
@@ -49,11 +47,13 @@ FIELDS = ("command", "round", "client", "samples", "length", "dtype", "seq", "me
 HEADER_LEN = len(FIELDS)
 NO_CLIENT = -1
 MAX_LENGTH = 1 << 40  # elements; a header beyond this is corrupt, not an allocation to try
+MAX_MESSAGE = 1 << 16  # bytes of a FAILED message's text (a longer one is cut)
+MIN_EVALUATE_BYTES = 1 << 20  # an EVALUATE payload may be as large as the model, or this
+DEFAULT_MAX_SAMPLES = 1 << 31  # the server's default bound on a result's sample count
 
 # Tags: a header and its payload travel on the same link, the payload after its header.
 TAG_HEADER = 1
 TAG_PAYLOAD = 2
-TAG_METRICS = 3  # a result's metrics text, after its payload, on the control link
 TAG_CUT = 4  # never sent: a receive on it that times out closes a link (Links.cut)
 
 SERVER = 0  # the server's rank in the federated group
@@ -96,7 +96,8 @@ class Header:
 
 
 class Links:
-    """The four subgroups of a federated group (see the module docstring)."""
+    """The down direction's two subgroups of a federated group (see the module docstring);
+    the up direction is uplink.py's streams."""
 
     def __init__(self, group, timeout):
         # Collectives over `group`: the server and every worker create them in this order.
@@ -105,10 +106,9 @@ class Links:
         # closes) and a slow client is the server's own `timeout`.
         self.group = group
         self.down = group.split(0, timeout=timeout, backend="gloo")
-        self.up = group.split(0, timeout=timeout, backend="gloo")
         self.data_down = group.split(0, timeout=timeout)
-        self.data_up = group.split(0, timeout=timeout)
         self.device = self.data_down.device  # where payloads live
+        self.store = self.down.store  # this federation's own key namespace (the up link's setup)
 
     def send_header(self, header, dst, link):
         collectives.send(header.tensor(), dst, TAG_HEADER, group=link)
@@ -123,7 +123,7 @@ class Links:
 
     def data(self, link):
         """The data link beside control link `link`."""
-        return self.data_down if link is self.down else self.data_up
+        return self.data_down
 
     def send_payload(self, payload, dst, link):
         collectives.send(payload, dst, TAG_PAYLOAD, group=self.data(link))
@@ -137,23 +137,13 @@ class Links:
         collectives.recv(t, src, TAG_PAYLOAD, group=self.data(link))
         return t
 
-    def send_metrics(self, data, dst):
-        """A result's metrics text (bytes), after its header and payload, on the up control link."""
-        t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        collectives.send(t, dst, TAG_METRICS, group=self.up)
-
-    def recv_metrics(self, header, src):
-        t = torch.empty(header.metrics, dtype=torch.uint8)
-        collectives.recv(t, src, TAG_METRICS, group=self.up)
-        return t.numpy().tobytes()
-
     def cut(self, peer):
         """Fail every receive and send still waiting on the gloo links: gloo cannot cancel a
         receive, but one that times out makes it close all the connections of its link
         (measured: the others fail with "Application timeout caused pair closure" at once).
         `peer` must still be connected (a receive from a closed pair fails without the
         timeout). For close() only: the links are of no use afterwards."""
-        for link in (self.down, self.up, self.data_down, self.data_up):
+        for link in (self.down, self.data_down):
             if link.closed or link.backend != "gloo":
                 continue  # an NCCL data link: nothing waits on it unless a worker died mid-message
             try:
@@ -162,7 +152,7 @@ class Links:
                 pass  # the timeout that closes the link, or the pair was closed already
 
     def close(self):
-        for g in (self.up, self.down, self.data_up, self.data_down):
+        for g in (self.down, self.data_down):
             if not g.closed:
                 g.close()
 
@@ -176,7 +166,7 @@ def flat(t, what="payload"):
 
 
 def encode_message(text):
-    data = (text or "(no message)").encode("utf-8", "replace")
+    data = (text or "(no message)").encode("utf-8", "replace")[:MAX_MESSAGE]
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 

@@ -33,7 +33,9 @@ class RoundResults:
     """What run_round returns: an iterator over the round's Results in completion order,
     which also keeps the round's summary of the results taken so far: `clients` (in
     order), `samples` (their sum), `metrics` (sample-weighted means, metrics.RoundMetrics)
-    and `refused` (client -> UpdateRefused, for updates the server would not take)."""
+    `refused` (client -> UpdateRefused, for updates the server would not take) and
+    `retired` (worker rank -> WorkerFailed, for workers retired for breaking the protocol
+    during the round: what they sent was dropped)."""
 
     def __init__(self, number, command, results=None):
         self.round = number
@@ -41,6 +43,7 @@ class RoundResults:
         self.clients = []
         self.samples = 0
         self.refused = {}
+        self.retired = {}
         self._metrics = RoundMetrics()
         self._results = iter(()) if results is None else results  # what iterating takes from
 

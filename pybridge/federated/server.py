@@ -5,8 +5,9 @@ The buffered modes' hand-out (stream.py) and the round loop both go through the 
 seam below (idle_workers, take_client, assign, next_outcome, retry_client, ...); the
 aggregation of what comes back is rounds.py, buffered.py (UpdateBuffer) and aggregate.py.
 
-Completion detection: one listener thread per worker blocks in a receive from that worker
-(on the `up` link) and queues what arrives; the server's own thread takes results from the
+Completion detection: one listener thread per worker blocks in a read of that worker's up
+stream (uplink.py) and queues what arrives, after checking each header against the task the
+worker holds and the model it was sent (a worker that breaks the protocol is retired); the server's own thread takes results from the
 queue in completion order and gives the worker that sent one its next client at once.
 A receive from ANY rank (gloo's recv_anysource) would need one thread in all, but when a
 worker dies it only times out, without saying which; a receive per worker fails at once
@@ -18,6 +19,7 @@ import collections
 import queue
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -25,13 +27,16 @@ import torch
 from ..base import dtypes
 from ..comm import group as _group
 from ..base.checks import integer, positive_seconds
-from ..errors import Closed, InvalidArgument, PyBridgeError, UpdateRefused, WorkerFailed, WorkerTimeout, classify
+from ..errors import (Closed, CommError, InvalidArgument, PyBridgeError, Timeout, UpdateRefused, WorkerFailed,
+                      WorkerTimeout, classify)
+from . import metrics as _metrics
+from . import uplink
 from .modes import BUFFERED as BUFFERED_MODES, MODES
 from .results import Outcome, Result, RoundResults, client_list
 from .integrity import max_norm_setting, refusal
 from .stream import Stream
-from .metrics import decode as decode_metrics
-from .protocol import DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE, Header, Links, decode_message, flat
+from .protocol import (DEFAULT_LINK_TIMEOUT, DEFAULT_MAX_SAMPLES, EVALUATE, FAILED, MAX_MESSAGE, MIN_EVALUATE_BYTES,
+                       NAMES, SERVER, TERMINATE, TRAIN, UPDATE, Header, Links, decode_message, flat)
 
 REFUSED_RETRIES = 1  # with requeue, a client whose update was refused is handed out once more
 
@@ -39,13 +44,16 @@ REFUSED_RETRIES = 1  # with requeue, a client whose update was refused is handed
 @dataclass
 class Assignment:
     """A client handed to a worker: its round (model version), client, command (TRAIN or
-    EVALUATE), the worker's hand-out count `seq` (its answer must repeat it) and when."""
+    EVALUATE), the worker's hand-out count `seq` (its answer must repeat it), when, and the
+    size and dtype code of the model it was sent (a TRAIN answer must match them)."""
 
     round: int
     client: int
     command: int
     seq: int
     start: float
+    numel: int = 0
+    dtype: int = 0
 
 
 class Server:
@@ -67,13 +75,20 @@ class Server:
     always refused.
     affinity: {client: worker ranks that hold its data} for clients that not every worker
     holds (see set_affinity); other clients go to any worker.
+    max_samples: the largest sample count a result may carry (default 2**31); a worker that
+    sends more is retired (see set_max_samples).
     link_timeout: seconds a link may stay silent (the listeners wait that long at most).
+
+    A worker that breaks the protocol (a header that does not answer its task or does not
+    match the model, a payload that ends or stalls mid-message, surplus bytes, a sample count
+    above max_samples, non-finite metrics, an unknown command) is retired like a lost one:
+    named in `lost`, in the round's `retired` and in a RuntimeWarning, what it sent dropped.
 
     Use it from one thread. docs/federated.md has the failure model.
     """
 
     def __init__(self, group=None, *, mode="async", timeout=None, requeue=False, max_norm=None,
-                 affinity=None, link_timeout=DEFAULT_LINK_TIMEOUT):
+                 affinity=None, link_timeout=DEFAULT_LINK_TIMEOUT, max_samples=None):
         g = group or _group.current()
         if mode not in MODES:
             raise InvalidArgument(f"unknown federated mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -86,11 +101,24 @@ class Server:
         self.timeout = g.timeout if timeout is None else positive_seconds("timeout", timeout)
         self._max_norm = None
         self.set_max_norm(max_norm)
+        self._max_samples = DEFAULT_MAX_SAMPLES
+        if max_samples is not None:
+            self.set_max_samples(max_samples)
+        self.link_timeout = positive_seconds("link_timeout", link_timeout)
         self.workers = tuple(range(1, g.size))
         self.affinity = {}  # client -> frozenset of the worker ranks holding its data
         for client, holders in (affinity or {}).items():
             self.set_affinity(client, holders)
         self._links = Links(g, link_timeout)
+        try:
+            listener = uplink.Listener(self._links.store, self.workers)
+            self.up_address = listener.address  # (host, port) the workers connected to; closed now
+            self._conns = listener.accept(g.timeout)
+        except BaseException:
+            self._links.close()
+            raise
+        self._expect = {}  # worker rank -> the Assignment its next answer must answer (listeners read it)
+        self._terminating = set()  # workers sent a terminate: their acknowledgement is expected
         self._live = set(self.workers)  # connected and taking clients (idle or busy)
         self.lost = {}  # worker rank -> the error that retired it (a stalled one's until it answers)
         self._gone = set()  # retired for good: connection lost or out of protocol
@@ -105,7 +133,10 @@ class Server:
         self._farewells = []  # terminates sent, not waited for
         self.closed = False
         self._listeners = {w: threading.Thread(target=self._listen, args=(w,), daemon=True,
-                                               name=f"pybridge-federated-{w}") for w in self.workers}
+                                               name=f"pybridge-federated-{w}") for w in self._conns}
+        for w in self.workers:
+            if w not in self._conns:
+                self._events.put(("lost", w, CommError(f"it did not connect its up link within {g.timeout:g} s")))
         for t in self._listeners.values():
             t.start()
 
@@ -131,6 +162,19 @@ class Server:
         `max_norm`: a finite number >= 0, where 0 or None removes the bound. The one rule
         for Python, C (pb_fed_server_set_max_norm) and Go (WithMaxNorm)."""
         self._max_norm = max_norm_setting(max_norm)
+
+    @property
+    def max_samples(self):
+        """The largest sample count a result may carry; see set_max_samples."""
+        return self._max_samples
+
+    def set_max_samples(self, max_samples):
+        """Retire, from the next result on, a worker whose result claims more than
+        `max_samples` samples (an integer >= 1; default 2**31). Sample counts weight the
+        FedAvg sum, so set it to the largest client's dataset size: then no single update
+        can outweigh the round by claiming more. The one rule for Python, C
+        (pb_fed_server_set_max_samples) and Go (WithMaxSamples)."""
+        self._max_samples = integer("max_samples", max_samples, low=1)
 
     def set_affinity(self, client, workers):
         """Hand `client` only to `workers` (ranks of workers that hold its data), from the
@@ -300,7 +344,9 @@ class Server:
             if self._has.get(worker) != self.round:
                 return self._assign_failed(worker, client, command)
         self._seq[worker] += 1
-        a = self._busy[worker] = Assignment(self.round, client, command, self._seq[worker], time.monotonic())
+        a = self._busy[worker] = Assignment(self.round, client, command, self._seq[worker], time.monotonic(),
+                                            self._model.numel(), dtypes.code(self._model.dtype))
+        self._expect[worker] = a  # before the header goes out: the answer cannot come sooner
         try:  # the worker is waiting for it, so this returns at once
             self._links.send_header(Header(command, self.round, client, seq=a.seq), worker, self._links.down)
         except PyBridgeError as exc:
@@ -354,21 +400,91 @@ class Server:
     # ---- events from the listeners ------------------------------------------------------------
 
     def _listen(self, w):
-        """Receive everything worker `w` sends, in order, until its terminate or its end."""
-        links = self._links
-        if links.device.type == "cuda":
-            torch.cuda.set_device(links.device)  # the current device is per thread
-        while True:
-            try:
-                h = links.recv_header(w, links.up)
-                payload = links.recv_payload(h, w, links.up) if h.length else None
-                metrics = decode_metrics(links.recv_metrics(h, w)) if h.metrics else {}
-            except Exception as exc:  # noqa: BLE001 - reported to the server's thread
-                self._events.put(("lost", w, classify(exc)))
-                return
-            self._events.put(("message", w, h, payload, metrics, time.monotonic()))
-            if h.command == TERMINATE:
-                return
+        """Read everything worker `w` sends on its up stream, in order, until its terminate
+        acknowledgement or its end. Each header is checked (_check) before anything more is
+        read or allocated; a worker that breaks the protocol is reported ("retire") and its
+        stream closed, dropping what it sent."""
+        conn = self._conns[w]
+        if self._links.device.type == "cuda":
+            torch.cuda.set_device(self._links.device)  # the current device is per thread
+        answered = 0  # the seq of the last task it answered
+        try:
+            while True:
+                fields = conn.read_header(self.link_timeout, self.timeout)
+                h = Header(*fields)
+                self._check(w, h, answered)
+                what = f"{NAMES[h.command]} message (round {h.round}, client {h.client})"
+                payload = conn.read_tensor(h.length, h.dtype, self.timeout, f"its {what}'s payload") \
+                    if h.length else None
+                text = conn.read_bytes(h.metrics, self.timeout, f"its {what}'s metrics")
+                end = conn.read_bytes(len(uplink.TRAILER), self.timeout, f"its {what}'s end mark")
+                if end != uplink.TRAILER:
+                    raise uplink.Misbehaved(f"its {what} did not end where its header said (more bytes "
+                                            f"than announced, or fewer): {end!r} instead of the end mark")
+                try:
+                    metrics = _metrics.decode(text)
+                except Exception as exc:  # noqa: BLE001 - CorruptData: named, the worker retired
+                    raise uplink.Misbehaved(f"its {what} has bad metrics: {exc}") from None
+                if payload is not None and payload.device != self._links.device:
+                    payload = payload.to(self._links.device)
+                if h.command != TERMINATE:
+                    answered = h.seq
+                self._events.put(("message", w, h, payload, metrics, time.monotonic()))
+                if h.command == TERMINATE:
+                    return
+        except uplink.Misbehaved as exc:
+            self._events.put(("retire", w, str(exc)))
+        except EOFError:
+            self._events.put(("lost", w, CommError(f"worker rank {w} closed its up link")))
+        except Timeout as exc:
+            self._events.put(("lost", w, Timeout(f"worker rank {w} sent nothing: {exc}")))
+        except Exception as exc:  # noqa: BLE001 - reported to the server's thread
+            self._events.put(("lost", w, classify(exc)))
+        finally:
+            conn.close()
+
+    def _check(self, w, h, answered):
+        """Raise uplink.Misbehaved unless header `h` from worker `w` is one the server
+        expects: the acknowledgement of a terminate it was sent, or the answer to its open
+        task (round, client, seq; a TRAIN result of the model's exact size and dtype,
+        an EVALUATE payload at most the model's bytes or MIN_EVALUATE_BYTES, a FAILED text of
+        at most MAX_MESSAGE bytes) with a sample count in [0, max_samples] and metrics of at
+        most metrics.MAX_BYTES. Checked before any byte of the payload is read or allocated."""
+        def bad(why):
+            return uplink.Misbehaved(f"its header (command {h.command}, round {h.round}, client {h.client}, seq "
+                                     f"{h.seq}, samples {h.samples}, length {h.length}, dtype code {h.dtype}, "
+                                     f"metrics {h.metrics}) {why}")
+        if h.command not in NAMES or h.command == UPDATE:
+            raise bad(f"has an unknown command {h.command}")
+        if not 0 <= h.metrics <= _metrics.MAX_BYTES:
+            raise bad(f"announces {h.metrics} bytes of metrics (at most {_metrics.MAX_BYTES})")
+        if not 0 <= h.samples <= self._max_samples:
+            raise bad(f"claims {h.samples} samples (at most max_samples = {self._max_samples})")
+        if h.command == TERMINATE:
+            if w not in self._terminating:
+                raise bad("acknowledges a terminate it was not sent")
+            if h.length or h.metrics:
+                raise bad("is a terminate acknowledgement with a payload")
+            return
+        a = self._expect.get(w)
+        if a is None or a.seq <= answered:
+            raise bad("answers no task (it holds none)")
+        if (h.round, h.client, h.seq) != (a.round, a.client, a.seq) or h.command not in (a.command, FAILED):
+            raise bad(f"does not answer its task ({NAMES[a.command]} client {a.client}, round {a.round}, "
+                      f"seq {a.seq})")
+        if h.dtype not in dtypes.BY_CODE:
+            raise bad(f"has an unknown dtype code {h.dtype}")
+        size = dtypes.BY_CODE[h.dtype].itemsize
+        if h.command == TRAIN and (h.length, h.dtype) != (a.numel, a.dtype):
+            raise bad(f"announces an update of {h.length} elements of dtype code {h.dtype}; the model it was "
+                      f"sent has {a.numel} of dtype code {a.dtype}")
+        if h.command == EVALUATE:
+            limit = max(a.numel * dtypes.BY_CODE[a.dtype].itemsize, MIN_EVALUATE_BYTES)
+            if not 0 <= h.length <= limit // size:
+                raise bad(f"announces an evaluation of {h.length} elements (at most {limit} bytes)")
+        if h.command == FAILED and (h.dtype != dtypes.UINT8 or not 0 <= h.length <= MAX_MESSAGE):
+            raise bad(f"announces a failure text of {h.length} elements of dtype code {h.dtype} "
+                      f"(at most {MAX_MESSAGE} bytes, dtype code {dtypes.UINT8})")
 
     def _stall(self, w, a):
         """`w` held its client past the timeout: stop giving it clients, but keep listening,
@@ -382,6 +498,8 @@ class Server:
         return Outcome(Outcome.LOST, a, err)
 
     def _handle(self, event):
+        if event[0] == "retire":
+            return self._retire_misbehaved(*event[1:])
         if event[0] == "lost":
             _, w, exc = event
             if w in self._gone:
@@ -430,6 +548,21 @@ class Server:
         return Outcome(Outcome.RESULT, a, Result(h.command, h.round, h.client, w, h.samples, payload,
                                                  arrived - a.start, metrics))
 
+    def _retire_misbehaved(self, w, why):
+        """Worker `w` broke the protocol (`why`): retire it, dropping what it sent."""
+        if w in self._gone:
+            return None
+        a = self._busy.pop(w, None)
+        held = a or self._stalled.pop(w, None) or self._expect.get(w)
+        where = f" (client {held.client}, round {held.round})" if held else ""
+        err = WorkerFailed(f"federated worker rank {w} was retired{where}: {why}; what it sent was dropped",
+                           w, held and held.client, held and held.round)
+        warnings.warn(str(err), RuntimeWarning, stacklevel=2)
+        if self._current is not None:
+            self._current.retired[w] = err
+        self._retire(w, err, stop=True)
+        return Outcome(Outcome.LOST, a, err)
+
     def _out_of_turn(self, w, h, a):
         err = WorkerFailed(f"federated worker rank {w} sent an unexpected {h.name} message "
                            f"(round {h.round}, client {h.client}, seq {h.seq})", w, a and a.client,
@@ -445,6 +578,7 @@ class Server:
         self._gone.add(w)
         self.lost[w] = err
         if stop:
+            self._terminating.add(w)
             try:
                 self._farewells.append(self._links.isend_header(Header(TERMINATE, self.round), w,
                                                                 self._links.down))
@@ -486,6 +620,7 @@ class Server:
                 a = self._busy.get(w) or self._stalled.get(w)
                 deadline[w] = now + timeout if timeout is not None else \
                     (a.start + self.timeout if a else now + self.timeout)
+                self._terminating.add(w)
                 try:  # not waited for: a busy worker takes it after its client
                     self._farewells.append(links.isend_header(Header(TERMINATE, self.round), w, links.down))
                 except PyBridgeError as exc:
@@ -495,9 +630,10 @@ class Server:
         finally:
             for w in [w for w, t in self._listeners.items() if t.is_alive()]:
                 if self._listeners[w].is_alive():
-                    links.cut(w)
+                    self._conns[w].shutdown()  # its listener's read ends at once
+                    links.cut(w)  # and the worker's wait for a task on the down links
             for t in self._listeners.values():
-                t.join(5.0)  # a cut receive fails at once
+                t.join(5.0)
             self._farewells = []
             links.close()
 

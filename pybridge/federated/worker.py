@@ -18,6 +18,7 @@ from ..comm import group as _group
 from ..base.checks import integer
 from ..errors import Closed, CommError, CorruptData, InvalidArgument
 from . import metrics as _metrics
+from . import uplink
 from .protocol import DEFAULT_LINK_TIMEOUT, EVALUATE, FAILED, SERVER, TERMINATE, TRAIN, UPDATE, Header, Links, encode_message, flat
 
 
@@ -41,7 +42,8 @@ class Worker:
     """A worker of a federated group: any rank but 0 (the server). Creating it is a
     collective with the server's Server() (both create the links).
 
-    link_timeout (seconds) bounds how long the worker waits for its next task."""
+    link_timeout (seconds) bounds how long the worker waits for its next task. Its results go
+    to the server over its own TCP stream (uplink.py), connected here."""
 
     def __init__(self, group=None, *, link_timeout=DEFAULT_LINK_TIMEOUT):
         g = group or _group.current()
@@ -51,6 +53,12 @@ class Worker:
             raise InvalidArgument("rank 0 of a federated group is the server; create a Server there")
         self.rank = g.rank
         self._links = Links(g, link_timeout)
+        try:
+            self._up = uplink.connect(self._links.store, g.rank, g.timeout)
+        except BaseException:
+            self._links.close()
+            raise
+        self._up.settimeout(link_timeout)
         self._model = None  # the current round's model, as received
         self.round = 0
         self._task = None  # the task handed out and not yet answered
@@ -71,7 +79,11 @@ class Worker:
             if h.command == UPDATE:
                 self._from_server(waiting, self._receive_model, h)
             elif h.command == TERMINATE:
-                links.send_header(Header(TERMINATE, self.round), SERVER, links.up)
+                try:
+                    uplink.send_message(self._up, Header(TERMINATE, self.round).tensor().tolist(),
+                                        _NOTHING, b"")
+                except CommError:
+                    pass  # the server does not wait for it
                 self.close()
                 return None
             elif h.command in (TRAIN, EVALUATE) and self._model is not None and h.round == self.round:
@@ -158,21 +170,20 @@ class Worker:
         self._task = None
 
     def _send_message(self, task, payload, samples, command, metrics):
-        links = self._links
         h = Header(command, task.round, task.client, samples, payload.numel(), dtypes.code(payload.dtype),
                    task.seq, len(metrics))
-        links.send_header(h, SERVER, links.up)
-        if payload.numel():
-            links.send_payload(payload, SERVER, links.up)
-        if metrics:
-            links.send_metrics(metrics, SERVER)
+        uplink.send_message(self._up, h.tensor().tolist(), payload.detach().cpu(), metrics)
 
     def close(self):
         """Free the links. The server's terminate does it; call it to leave early."""
         if not self.closed:
             self.closed = True
             self._task = None
+            self._up.close()
             self._links.close()
+
+
+_NOTHING = torch.empty(0, dtype=torch.uint8)
 
 
 def _takes_round(fn):
