@@ -3,6 +3,7 @@ loopback, and non-Python executables. Every launcher run is a real subprocess wi
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,29 @@ def test_script_arguments_pass_through(tmp_path):
     rc, out, _ = launch(["--nproc-per-node", "1", script, "--epochs", "3", "x y", "--log", "--m"])
     assert rc == 0, out  # --log and --m are prefixes of torchrun's --log-dir and --master-*
     assert "ARGS 0 ['--epochs', '3', 'x y', '--log', '--m']" in out
+
+
+def test_ranks_lines_stay_whole(tmp_path):
+    """print() from 3 ranks at once: every line arrives whole (run as `python -u` before, a
+    print wrote its text and its newline apart, and lines interleaved: "OKOK 0  1")."""
+    script = write(tmp_path / "lines.py", """
+        import os, sys, time
+        r = os.environ["RANK"]
+        here = os.path.dirname(os.path.abspath(__file__))
+        open(os.path.join(here, "ready-" + r), "w").close()
+        while len([n for n in os.listdir(here) if n.startswith("ready-")]) < 3:
+            time.sleep(0.001)  # all three print at the same moment
+        for i in range(2000):
+            print("rank", r, "line", i, "of", 2000)
+        print("module", __name__, "argv", sys.argv, "path0", sys.path[0], file=sys.stderr)
+    """)
+    rc, out, _ = launch(["--nproc-per-node", "3", script, "a b"])
+    assert rc == 0, out
+    lines = [line for line in out.splitlines() if " line " in line and "module" not in line]
+    broken = [line for line in lines if not re.fullmatch(r"rank \d line \d+ of 2000", line)]
+    assert len(lines) == 6000 and not broken, (len(lines), broken[:10])
+    # run as `python lines.py "a b"` would: __main__, its argv, its folder first on sys.path
+    assert f"module __main__ argv ['{script}', 'a b'] path0 {tmp_path}" in out, out
 
 
 def test_failing_rank_stops_job_and_is_named(tmp_path):

@@ -32,7 +32,8 @@ Environment of every process (set by torchrun unless noted):
   each process is bound to its share of the launcher's CPUs and OMP_NUM_THREADS is the size
   of that share unless set (pybridge/launch/cpubind.py).
 
-Output: each process's stdout goes straight to the console; stderr is also copied to the
+Output: each process's stdout goes straight to the console (a Python target's line-buffered,
+so ranks' lines stay whole); stderr is also copied to the
 console with a "[rank<R>]:" prefix on each line and kept in a log file (under --log-dir, or
 a temporary folder that is removed after a successful run) so that a failure can show it.
 
@@ -62,9 +63,10 @@ from .exits import PROG, REQUEUE, ExitClock, forward_signals, signal_exit
 DEFAULT_CPU_NPROC = 2
 STDERR_TAIL_LINES = 30
 
-# Run in every worker before its target: sets the per-rank device, then execs the target, so the
-# worker keeps torchrun's pid (signals, exit codes). Plain `python -c`: no import of pybridge or
-# torch on the way. argv: MODE TARGET ARGS...; MODE is "script", "module" or "exec".
+# Run in every worker before its target: sets the per-rank device and CPUs, then runs a Python
+# target in this process (runpy) or execs an executable, so the worker keeps torchrun's pid
+# (signals, exit codes). Plain `python -c`: no import of pybridge or torch on the way.
+# argv: MODE TARGET ARGS...; MODE is "script", "module" or "exec".
 _WORKER_SHIM = r"""
 import os, sys
 mode, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -95,13 +97,23 @@ if cpu_map:
         if os.environ.get("PYBRIDGE_CPU_THREADS") == "1":
             os.environ["OMP_NUM_THREADS"] = str(len(cpus))
 sys.stdout.flush()
-try:
+if mode != "exec":
+    # Python targets run here, as `python [-m] TARGET` would, with line-buffered output:
+    # unbuffered (-u), print() writes its text and its newline in two writes, and two ranks'
+    # lines interleaved mid-line on the console ("OKOK 0  1"); a line is now one write.
+    import runpy
+    for stream in (sys.stdout, sys.stderr):  # write_through off: PYTHONUNBUFFERED may have set it
+        stream.reconfigure(line_buffering=True, write_through=False)
+    sys.argv = [target] + args
     if mode == "script":
-        os.execv(sys.executable, [sys.executable, "-u", target] + args)
-    elif mode == "module":
-        os.execv(sys.executable, [sys.executable, "-u", "-m", target] + args)
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
     else:
-        os.execvp(target, [target] + args)
+        sys.path[0] = os.getcwd()
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    sys.exit(0)
+try:
+    os.execvp(target, [target] + args)
 except OSError as exc:
     sys.stderr.write("pybridge-launch: cannot run %s: %s\n" % (target, exc.strerror or exc))
     sys.exit(127)
