@@ -18,6 +18,9 @@ import time
 
 import torch.distributed as dist
 
+from ..base import netif
+from ..base import sealed_store as _sealed
+from ..base import secret as _secret
 from ..runtime import membership
 from .exits import PROG, signal_exit
 
@@ -37,8 +40,12 @@ class Supervisor:
         self.min_world, self.max_world = min_world, max_world
         self.replacements = replace
         self.interval, self.shutdown_timeout = monitor_interval, shutdown_timeout
-        self.store = dist.TCPStore(self.host, self.port, None, hosting, datetime.timedelta(seconds=60),
-                                   wait_for_workers=False, multi_tenant=hosting)
+        # Node 0's launcher listens on the store's address only (loopback for a single-node
+        # job), and every value the job keeps there is sealed with the job secret.
+        fd = netif.listener(self.host, self.port).detach() if hosting else None
+        raw = dist.TCPStore(self.host, self.port, None, hosting, datetime.timedelta(seconds=60),
+                            wait_for_workers=False, multi_tenant=hosting, master_listen_fd=fd)
+        self.store = _sealed.protect(raw, _secret.job_secret())
         self.procs = {}  # slot -> (id, Popen)
         self.incarnation = {}
         self.finished, self.lost, self.replaced = [], [], []
