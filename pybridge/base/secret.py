@@ -9,8 +9,8 @@ so that the launcher's command line stays light):
 
   * key names are replaced by HMAC-SHA256(secret, name): an outsider sees opaque names and
     cannot tell which key is which, nor address one it has not seen;
-  * every value is sealed: encrypted (a keystream of HMAC-SHA256 blocks in counter mode
-    under a random 16-byte nonce) and then authenticated (HMAC-SHA256 over the key's name,
+  * every value is sealed: encrypted (XOR with a keystream of SHAKE256 over a derived key
+    and a random 16-byte nonce) and then authenticated (HMAC-SHA256 over the key's name,
     the nonce and the ciphertext). A value that does not open with the secret (written by an
     outsider, or moved from another key) is refused with CorruptData naming the key.
 
@@ -72,12 +72,12 @@ def run_id(secret, name):
 
 
 def _keystream_xor(key, nonce, data):
-    out = bytearray(len(data))
-    for block in range(0, len(data), 32):
-        pad = hmac.new(key, nonce + block.to_bytes(8, "big"), hashlib.sha256).digest()
-        chunk = data[block:block + 32]
-        out[block:block + len(chunk)] = bytes(a ^ b for a, b in zip(chunk, pad))
-    return bytes(out)
+    """`data` XOR the keystream SHAKE256(key, nonce): SHA-3's extendable output with a secret
+    prefix is a pseudo-random function (no length extension, as KMAC relies on)."""
+    if not data:
+        return b""
+    pad = hashlib.shake_256(key + nonce).digest(len(data))
+    return (int.from_bytes(data, "little") ^ int.from_bytes(pad, "little")).to_bytes(len(data), "little")
 
 
 def _bytes(value):

@@ -86,12 +86,13 @@ class Supervisor:
                     continue
                 del self.procs[slot]
                 how = _how(code)
-                membership.mark_dead(self.store, wid, f"{how} (seen by the launcher of node {self.node_rank})")
+                self._quietly(membership.mark_dead, self.store, wid,
+                              f"{how} (seen by the launcher of node {self.node_rank})")
                 if code == 0:
                     self.finished.append(wid)
                     continue
                 self.lost.append((wid, how))
-                ending = bool(self.finished) or membership.finished(self.store)
+                ending = bool(self.finished) or self._quietly(membership.finished, self.store, default=True)
                 # Dying after others finished fails the job, unless the worker had already
                 # been left out of the world (declared lost while it was stopped, say).
                 self.failed_at_end = self.failed_at_end or (ending and self._in_latest_world(wid))
@@ -110,6 +111,15 @@ class Supervisor:
                     self.stop()
                     return 1
         return self._summary()
+
+    @staticmethod
+    def _quietly(fn, *args, default=None):
+        """A store call that may find the store gone (node 0's launcher ends the job when its
+        workers are done: another node's workers exit after it): `default` then."""
+        try:
+            return fn(*args)
+        except Exception:  # noqa: BLE001 - torch's store errors
+            return default
 
     def _in_latest_world(self, wid):
         try:
