@@ -129,9 +129,10 @@ def job(monkeypatch):
     and a factory of members; all closed at the end."""
     monkeypatch.setenv("PYBRIDGE_SECRET", SECRET)
     # a port the kernel picks, bound at once: no other test can take it in between
-    fd = netif.listener("127.0.0.1", 0).detach()
-    host = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=10), wait_for_workers=False,
-                         master_listen_fd=fd)
+    # (a free_port() before pybridge could bind one itself)
+    fd = netif.listener("127.0.0.1", 0).detach() if hasattr(netif, "listener") else None
+    host = dist.TCPStore("127.0.0.1", 0 if fd is not None else free_port(), None, True,
+                         datetime.timedelta(seconds=10), wait_for_workers=False, master_listen_fd=fd)
     port = host.port
     made = []
 

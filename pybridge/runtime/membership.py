@@ -180,7 +180,8 @@ def describe(member):
 def _machine():
     """Names this machine's pid namespace: pids of members with the same name can be probed."""
     try:
-        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
         return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
     except OSError:
         return None
