@@ -28,18 +28,22 @@ from pybridge.recordio import Loader, decode_fixed
 from resume_train import FEATURES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The launchers of one job share its secret (a joiner's launcher is "node 1" of the job)
+SECRET = "elastic-runs-test-secret-0123456789"
 
 
 def launch(port, log, data, *extra, nproc=4, node=None, launcher=(), env=None, epochs=3, batch=4):
     """pybridge-launch --elastic running tests/elastic_train.py (its output piped); node: start
-    it as that node of a 2-node job (a launcher that joins the running job's store)."""
+    it as that node of a 2-node job (a launcher that joins the running job's store). Every
+    launcher gets the same job secret, as the nodes of a real job would."""
     where = ["--nnodes", "2", "--node-rank", str(node)] if node is not None else []
     cmd = [sys.executable, "-m", "pybridge.launch", "--elastic", "--nproc-per-node", str(nproc),
            "--rdzv-endpoint", f"127.0.0.1:{port}", *where, *launcher,
            os.path.join(ROOT, "tests", "elastic_train.py"), "--data", *data, "--log", log,
            "--epochs", str(epochs), "--batch", str(batch), *extra]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, start_new_session=True)
+                            env={**os.environ, "PYTHONPATH": ROOT, "PYBRIDGE_SECRET": SECRET, **(env or {})},
+                            start_new_session=True)
 
 
 def read_logs(log):

@@ -58,12 +58,9 @@ def parse(argv):
 
 def _await_generation(n):
     """Until the job's newest world is number n or later (tests/test_elastic_survive.py)."""
-    import datetime
-    import torch.distributed as dist
     from pybridge.runtime import membership
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
-                          datetime.timedelta(seconds=60), wait_for_workers=False)
-    while int(store.add(membership.PREFIX + "gen", 0)) < n:
+    store = membership.connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    while membership.generation(store) < n:
         time.sleep(0.05)
 
 

@@ -93,7 +93,7 @@ def test_max_and_min_world_size(port):
 
 def test_a_still_heartbeat_counts_as_lost_after_lost_after(port):
     m = _member(port, "me", lost_after=0.3)
-    m.store.add(mb.PREFIX + "hb/quiet", 1)
+    m.store.set(mb.PREFIX + "hb/quiet", "1")
     assert m.lost_reason(_cand("quiet")) is None  # first look: the clock starts
     threading.Event().wait(0.4)
     assert "no heartbeat for" in m.lost_reason(_cand("quiet"))

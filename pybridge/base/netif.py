@@ -93,3 +93,45 @@ def free_port():
     with socket.socket() as s:  # the range is full: let the kernel choose
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def is_loopback(host):
+    """True when `host` (a name or an address) resolves to loopback addresses only."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    return bool(infos) and all(_loopback(ai[4][0]) for ai in infos)
+
+
+def _loopback(address):
+    return address == "::1" or address.startswith("127.") or address.startswith("::ffff:127.")
+
+
+def listener(host, port):
+    """A listening TCP socket for a store hosted at `host`:`port` (port 0: any free one),
+    bound to the address `host` names on this machine, never to all interfaces: another
+    process can then reach the store only where the job itself does (loopback for a
+    single-node job). Returns the socket; give its fileno() to TCPStore(master_listen_fd=)
+    and keep the socket open as long as the store lives.
+
+    Raises OSError when `host` is not an address of this machine (the store would be
+    unreachable there anyway) or the port is taken."""
+    last = None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot resolve the store's host {host!r}: {exc.strerror or exc}") from None
+    # IPv4 first: the address clients resolve the same name to most often
+    for family, _, _, _, address in sorted(infos, key=lambda ai: ai[0] != socket.AF_INET):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own server
+            s.bind(address)
+            s.listen(2048)
+            s.set_inheritable(False)
+            return s
+        except OSError as exc:
+            last = exc
+            s.close()
+    raise last

@@ -24,6 +24,7 @@ from . import roster as _roster
 from . import watchdog as _watchdog
 from ..base.checks import index, positive_seconds
 from ..base import jobenv
+from ..base import netif
 from ..errors import AlreadyInitialized, Closed, InvalidArgument, NotInitialized, PyBridgeError, Timeout, classify
 
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds rendezvous and every collective
@@ -365,25 +366,30 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
             method = jobenv.rendezvous_method(job)  # srun, mpirun: the address they imply
         if store is None and method is None:
             method = _rendezvous(init_method, master_addr, master_port)
+        if method is not None and urllib.parse.urlparse(method).scheme in ("tcp", "env"):
+            loopback_gloo(rendezvous.tcp_address(method)[0])
         if backend == "nccl":
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
         checked = _checked_setting(checked)
         watchdog = _watchdog.threshold(watchdog, timeout)
         excepthook = sys.excepthook
-        roster = _join(backend, method, rank, world_size, timeout, checked, watchdog, store)
+        roster, joined = _join(backend, method, rank, world_size, timeout, checked, watchdog, store)
         if os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
             # torch's hook prefixes a traceback's lines with "[rank<R>]: ", but the launcher
             # already prefixes every stderr line: keep one prefix, not two.
             sys.excepthook = excepthook
         _current = Group(dist.group.WORLD, range(world_size), rank, local_rank, backend, float(timeout),
                          owned=True, checked=checked, roster=roster)
+        # torch keeps the store only by a C++ pointer: a sealed store (base/secret.py) is a
+        # Python object, which must live as long as the world does
+        _current.rendezvous_store = joined
         _watchdog.start(_current, watchdog, lambda: store if method is None else _own_store(method, timeout))
         return _current
 
 
 def _join(backend, method, rank, world_size, timeout, checked, watchdog, given=None):
     """Rendezvous, publish who this rank is and check that every rank agrees (roster.py),
-    then build the backend over the same store. Returns the roster."""
+    then build the backend over the same store. Returns the roster and the store."""
     delta = datetime.timedelta(seconds=timeout)
     try:
         # pybridge builds the store: torch's own rendezvous can wait far past the timeout
@@ -394,7 +400,7 @@ def _join(backend, method, rank, world_size, timeout, checked, watchdog, given=N
         raise
     except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error
         raise classify(exc) from exc
-    return roster
+    return roster, store
 
 
 def _own_store(method, timeout):
@@ -406,7 +412,18 @@ def _own_store(method, timeout):
     host, port = rendezvous.tcp_address(method)
     client = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout),
                            wait_for_workers=False)
-    return dist.PrefixStore("default_pg", client)
+    return rendezvous.seal(client, host, "default_pg")
+
+
+def loopback_gloo(host):
+    """A job whose store is on loopback runs on one machine: gloo then listens on loopback
+    too (it otherwise takes the address the hostname resolves to, which may be reachable
+    from other machines), unless GLOO_SOCKET_IFNAME names an interface."""
+    if os.environ.get("GLOO_SOCKET_IFNAME") or not netif.is_loopback(host):
+        return
+    name = netif.interface_with("127.0.0.1")
+    if name:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
 def _checked_setting(checked):

@@ -11,6 +11,7 @@ init fails within the timeout and says that rank 0, the store's host, is missing
 """
 
 import datetime
+import errno
 import os
 import socket
 import struct
@@ -19,6 +20,9 @@ from urllib.parse import urlparse
 
 import torch.distributed as dist
 
+from ..base import netif
+from ..base import sealed_store as _sealed
+from ..base import secret as _secret
 from ..errors import InvalidArgument, Timeout, classify
 
 RETRY_SECONDS = 0.05  # between connection attempts to a store host that is not up yet
@@ -33,7 +37,17 @@ def store(method, rank, world_size, timeout):
     if url.scheme == "file":
         return _file_store(url.path, world_size, timeout)
     host, port = tcp_address(method)
-    return dist.PrefixStore("default_pg", _tcp_store(host, port, rank, world_size, timeout))
+    return seal(_tcp_store(host, port, rank, world_size, timeout), host, "default_pg")
+
+
+def seal(store, host, prefix=""):
+    """The job's view of a TCP store at `host`, its keys under `prefix`: sealed with the job
+    secret when there is one (base/secret.py); without one, a store reachable from other
+    machines is named in a warning."""
+    key = _secret.job_secret()
+    if key is None and not netif.is_loopback(host):
+        _secret.warn_unprotected(f"the rendezvous store at {host}")
+    return _sealed.protect(store, key, prefix)
 
 
 def tcp_address(method):
@@ -84,10 +98,13 @@ def _tcp_store(host, port, rank, world_size, timeout):
         _wait_for_host(host, port, rank, timeout, deadline)
     left = max(deadline - time.monotonic(), MIN_STORE_SECONDS)
     try:
+        # The host listens on the address the job uses (MASTER_ADDR), not on every
+        # interface: torch's own server binds the wildcard address.
+        fd = _listen_fd(host, port) if hosting else None
         # No wait for all workers here (it says only "1/2 clients joined"): the roster
         # (roster.py) waits instead and names the ranks that are missing.
         s = dist.TCPStore(host, port, world_size, hosting, datetime.timedelta(seconds=left),
-                          wait_for_workers=False, multi_tenant=True)
+                          wait_for_workers=False, multi_tenant=True, master_listen_fd=fd)
         s.set_timeout(datetime.timedelta(seconds=timeout))  # for the keys waited on later
         _bound_replies(host, port, timeout + REPLY_MARGIN_SECONDS)
     except Exception as exc:  # noqa: BLE001
@@ -97,6 +114,19 @@ def _tcp_store(host, port, rank, world_size, timeout):
                                   f"already in use ({exc})")
         raise err from exc
     return s
+
+
+def _listen_fd(host, port):
+    """A socket bound to `host`:`port` for the store's server (which takes it over), or None
+    when the port is taken: a server of this process on that port is then reused
+    (multi_tenant), otherwise torch reports the port in use."""
+    try:
+        return netif.listener(host, port).detach()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return None
+        raise InvalidArgument(f"rank 0 cannot host the rendezvous store at {host}:{port}: {exc.strerror or exc} "
+                              "(MASTER_ADDR must be an address of rank 0's machine)") from None
 
 
 def _wait_for_host(host, port, rank, timeout, deadline):

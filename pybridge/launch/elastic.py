@@ -18,6 +18,9 @@ import time
 
 import torch.distributed as dist
 
+from ..base import netif
+from ..base import sealed_store as _sealed
+from ..base import secret as _secret
 from ..runtime import membership
 from .exits import PROG, signal_exit
 
@@ -37,8 +40,12 @@ class Supervisor:
         self.min_world, self.max_world = min_world, max_world
         self.replacements = replace
         self.interval, self.shutdown_timeout = monitor_interval, shutdown_timeout
-        self.store = dist.TCPStore(self.host, self.port, None, hosting, datetime.timedelta(seconds=60),
-                                   wait_for_workers=False, multi_tenant=hosting)
+        # Node 0's launcher listens on the store's address only (loopback for a single-node
+        # job), and every value the job keeps there is sealed with the job secret.
+        fd = netif.listener(self.host, self.port).detach() if hosting else None
+        raw = dist.TCPStore(self.host, self.port, None, hosting, datetime.timedelta(seconds=60),
+                            wait_for_workers=False, multi_tenant=hosting, master_listen_fd=fd)
+        self.store = _sealed.protect(raw, _secret.job_secret())
         self.procs = {}  # slot -> (id, Popen)
         self.incarnation = {}
         self.finished, self.lost, self.replaced = [], [], []
@@ -79,12 +86,13 @@ class Supervisor:
                     continue
                 del self.procs[slot]
                 how = _how(code)
-                membership.mark_dead(self.store, wid, f"{how} (seen by the launcher of node {self.node_rank})")
+                self._quietly(membership.mark_dead, self.store, wid,
+                              f"{how} (seen by the launcher of node {self.node_rank})")
                 if code == 0:
                     self.finished.append(wid)
                     continue
                 self.lost.append((wid, how))
-                ending = bool(self.finished) or membership.finished(self.store)
+                ending = bool(self.finished) or self._quietly(membership.finished, self.store, default=True)
                 # Dying after others finished fails the job, unless the worker had already
                 # been left out of the world (declared lost while it was stopped, say).
                 self.failed_at_end = self.failed_at_end or (ending and self._in_latest_world(wid))
@@ -103,6 +111,15 @@ class Supervisor:
                     self.stop()
                     return 1
         return self._summary()
+
+    @staticmethod
+    def _quietly(fn, *args, default=None):
+        """A store call that may find the store gone (node 0's launcher ends the job when its
+        workers are done: another node's workers exit after it): `default` then."""
+        try:
+            return fn(*args)
+        except Exception:  # noqa: BLE001 - torch's store errors
+            return default
 
     def _in_latest_world(self, wid):
         try:

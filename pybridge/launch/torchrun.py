@@ -11,7 +11,8 @@ This is a thin front end over torch's elastic launcher (torch.distributed.run, i
 rendezvous, multi-node, restarts and failure handling are torchrun's. pybridge adds
   * defaults that fit pybridge: --nproc-per-node defaults to the number of GPUs, or to 2 CPU
     processes when there is none (env PYBRIDGE_NPROC overrides the default); a single-node job
-    uses a private rendezvous on a free port (torchrun --standalone);
+    uses a private rendezvous on a free loopback port (as torchrun --standalone, but bound to
+    127.0.0.1 and sealed with a job secret made for it, see docs/launcher.md);
   * a per-rank device: PYBRIDGE_DEVICE is "cuda:<LOCAL_RANK mod #GPUs>" on GPU machines and
     "cpu" otherwise (with --isolate-gpus, CUDA_VISIBLE_DEVICES is set to that one GPU and
     PYBRIDGE_DEVICE to "cuda:0");
@@ -48,6 +49,7 @@ Multi-node: run one launcher per node with the same --nnodes and --rdzv-endpoint
 import argparse
 import glob
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -56,6 +58,7 @@ import tempfile
 
 from .._version import __version__
 from ..base import jobenv, netif
+from ..base import secret as _secret
 from ..errors import InvalidArgument
 from . import cpubind
 from .exits import PROG, REQUEUE, ExitClock, forward_signals, signal_exit
@@ -286,7 +289,10 @@ def torchrun_args(opts, log_dir, gpus):
         if opts.node_rank not in (None, 0):
             raise SystemExit(f"{PROG}: --node-rank {opts.node_rank} needs a multi-node job "
                              "(--nnodes and --rdzv-endpoint)")
-        args.append("--standalone")
+        # torchrun's --standalone hosts its store on every interface: ours listens on
+        # loopback only, and so does rank 0's store (--local-addr is the workers' MASTER_ADDR).
+        args += ["--rdzv-backend", "pybridge-c10d", "--rdzv-endpoint", "127.0.0.1:0",
+                 "--rdzv-id", f"pybridge-{secrets.token_hex(16)}", "--local-addr", "127.0.0.1"]
     elif endpoint is None:
         raise SystemExit(f"{PROG}: a multi-node job (--nnodes {opts.nnodes}) needs "
                          "--rdzv-endpoint HOST:PORT (or --master-addr/--master-port)")
@@ -297,17 +303,50 @@ def torchrun_args(opts, log_dir, gpus):
             raise SystemExit(f"{PROG}: --node-rank {opts.node_rank} is not in 0..{max_nodes - 1}")
         if opts.node_rank == 0:
             _check_port_free(*endpoint)
-        args += ["--rdzv-backend", "static", "--node-rank", str(opts.node_rank),
-                 "--master-addr", endpoint[0], "--master-port", str(endpoint[1])]
+        args += ["--rdzv-backend", "pybridge-static", "--rdzv-endpoint", f"{endpoint[0]}:{endpoint[1]}",
+                 "--rdzv-conf", f"rank={opts.node_rank}", *_local_addr(endpoint[0])]
     else:
         if max_nodes == 1:  # this launcher hosts the rendezvous
             _check_port_free(*endpoint)
-        args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint[0]}:{endpoint[1]}",
-                 "--rdzv-id", opts.rdzv_id]
+        key = _secret.job_secret()
+        if key is None:
+            # torch's c10d rendezvous unpickles what its store holds: without a secret any
+            # process that reaches the port could make this launcher run its code.
+            raise SystemExit(f"{PROG}: a dynamic multi-node rendezvous (no --node-rank) needs the job secret: "
+                             f"set {_secret.ENV} (or {_secret.ENV_FILE}) to the same value on every node, or "
+                             "give --node-rank (docs/launcher.md, 'The job secret')")
+        args += ["--rdzv-backend", "pybridge-c10d", "--rdzv-endpoint", f"{endpoint[0]}:{endpoint[1]}",
+                 "--rdzv-id", _secret.run_id(key, opts.rdzv_id), *_local_addr(endpoint[0])]
     command = worker_command(opts)  # checks the target before gpus() imports torch
     nproc = _nproc(opts.nproc_per_node, gpus())
     args = ["--nproc-per-node", str(nproc), *args, *command]
     return args, nproc
+
+
+def _local_addr(host):
+    """--local-addr: this node's address towards the rendezvous host, which the workers get
+    as MASTER_ADDR where rank 0 hosts their store (and binds it), instead of the hostname."""
+    try:
+        return ["--local-addr", netif.local_address_towards(host)]
+    except OSError:
+        return []
+
+
+def job_secret(multi_node):
+    """The job secret for this launcher's workers, in the environment they inherit: the one
+    given (PYBRIDGE_SECRET or PYBRIDGE_SECRET_FILE), else a new one for a single-node job.
+    A multi-node job without one is told what it risks (the launchers of the nodes cannot
+    agree on a generated one)."""
+    try:
+        key = _secret.job_secret()
+    except Exception as exc:  # noqa: BLE001 - InvalidArgument: a short secret, an unreadable file
+        raise SystemExit(f"{PROG}: {exc}") from None
+    if key is None and not multi_node:
+        os.environ[_secret.ENV] = _secret.generate()
+    elif key is None:
+        print(f"{PROG}: warning: no job secret ({_secret.ENV} or {_secret.ENV_FILE}): any process that reaches "
+              "the rendezvous port can read and change this job's store; give every node the same secret "
+              "(docs/launcher.md, 'The job secret')", file=sys.stderr, flush=True)
 
 
 def worker_command(opts):
@@ -353,10 +392,14 @@ def elastic_main(opts):
     gpus = _gpu_count()
     nproc = _nproc(opts.nproc_per_node, gpus)
     _worker_settings(opts, gpus, nproc)
-    sup = Supervisor(command, nproc=nproc, node_rank=node_rank, nnodes=nnodes, store_addr=endpoint,
-                     min_world=opts.min_world, max_world=opts.max_world, replace=opts.replace,
-                     monitor_interval=opts.monitor_interval, shutdown_timeout=opts.shutdown_timeout,
-                     hosting=node_rank == 0)
+    try:
+        sup = Supervisor(command, nproc=nproc, node_rank=node_rank, nnodes=nnodes, store_addr=endpoint,
+                         min_world=opts.min_world, max_world=opts.max_world, replace=opts.replace,
+                         monitor_interval=opts.monitor_interval, shutdown_timeout=opts.shutdown_timeout,
+                         hosting=node_rank == 0)
+    except OSError as exc:
+        raise SystemExit(f"{PROG}: cannot host the elastic store at {endpoint[0]}:{endpoint[1]}: "
+                         f"{exc.strerror or exc} (--rdzv-endpoint must name an address of node 0)") from None
     forward_signals()
     try:
         return sup.run()
@@ -510,6 +553,7 @@ def main(argv=None):
         raise SystemExit(f"{PROG}: {exc}") from None
     if opts.max_restarts < 0:
         raise SystemExit(f"{PROG}: --max-restarts must be >= 0")
+    job_secret(int(str(opts.nnodes).split(":")[-1]) > 1)
     if opts.elastic:
         return elastic_main(opts)
     own_log_dir = opts.log_dir is None
@@ -525,6 +569,8 @@ def main(argv=None):
 
     import torch.distributed.run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from . import rdzv
+    rdzv.register()
 
     _worker_settings(opts, gpus, nproc)
     os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")

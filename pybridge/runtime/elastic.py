@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint
+from ..base import secret as _secret
+from ..base import sealed_store as _sealed
 from ..comm import collectives
 from ..comm import group as _group
 from . import membership as _membership
@@ -60,7 +62,10 @@ class _Session:
         s = self.settings
         client = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=s["timeout"]),
                                wait_for_workers=False)
-        store = dist.PrefixStore(f"{_membership.PREFIX}g{world.generation}/pg/", client)
+        # sealed with the job secret where there is one: the world's roster and gloo's
+        # address exchange cannot be read or redirected by an outsider
+        store = _sealed.protect(client, _secret.job_secret(), f"{_membership.PREFIX}g{world.generation}/pg/")
+        _group.loopback_gloo(host)
         before = _sockets.open_sockets()
         g = _group.init(backend=s["backend"], rank=world.rank, world_size=world.size,
                         local_rank=s["local_rank"], timeout=s["timeout"], store=store,

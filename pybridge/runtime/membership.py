@@ -17,8 +17,17 @@ did not move for `lost_after` seconds (a stopped or cut-off process). A member d
 that comes back finds itself left out of the list and registers for the next round, as a
 joiner would.
 
-Keys, under pybridge/elastic/: gen (the newest generation, 0 before the first), hb/<id>,
-dead/<id>, g<n>/count, g<n>/cand/<k> (json), g<n>/members (json, rank order).
+Keys, under pybridge/elastic/: gen (the newest generation, 0 before the first), hb/<id> (a
+beat count), dead/<id> (json: the generation it was marked in and why), done, g<n>/count (a
+counter), g<n>/cand/<k> (json), g<n>/members (json, rank order).
+
+With a job secret (PYBRIDGE_SECRET, base/secret.py) every value is sealed: one that does not
+open with the secret is ignored, with a warning naming the key, and only counters are plain
+(an outsider can stall a round by bumping one, never decide it). Every entry is checked
+before use, secret or not: a malformed one (not json, wrong fields, absurd values such as a
+negative wanted rank) is ignored with a warning naming the key, and a dead mark holds for
+the generation it was written in (and the next two), so that a mark cannot keep out for
+ever a process that is alive and registers again.
 """
 
 import atexit
@@ -29,14 +38,124 @@ import os
 import socket
 import threading
 import time
+import warnings
 
 import torch.distributed as dist
 
-from ..errors import Closed, CommError, InvalidArgument, MembershipChanged, PyBridgeError, Timeout, classify
+from ..base import netif
+from ..base import sealed_store as _sealed
+from ..base import secret as _secret
+from ..errors import (Closed, CommError, CorruptData, InvalidArgument, MembershipChanged, PyBridgeError, Timeout,
+                      classify)
 
 PREFIX = "pybridge/elastic/"
 HEARTBEAT = 0.2  # seconds between two beats
 POLL = 0.02  # seconds between two looks at a round
+MAX_CANDIDATES = 4096  # entries looked at per round: a counter bumped beyond it is not followed
+MARK_GENERATIONS = 2  # a dead mark written in generation g holds for rounds up to g + 2
+MAX_WANT = 1 << 20  # a wanted rank at or above it is absurd
+
+
+def connect(host, port, timeout=60.0):
+    """A client of the job's elastic store, sealed with the job secret when there is one."""
+    client = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout), wait_for_workers=False)
+    key = _secret.job_secret()
+    if key is None and not netif.is_loopback(host):
+        _secret.warn_unprotected(f"the elastic store at {host}:{port}")
+    return _sealed.protect(client, key)
+
+
+def _ignored(key, why):
+    warnings.warn(f"elastic: ignored the store entry {key!r}: {why}", stacklevel=3)
+
+
+def _read(store, key):
+    """The value of `key` (bytes), None when absent; None with a warning naming the key when
+    it is not sealed with the job secret."""
+    if not store.check([key]):
+        return None
+    try:
+        return store.get(key)
+    except CorruptData as exc:
+        _ignored(key, str(exc))
+        return None
+
+
+def _json(store, key, check):
+    """The json entry at `key` when `check(entry)` accepts it (returns an error text or None);
+    None, with a warning naming the key, for anything else."""
+    raw = _read(store, key)
+    if raw is None:
+        return None
+    try:
+        entry = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        _ignored(key, f"not json ({bytes(raw[:40])!r})")
+        return None
+    why = check(entry)
+    if why is not None:
+        _ignored(key, why)
+        return None
+    return entry
+
+
+def _int(store, key):
+    """A non-negative integer entry, or None (absent, or ignored with a warning)."""
+    raw = _read(store, key)
+    if raw is None:
+        return None
+    try:
+        value = int(bytes(raw).decode())
+    except (ValueError, UnicodeDecodeError):
+        value = -1
+    if value < 0:
+        _ignored(key, f"not a non-negative integer ({bytes(raw[:40])!r})")
+        return None
+    return value
+
+
+def _text(v, limit=256):
+    return isinstance(v, str) and 0 < len(v) <= limit
+
+
+def check_member(m):
+    """None when `m` is a well-formed candidate or member entry, else what is wrong."""
+    if not isinstance(m, dict):
+        return f"expected an object, got {type(m).__name__}"
+    if not _text(m.get("id")) or not _text(m.get("host")):
+        return "id and host must be non-empty strings"
+    pid, want, machine = m.get("pid"), m.get("want"), m.get("machine")
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid < 1 << 31:
+        return f"pid {pid!r} is not a process id"
+    if want is not None and (not isinstance(want, int) or isinstance(want, bool) or not 0 <= want < MAX_WANT):
+        return f"wanted rank {want!r} is absurd (None or 0..{MAX_WANT - 1})"
+    if machine is not None and not _text(machine):
+        return "machine must be a string or null"
+    return None
+
+
+def _check_members(ms):
+    if not isinstance(ms, list) or not ms:
+        return "expected a non-empty list of members"
+    for m in ms:
+        why = check_member(m)
+        if why is not None:
+            return f"member {m!r}: {why}"
+    if len({m["id"] for m in ms}) != len(ms):
+        return "a member is listed twice"
+    return None
+
+
+def _check_mark(mark):
+    if not isinstance(mark, dict) or not isinstance(mark.get("generation"), int) \
+            or isinstance(mark.get("generation"), bool) or mark["generation"] < 0 or not _text(mark.get("reason"), 1000):
+        return "expected {\"generation\": n >= 0, \"reason\": text}"
+    return None
+
+
+def generation(store):
+    """The newest generation formed (0 before the first)."""
+    return _int(store, PREFIX + "gen") or 0
 
 
 class World:
@@ -61,7 +180,8 @@ def describe(member):
 def _machine():
     """Names this machine's pid namespace: pids of members with the same name can be probed."""
     try:
-        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
         return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
     except OSError:
         return None
@@ -84,7 +204,7 @@ def _store_calls(method):
             return method(self, *args, **kwargs)
         except PyBridgeError:
             raise
-        except Exception as exc:  # noqa: BLE001 - torch's store errors
+        except (RuntimeError, OSError, TimeoutError) as exc:  # torch's store errors
             host, port = self.address
             raise CommError(f"elastic: the store at {host}:{port} (hosted by pybridge-launch --elastic on "
                             f"node 0) stopped answering ({classify(exc)}): the job cannot go on without it") from exc
@@ -115,7 +235,8 @@ class Membership:
         self.world = None
         self._stopped = threading.Event()
         self._beat_store = self._connect()
-        self._beat_store.add(self._key(f"hb/{self.id}"), 1)
+        self._beat_count = 1
+        self._beat_store.set(self._key(f"hb/{self.id}"), "1")
         self._thread = threading.Thread(target=self._beat, name="pybridge-heartbeat", daemon=True)
         self._thread.start()
         # Joined before the interpreter finalizes: a daemon thread caught inside a store
@@ -125,8 +246,9 @@ class Membership:
     def _connect(self):
         host, port = self.address
         try:
-            return dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=min(self.timeout, 60)),
-                                 wait_for_workers=False)
+            return connect(host, port, min(self.timeout, 60))
+        except PyBridgeError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise Timeout(f"elastic: the rendezvous store at {host}:{port} (hosted by pybridge-launch "
                           f"--elastic on node 0) did not answer: {classify(exc)}") from exc
@@ -139,7 +261,10 @@ class Membership:
         key = self._key(f"hb/{self.id}")
         while not self._stopped.wait(HEARTBEAT):
             try:
-                self._beat_store.add(key, 1)
+                # a sealed count (set, not add): an outsider can neither beat for a lost
+                # member nor replay an older beat as a new one
+                self._beat_count += 1
+                self._beat_store.set(key, str(self._beat_count))
             except Exception:  # noqa: BLE001 - the store is gone: every round will say so
                 if self._stopped.wait(1.0):
                     return
@@ -155,7 +280,7 @@ class Membership:
         self.store.set(self._key("done"), str(self.world.generation if self.world else 0))
 
     def _check_not_done(self):
-        if self.store.check([self._key("done")]):
+        if _int(self.store, self._key("done")) is not None:  # sealed, where the job has a secret
             raise Closed("elastic: the job has already finished; there is no world to join")
 
     # ---- rounds ------------------------------------------------------------------------
@@ -163,8 +288,7 @@ class Membership:
     @_store_calls
     def first_world(self):
         """Join the job: the first generation, or (a joiner) the next one the members form."""
-        n = int(self.store.add(self._key("gen"), 0)) + 1
-        return self._form(n)
+        return self._form(generation(self.store) + 1)
 
     @_store_calls
     def next_world(self, old):
@@ -173,8 +297,10 @@ class Membership:
 
     @_store_calls
     def joiners_waiting(self, world):
-        """Candidates registered for the generation after `world` (read by its rank 0 at a commit)."""
-        return int(self.store.add(self._key(f"g{world.generation + 1}/count"), 0))
+        """Processes registered for the generation after `world` that are not in it (read by
+        its rank 0 at a commit): well-formed candidate entries, not the counter, so that an
+        outsider's `add` on the counter admits nobody."""
+        return len([c for c in self._candidates(world.generation + 1) if c["id"] not in world.ids])
 
     def _form(self, n, old=None):
         deadline = time.monotonic() + self.timeout
@@ -195,12 +321,21 @@ class Membership:
         prev = old.members if old is not None else self._members_of(n - 1)
         while True:
             if self.store.check([key]):
-                return json.loads(self.store.get(key))
+                members = self._members_of(n)
+                if members is not None:
+                    return members
+                self.store.delete_key(key)  # a forged or malformed list (named in a warning): form it anew
             cands = self._candidates(n)
             members, waiting = self._decide(n, prev, cands)
             if members is not None:
                 listed = json.dumps(members)
-                if self.store.compare_set(key, "", listed) == listed.encode():
+                try:
+                    won = self.store.compare_set(key, "", listed) == listed.encode()
+                except CorruptData as exc:  # the key holds a forged value
+                    _ignored(key, str(exc))
+                    self.store.delete_key(key)
+                    continue
+                if won:
                     self.store.set(self._key("gen"), str(n))  # only grows: the winner of round n writes it
                 continue
             self._check_not_done()
@@ -211,31 +346,32 @@ class Membership:
     def _members_of(self, n):
         if n < 1:
             return None
-        key = self._key(f"g{n}/members")
-        return json.loads(self.store.get(key)) if self.store.check([key]) else None
+        return _json(self.store, self._key(f"g{n}/members"), _check_members)
 
     def _candidates(self, n):
+        """The well-formed candidate entries of round n, first registration of each id."""
         count = int(self.store.add(self._key(f"g{n}/count"), 0))
-        keys = [self._key(f"g{n}/cand/{k}") for k in range(1, count + 1)]
-        present = [k for k in keys if self.store.check([k])]  # a count is added before its entry is set
+        if count > MAX_CANDIDATES:
+            _ignored(self._key(f"g{n}/count"), f"{count} candidates; only the first {MAX_CANDIDATES} are read")
+            count = MAX_CANDIDATES
         seen, out = set(), []
-        for raw in (self.store.multi_get(present) if present else []):
-            c = json.loads(raw)
-            if c["id"] not in seen:
+        for k in range(1, count + 1):  # a count is added before its entry is set: absent ones are skipped
+            c = _json(self.store, self._key(f"g{n}/cand/{k}"), check_member)
+            if c is not None and c["id"] not in seen:
                 seen.add(c["id"])
                 out.append(c)
         return out
 
     def _decide(self, n, prev, cands):
         """(members, None) when round n is complete, else (None, what it waits for)."""
-        alive = [c for c in cands if self.lost_reason(c) is None]
+        alive = [c for c in cands if self.lost_reason(c, n) is None]
         if prev is None:  # the first world: the launcher's initial count
             if len(alive) < self.initial:
                 return None, f"{len(alive)} of the {self.initial} initial processes registered"
             chosen = sorted(alive, key=lambda c: (c["want"] is None, c["want"] if c["want"] is not None else 0))
         else:
             registered = {c["id"] for c in alive}
-            unsettled = [m for m in prev if m["id"] not in registered and self.lost_reason(m) is None]
+            unsettled = [m for m in prev if m["id"] not in registered and self.lost_reason(m, n) is None]
             if unsettled:
                 return None, ("waiting for members of world " + str(n - 1) + " that neither came back nor "
                               "are known lost: " + ", ".join(describe(m) for m in unsettled))
@@ -249,18 +385,20 @@ class Membership:
                           "(the world fell below the minimum; start more workers or lower --min-world)")
         return chosen, None
 
-    def lost_reason(self, member):
-        """Why `member` counts as lost, or None while it may still be alive."""
-        dead = self._key(f"dead/{member['id']}")
-        if self.store.check([dead]):
-            return self.store.get(dead).decode()
+    def lost_reason(self, member, n=None):
+        """Why `member` counts as lost in round `n` (None: any round), or None while it may
+        still be alive. A dead mark holds for the generation it was written in and the next
+        MARK_GENERATIONS: a process marked dead that registers later is alive."""
+        mark = _json(self.store, self._key(f"dead/{member['id']}"), _check_mark)
+        if mark is not None and (n is None or n <= mark["generation"] + MARK_GENERATIONS):
+            return mark["reason"]
         if member.get("machine") is not None and member["machine"] == self.me["machine"] \
                 and member["id"] != self.id and _gone(member["pid"]):
             return "its process is gone"
-        hb = int(self.store.add(self._key(f"hb/{member['id']}"), 0))
+        hb = _int(self.store, self._key(f"hb/{member['id']}")) or 0
         now = time.monotonic()
         last, since = self._beats.get(member["id"], (None, now))
-        if hb != last:
+        if last is None or hb > last:  # only a higher count is a beat: an old one replayed is not
             self._beats[member["id"]] = (hb, now)
             return None
         if now - since >= self.lost_after:
@@ -306,18 +444,21 @@ class Membership:
 
 def mark_dead(store, member_id, reason):
     """What the launcher writes when it sees a worker exit: rounds then need not wait for the
-    worker's heartbeat to go stale."""
-    store.set(PREFIX + f"dead/{member_id}", reason)
+    worker's heartbeat to go stale. The mark names the newest generation, and holds for
+    rounds up to MARK_GENERATIONS after it."""
+    store.set(PREFIX + f"dead/{member_id}", json.dumps({"generation": generation(store), "reason": reason}))
 
 
 def finished(store):
-    """True once the job's training finished (Membership.finish)."""
-    return store.check([PREFIX + "done"])
+    """True once the job's training finished (Membership.finish; sealed where the job has a
+    secret, so an outsider cannot end the job)."""
+    return _int(store, PREFIX + "done") is not None
 
 
 def latest_ids(store):
     """The member ids of the newest world formed (empty before the first)."""
-    n = int(store.add(PREFIX + "gen", 0))
+    n = generation(store)
     if n < 1:
         return []
-    return [m["id"] for m in json.loads(store.get(PREFIX + f"g{n}/members"))]
+    members = _json(store, PREFIX + f"g{n}/members", _check_members)
+    return [m["id"] for m in members] if members else []
