@@ -1,5 +1,5 @@
 """The job secret, and a store that only the holders of it can read or change
-(docs/security-notes-store.md says what it protects and what not).
+(docs/security.md says what it protects and what not).
 
 torch's TCPStore authenticates nobody: any process that reaches its port can list every
 key (list_keys), read every value and write any. A job that has a secret (PYBRIDGE_SECRET,
