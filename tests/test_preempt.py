@@ -96,9 +96,11 @@ def test_the_launcher_passes_the_warning_on_and_the_requeued_job_resumes(tmp_pat
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     # SLURM's --signal=USR1@120 as it may arrive: at the launcher only
     p = subprocess.Popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", "2", str(script), folder,
-                          "3000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                          "3000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)  # its workers die with it (killpg below) if the test fails
     lines = []
-    guard = threading.Timer(60, p.kill)  # a warning that never arrives fails the test, not hangs it
+    kill = lambda: os.killpg(p.pid, signal.SIGKILL)  # noqa: E731 - the launcher and its workers
+    guard = threading.Timer(60, kill)  # a warning that never arrives fails the test, not hangs it
     guard.start()
     try:
         for line in p.stdout:
@@ -109,7 +111,8 @@ def test_the_launcher_passes_the_warning_on_and_the_requeued_job_resumes(tmp_pat
         out = "".join(lines) + p.communicate(timeout=60)[0]
     finally:
         guard.cancel()
-        p.kill()
+        if p.poll() is None:
+            kill()
     assert p.returncode == 75, out
     assert "pybridge-launch: preempted: rank(s) " in out and "saved and exited with 75 (requeue)" in out, out
     saved = {int(line.split()[2]) for line in out.splitlines() if line.startswith("SAVED")}
