@@ -345,7 +345,6 @@ def elastic_main(opts):
                      min_world=opts.min_world, max_world=opts.max_world, replace=opts.replace,
                      monitor_interval=opts.monitor_interval, shutdown_timeout=opts.shutdown_timeout,
                      hosting=node_rank == 0)
-    forward_signals()
     try:
         return sup.run()
     except KeyboardInterrupt:
@@ -491,6 +490,7 @@ def _choose_interface(opts):
 
 
 def main(argv=None):
+    forward_signals()  # first: a scheduler's warning may come while the launcher starts
     opts = _parser().parse_args(argv)
     try:
         _from_slurm(opts)
@@ -529,7 +529,6 @@ def main(argv=None):
     parser.allow_abbrev = False
     args = parser.parse_args(targs)
     clock = ExitClock().start()
-    forward_signals()
     try:
         torchrun.run(args)
     except ChildFailedError as exc:
