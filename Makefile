@@ -26,7 +26,7 @@ TORCH_CGO = CGO_CXXFLAGS="$(shell $(PYTHON) -m pybridge.capi --torch-cflags)" \
 
 LIB := $(BUILD)/libpybridge.so
 
-.PHONY: setup test test-python test-go lint ruff go-lint go-test demo demo-real demo-gotorch demo-collectives bench clean gpu-bundle gpu-check
+.PHONY: setup test test-clusters test-python test-go lint ruff go-lint go-test demo demo-real demo-gotorch demo-collectives bench clean gpu-bundle gpu-check
 
 # Bytecode written once here: every rank, launcher and CLI a test starts imports pybridge,
 # and with PYTHONDONTWRITEBYTECODE set (as on CI's machines) each would compile it again.
@@ -66,6 +66,14 @@ test: setup ruff
 	[ $$py -eq 0 ] || echo "make test: pytest failed (exit status $$py)"; \
 	[ $$gt -eq 0 ] || echo "make test: go vet, gofmt or go test failed (exit status $$gt)"; \
 	[ $$py -eq 0 ] && [ $$gt -eq 0 ]
+
+# `make test-clusters`: jobs under a real SLURM (slurmctld, slurmd and munge on the simulated
+# cluster's namespaces) and Debian's Open MPI mpirun (docs/clusters.md). Needs root; installs
+# Debian's packages first. Not part of `make test` (its budget), where these tests skip.
+CLUSTER_PACKAGES := slurmctld slurmd slurm-client munge openmpi-bin
+test-clusters: setup
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(CLUSTER_PACKAGES)
+	PYBRIDGE_CLUSTER_TESTS=1 $(PYTHON) -m pytest -q -p no:benchmark tests/test_slurm.py tests/test_mpirun.py
 
 # pytest's worker processes (pytest-xdist). Most multi-rank tests wait (rendezvous,
 # timeouts, the launcher), so more workers than cores: 3 on 2 cores (docs/testing.md).

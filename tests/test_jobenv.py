@@ -165,7 +165,8 @@ def test_two_launchers_started_as_srun_would_form_one_world():
 def test_pet_variables_are_the_launchers_defaults_as_torchrun_reads_them(tmp_path):
     """Kubernetes' PyTorchJob passes torchrun's options as PET_* variables."""
     script = tmp_path / "report"
-    script.write_text(f"#!{sys.executable}\nimport os\nprint('WORKER', os.environ['RANK'], os.environ['WORLD_SIZE'])\n")
+    script.write_text(f"#!{sys.executable}\n" + "import os\n"  # one write per line: ranks print at once
+                      "os.write(1, ('WORKER %s %s\\n' % (os.environ['RANK'], os.environ['WORLD_SIZE'])).encode())\n")
     script.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_"))}
     p = subprocess.run([sys.executable, "-m", "pybridge.launch", str(script)], capture_output=True, text=True,
@@ -190,3 +191,33 @@ def test_free_port_ignores_the_global_random_seed():
         random.seed(1)  # torch's test cases seed it; every pytest worker would then pick alike
         picks.append(netif.free_port())
     assert len(set(picks)) > 1
+
+
+def test_slurm_ranks_per_node_come_from_the_steps_tasks_on_this_node(monkeypatch):
+    # A real srun sets no LOCAL_WORLD_SIZE: node_groups() took the whole world as one node.
+    assert jobenv.detect({**SLURM, "SLURM_GTIDS": "2,3"}).local_world_size == 2
+    job = jobenv.detect({**SLURM, "SLURM_STEP_TASKS_PER_NODE": "4(x2)"})
+    assert (job.local_world_size, job.sources["local_world_size"]) == (4, "SLURM_STEP_TASKS_PER_NODE")
+    assert jobenv.detect({**SLURM, "SLURM_STEP_TASKS_PER_NODE": "3,2"}).local_world_size is None  # uneven
+    assert jobenv.ranks_per_node({**SLURM, "SLURM_GTIDS": "0,1,2"}) == 3
+    assert jobenv.ranks_per_node({**SLURM, "SLURM_GTIDS": "0,1", "RANK": "3", "WORLD_SIZE": "8",
+                                  "LOCAL_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x"}) == 4  # the launcher's
+    assert jobenv.ranks_per_node(OMPI) == 2
+
+
+def test_a_scheduler_job_across_nodes_names_the_interface_towards_rank_0(monkeypatch):
+    # Under a real srun, gloo listened on the address the hostname resolves to (none here:
+    # loopback) and every rank timed out connecting to 127.0.0.1; init() now names the
+    # interface that reaches rank 0's host, as pybridge-launch does for its workers.
+    seen = []
+    monkeypatch.setattr(netif, "interface_towards", lambda host: seen.append(host) or ("eth7", "10.9.0.2"))
+    env = {}
+    assert jobenv.choose_interface(jobenv.detect(SLURM), env) == "eth7"
+    assert env == {"GLOO_SOCKET_IFNAME": "eth7", "NCCL_SOCKET_IFNAME": "eth7"} and seen == ["gpu04"]
+    env = {"GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "ib0"}  # the user's win
+    assert jobenv.choose_interface(jobenv.detect(SLURM), env) is None and env["GLOO_SOCKET_IFNAME"] == "ib0"
+    launched = jobenv.detect({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"})
+    assert jobenv.choose_interface(launched, {}) is None  # pybridge-launch chose already
+    monkeypatch.setattr(netif, "interface_towards", lambda host: ("lo", "127.0.0.1"))
+    env = {}
+    assert jobenv.choose_interface(jobenv.detect(OMPI), env) is None and env == {}  # one node: loopback

@@ -129,3 +129,26 @@ def test_the_launcher_passes_the_warning_on_and_the_requeued_job_resumes(tmp_pat
     assert sorted((d[1], int(d[2])) for d in done) == [("0", step), ("1", step)], out2  # resumed, not restarted
     for d in done:
         assert [float(v) for v in d[3].strip("[]").split(",")] == pytest.approx([w] * 4, rel=1e-5), out2
+
+
+def test_a_warning_before_the_workers_start_reaches_them():
+    # Under a real SLURM a requeued job's warning came 3 s after it started and killed the
+    # launcher (exit 138): the launcher now catches it first thing, and with no worker yet
+    # keeps it for the workers it starts, whose Preemption() starts as warned. In a process
+    # of its own: pytest's has children, to which the signal would go.
+    code = """if True:
+        import os, signal
+        from pybridge.launch import exits
+        from pybridge.runtime import preempt
+        exits.forward_signals()
+        os.kill(os.getpid(), signal.SIGUSR1)  # no child: nothing to forward to
+        print(os.environ.get(exits.PENDING), exits.PENDING == preempt.PENDING)
+        with preempt.Preemption() as watch:
+            print(watch.requested)
+        with preempt.Preemption(["SIGTERM"]) as watch:  # a signal it does not watch for
+            print(watch.requested)
+    """
+    env = {k: v for k, v in os.environ.items() if k != preempt.PENDING}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["SIGUSR1", "True", "SIGUSR1", "None"], p.stdout + p.stderr

@@ -25,6 +25,7 @@ import torch
 from ..comm import collectives, subgroups
 from .contract import declare_eager
 from ..comm import group as _group
+from ..base import jobenv
 from ..base.checks import integer
 from ..errors import InvalidArgument
 from .gossip_schedule import check_topology, peers
@@ -33,10 +34,11 @@ from .hook_thread import HookThread
 
 def ranks_per_node_or_launchers(ranks_per_node):
     """ranks_per_node checked; None or 0 is the launcher's (LOCAL_WORLD_SIZE, which
-    pybridge-launch and torchrun set), or 1 when no launcher set it: the ranks of one
+    pybridge-launch and torchrun set) or the scheduler's (srun, mpirun: jobenv.ranks_per_node),
+    or 1 when nothing says: the ranks of one
     machine then average among themselves and gossip across machines."""
     if ranks_per_node is None or (type(ranks_per_node) is int and ranks_per_node == 0):
-        ranks_per_node = _group.env_int("LOCAL_WORLD_SIZE") or 1
+        ranks_per_node = jobenv.ranks_per_node() or 1
     return integer("gossip ranks_per_node", ranks_per_node, low=1)
 
 

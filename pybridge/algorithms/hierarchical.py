@@ -22,6 +22,7 @@ import torch
 
 from ..comm import collectives, subgroups
 from ..comm import group as _group
+from ..base import jobenv
 from ..base.checks import integer
 from ..errors import InvalidArgument
 from .contract import declare_eager, declare_sums
@@ -42,13 +43,14 @@ def wire_dtype(compression):
 
 
 def node_size(ranks_per_node, group_size=None):
-    """Ranks per node: `ranks_per_node` if > 0, else the launcher's LOCAL_WORLD_SIZE, else
+    """Ranks per node: `ranks_per_node` if > 0, else the launcher's LOCAL_WORLD_SIZE or the
+    scheduler's ranks on this node (srun, mpirun: jobenv.ranks_per_node), else
     (launched by hand) the whole group as one node. None when that needs group_size and
     it is unknown (a state that is only described)."""
     per = integer("hierarchical ranks_per_node", ranks_per_node, low=0,
                   expected="an integer >= 0 (0: the launcher's LOCAL_WORLD_SIZE)")
     if per == 0:
-        per = _group.env_int("LOCAL_WORLD_SIZE") or group_size
+        per = jobenv.ranks_per_node() or group_size
     if per is not None and group_size is not None and group_size % per:
         raise InvalidArgument(f"hierarchical ranks_per_node {per} does not divide the group size {group_size} "
                               "(nodes must have equal numbers of ranks)")

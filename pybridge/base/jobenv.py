@@ -6,7 +6,8 @@ scheduler that started the process, so that `srun` and `mpirun` need no export l
 
   SLURM (srun)          SLURM_PROCID, SLURM_STEP_NUM_TASKS (the step's, not the job's
                         SLURM_NTASKS, which counts tasks that never start in this step),
-                        SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE; the master is the step's
+                        SLURM_LOCALID, SLURM_GTIDS (this node's ranks, counted; else
+                        SLURM_STEP_TASKS_PER_NODE when uniform); the master is the step's
                         first node (SLURM_STEP_NODELIST, expanded from "node[01-04,07]"),
                         its port derived from the job and step ids
                         (within PYBRIDGE_PORTS where set)
@@ -31,7 +32,8 @@ import zlib
 from dataclasses import dataclass, field
 
 from ..errors import InvalidArgument
-from .netif import port_range
+from . import netif
+
 
 
 # name: (rank, world size, local rank, local world size) variables of each scheduler
@@ -99,7 +101,7 @@ def expand_nodelist(text):
 
 def _derived_port(key, env):
     """The same port on every rank of a job, from port_range() (PYBRIDGE_PORTS, else 20000-31999)."""
-    ports = port_range(env)
+    ports = netif.port_range(env)
     return ports[zlib.crc32(key.encode()) % len(ports)]
 
 
@@ -111,8 +113,21 @@ def _scheduler_values(env):
             continue
         values = {"rank": (rank, rank_name), "world_size": _first(env, size_v),
                   "local_rank": _first(env, local_v), "local_world_size": _first(env, local_size_v)}
+        if name == "slurm":
+            values["local_world_size"] = _slurm_local_size(env)
         return name, values
     return None, {}
+
+
+def _slurm_local_size(env):
+    """(tasks of the step on this node, source): SLURM_GTIDS lists their ranks ("0,1");
+    else SLURM_STEP_TASKS_PER_NODE when every node has as many ("2(x4)", "2"); else None."""
+    gtids = env.get("SLURM_GTIDS", "")
+    if gtids:
+        return len(gtids.split(",")), "SLURM_GTIDS (this node's tasks)"
+    per = env.get("SLURM_STEP_TASKS_PER_NODE", "")
+    m = re.fullmatch(r"(\d+)(?:\(x\d+\))?", per)
+    return (int(m[1]), "SLURM_STEP_TASKS_PER_NODE") if m else (None, None)
 
 
 def _slurm_master(env):
@@ -175,6 +190,16 @@ def detect(environ=None):
     return out
 
 
+def ranks_per_node(environ=None):
+    """This node's ranks in the job: the launcher's LOCAL_WORLD_SIZE, else the scheduler's
+    (SLURM_GTIDS, OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS); None when nothing says. The
+    default of node_groups(), the hierarchical hook and gossip, which take nodes to be
+    consecutive blocks of this many ranks (the launchers' layout, and srun's and mpirun's
+    default block distribution)."""
+    env = os.environ if environ is None else environ
+    return env_int("LOCAL_WORLD_SIZE", env) or detect(env).local_world_size
+
+
 def env():
     """Where this process's rank, world size, local rank and rendezvous come from: a JobEnv
     with each value and its source, as pybridge.init() will read them."""
@@ -194,6 +219,27 @@ def rendezvous_method(job):
     if job.master_port is None:
         raise InvalidArgument(f"started by {job.scheduler} with no job id to derive a port from: set MASTER_PORT")
     return f"tcp://{job.master_addr}:{job.master_port}"
+
+
+def choose_interface(job, environ=None):
+    """For a job a scheduler started across nodes: name the interface whose address reaches
+    rank 0's host in GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME of `environ` (default
+    os.environ), as pybridge-launch does for its workers, unless they are set. gloo
+    otherwise listens on the address the hostname resolves to, often a loopback one
+    (netif.py), and ranks on other nodes are told an address they cannot reach: under a
+    real srun every rank timed out connecting to 127.0.0.1. Returns the interface named, or
+    None (a launcher's job, loopback, set by the user, or no interface found)."""
+    env = os.environ if environ is None else environ
+    if job.scheduler in (None, "launcher") or not job.master_addr:
+        return None
+    if "GLOO_SOCKET_IFNAME" in env and "NCCL_SOCKET_IFNAME" in env:
+        return None
+    name, _ = netif.interface_towards(job.master_addr)
+    if name is None or name == "lo":
+        return None
+    env.setdefault("GLOO_SOCKET_IFNAME", name)
+    env.setdefault("NCCL_SOCKET_IFNAME", name)
+    return name
 
 
 @dataclass

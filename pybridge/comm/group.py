@@ -364,6 +364,7 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
         method = None
         if store is None and init_method is None and master_addr is None and master_port is None:
             method = jobenv.rendezvous_method(job)  # srun, mpirun: the address they imply
+            jobenv.choose_interface(job)  # across nodes: the interface that reaches rank 0's host
         if store is None and method is None:
             method = _rendezvous(init_method, master_addr, master_port)
         if method is not None and urllib.parse.urlparse(method).scheme in ("tcp", "env"):

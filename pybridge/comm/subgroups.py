@@ -10,9 +10,10 @@ communication core has it. pybridge.split and pybridge.node_groups are the publi
 import torch
 
 from . import collectives
+from ..base import jobenv
 from ..base.checks import integer, positive_seconds
 from ..errors import InvalidArgument
-from .group import Group, current, env_int, pick_backend
+from .group import Group, current, pick_backend
 
 
 def split(color, key=None, *, group=None, timeout=None, backend=None):
@@ -41,11 +42,12 @@ def node_groups(ranks_per_node=None, *, group=None):
     """(intra-node group, cross-node group) for this rank: the members on this node, and the
     members with this rank's local rank on every node. Nodes are consecutive blocks of
     `ranks_per_node` ranks of `group` (default: LOCAL_WORLD_SIZE, as torchrun and
-    pybridge-launch set it; pass it to pretend, e.g. nodes of 2 ranks on one machine).
+    pybridge-launch set it, else srun's or mpirun's ranks on this node (jobenv.ranks_per_node);
+    pass it to pretend, e.g. nodes of 2 ranks on one machine).
     A collective over `group`: every member calls it."""
     g = group or current()
     if ranks_per_node is None:
-        ranks_per_node = env_int("LOCAL_WORLD_SIZE") or g.size
+        ranks_per_node = jobenv.ranks_per_node() or g.size
     per = integer("ranks_per_node", ranks_per_node)
     if per < 1 or g.size % per:
         raise InvalidArgument(f"ranks_per_node {per} does not divide the group size {g.size} "

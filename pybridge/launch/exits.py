@@ -39,10 +39,21 @@ def children():
     return pids
 
 
+# A warning that came before the launcher had started any worker, for the workers it starts:
+# Preemption() (runtime/preempt.py) reads it as a warning already received.
+PENDING = "PYBRIDGE_PREEMPTED"
+
+
 def forward_signals(signals=FORWARDED):
-    """Pass `signals` on to every child instead of dying of them."""
+    """Pass `signals` on to every child instead of dying of them. Installed first thing in
+    main(), before torch is imported: under a real SLURM a requeued job's warning came 3 s
+    after it started and killed the launcher (exit 138). A signal that finds no child yet
+    is kept in os.environ[PENDING] (its name), which the workers started later inherit."""
     def forward(num, frame):
-        for pid in children():
+        pids = children()
+        if not pids:
+            os.environ.setdefault(PENDING, signal.Signals(num).name)
+        for pid in pids:
             try:
                 os.kill(pid, num)
             except ProcessLookupError:

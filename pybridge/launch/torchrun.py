@@ -400,7 +400,6 @@ def elastic_main(opts):
     except OSError as exc:
         raise SystemExit(f"{PROG}: cannot host the elastic store at {endpoint[0]}:{endpoint[1]}: "
                          f"{exc.strerror or exc} (--rdzv-endpoint must name an address of node 0)") from None
-    forward_signals()
     try:
         return sup.run()
     except KeyboardInterrupt:
@@ -546,6 +545,7 @@ def _choose_interface(opts):
 
 
 def main(argv=None):
+    forward_signals()  # first: a scheduler's warning may come while the launcher starts
     opts = _parser().parse_args(argv)
     try:
         _from_slurm(opts)
@@ -587,7 +587,6 @@ def main(argv=None):
     parser.allow_abbrev = False
     args = parser.parse_args(targs)
     clock = ExitClock().start()
-    forward_signals()
     try:
         torchrun.run(args)
     except ChildFailedError as exc:

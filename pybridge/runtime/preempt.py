@@ -22,6 +22,7 @@ Python can install handlers only on the main thread, and Go's runtime owns a Go 
 signals) and ask with pb_any_rank / AnyRank.
 """
 
+import os
 import signal
 import threading
 
@@ -34,6 +35,7 @@ from ..errors import InvalidArgument
 
 REQUEUE = abi.PB_EXIT_REQUEUE  # 75, EX_TEMPFAIL (sysexits.h): the job saved its state and wants to run again
 DEFAULT_SIGNALS = ("SIGUSR1", "SIGTERM")
+PENDING = "PYBRIDGE_PREEMPTED"  # set by pybridge-launch for workers it starts after a warning
 
 
 def signal_numbers(names):
@@ -66,7 +68,8 @@ def any_rank(flag, *, group=None):
 
 class Preemption:
     """Watch for the scheduler's warning signals (default SIGUSR1 and SIGTERM; from the
-    main thread). `requested` is the first one seen on this rank; should_stop() asks every
+    main thread). `requested` is the first one seen on this rank, or the one pybridge-launch
+    received before it started this worker (PYBRIDGE_PREEMPTED); should_stop() asks every
     rank. close() puts the previous handlers back."""
 
     def __init__(self, signals=DEFAULT_SIGNALS):
@@ -76,8 +79,13 @@ class Preemption:
                                   "and ask any_rank()")
         self.requested = None
         self._previous = {}
-        for num in signal_numbers(signals):
+        nums = signal_numbers(signals)
+        for num in nums:
             self._previous[num] = signal.signal(num, self._seen)
+        # A warning pybridge-launch received before it started this worker (launch/exits.py).
+        pending = os.environ.get(PENDING, "")
+        if pending in {n.name for n in nums}:
+            self.requested = pending
 
     def _seen(self, num, frame):
         if self.requested is None:

@@ -1,6 +1,7 @@
 /* One rank of the multi-node test from plain C (tests/test_cluster.py): started by
- * pybridge-launch in every node of a simulated cluster. Allreduces its rank, finds its
- * node's ranks (pb_group_nodes with the launcher's ranks per node) and prints
+ * pybridge-launch in every node of a simulated cluster, or by a real srun or mpirun
+ * (tests/test_slurm.py, tests/test_mpirun.py). Allreduces its rank, finds its node's
+ * ranks (pb_group_nodes with the launcher's or the scheduler's ranks per node) and prints
  * "RESULT rank=R sum=S intra_first=F intra_size=N". Exits 0 when every call succeeded. */
 #include <stdio.h>
 #include "pybridge.h"
