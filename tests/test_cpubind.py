@@ -57,7 +57,7 @@ def test_cpu_lists_round_trip_and_topology_reads_sysfs(tmp_path):
 REPORT = """#!{python}
 import json, os
 os.write(1, (json.dumps({{"rank": int(os.environ["LOCAL_RANK"]), "cpus": sorted(os.sched_getaffinity(0)),
-                         "threads": os.environ.get("OMP_NUM_THREADS")}}) + "\n").encode())  # one write
+                         "threads": os.environ.get("OMP_NUM_THREADS")}}) + "\\n").encode())  # one write
 """
 
 
