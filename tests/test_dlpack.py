@@ -20,6 +20,7 @@ from capi_loader import LIB_PATH, ROOT, load
 from ranks import free_port, run_ranks
 
 import pybridge
+from pybridge.base import buffers
 from pybridge import abi
 from pybridge.base import dlpack
 from pybridge.errors import InvalidArgument
@@ -200,7 +201,7 @@ def test_python_collectives_take_dlpack_objects_in_place():
 
 def test_numpy_through_dlpack_shares_memory():
     a = np.arange(4, dtype=np.float32)
-    t = pybridge.base.buffers.as_tensor(Foreign(torch.from_numpy(a)))
+    t = buffers.as_tensor(Foreign(torch.from_numpy(a)))
     t += 1
     assert a.tolist() == [1, 2, 3, 4]
 
