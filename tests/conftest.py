@@ -50,6 +50,13 @@ SLOW_FILES = (  # seconds in a clean-clone `make test` (--durations=0, summed pe
     "test_capi_reducer.py",  # 16
     "test_federated_integrity.py",  # 16
     "test_mnist_federated_go.py",  # 15
+    # this session's files, by their wall time alone (2 files at a time, 2026-11-27)
+    "test_outsiders.py",  # 18
+    "test_jobenv.py",  # 15
+    "test_preempt.py",  # 14
+    "test_handles.py",  # 14
+    "test_elastic.py",  # 13
+    "test_local_sgd.py",  # 12
 )
 
 
