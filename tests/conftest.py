@@ -11,6 +11,9 @@ keeps its worker busy while the others sit idle, so the slowest files are collec
 file is kept. The list only orders: a file missing from it runs after these, as before.
 """
 import os
+import subprocess
+
+import pytest
 
 # Ranges inside pybridge's default 20000-31999: Go's tests get 20000-21999 (Makefile), pytest
 # worker gwN gets a 2000-port slice from 22000 (five slices; a sixth worker shares gw0's).
@@ -63,3 +66,15 @@ SLOW_FILES = (  # seconds in a clean-clone `make test` (--durations=0, summed pe
 def pytest_collection_modifyitems(session, config, items):
     first = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: first.get(item.path.name, len(SLOW_FILES)))  # stable: keeps the rest in order
+
+
+@pytest.fixture(scope="module")
+def cluster_c_program(tmp_path_factory):
+    """tests/c/cluster.c built against build/libpybridge.so (the srun and mpirun tests run it)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    exe = str(tmp_path_factory.mktemp("c") / "cluster")
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
+                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.join(root, "build")})
+    subprocess.run(["gcc", "-Wall", "-Werror", "-o", exe, os.path.join(root, "tests", "c", "cluster.c"),
+                    *flags.stdout.split()], check=True, timeout=120)
+    return exe

@@ -71,18 +71,9 @@ def test_mpirun_python_on_one_node_with_no_exports():
     assert len({tuple(x["master"]) for x in res}) == 1
 
 
-@pytest.fixture(scope="module")
-def c_program(tmp_path_factory):
-    exe = str(tmp_path_factory.mktemp("c") / "cluster")
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
-                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.join(ROOT, "build")})
-    subprocess.run(["gcc", "-Wall", "-Werror", "-o", exe, os.path.join(TESTS, "c", "cluster.c"),
-                    *flags.stdout.split()], check=True, timeout=120)
-    return exe
 
-
-def test_mpirun_c_program(c_program):
-    r = run([*MPIRUN, "-np", "2", c_program], timeout=120)
+def test_mpirun_c_program(cluster_c_program):
+    r = run([*MPIRUN, "-np", "2", cluster_c_program], timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(r.stdout.split("\n")[:2]) == ["RESULT rank=0 sum=1 intra_first=0 intra_size=2",
                                                "RESULT rank=1 sum=1 intra_first=0 intra_size=2"], r.stdout

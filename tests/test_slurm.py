@@ -95,18 +95,9 @@ def test_srun_python_ddp_with_no_exports(sl):
     assert len({tuple(x["master"]) for x in res}) == 1  # one port, derived alike by all
 
 
-@pytest.fixture(scope="module")
-def c_program(tmp_path_factory):
-    exe = str(tmp_path_factory.mktemp("c") / "cluster")
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
-                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.join(ROOT, "build")})
-    subprocess.run(["gcc", "-Wall", "-Werror", "-o", exe, os.path.join(TESTS, "c", "cluster.c"),
-                    *flags.stdout.split()], check=True, timeout=120)
-    return exe
 
-
-def test_srun_c_program(sl, c_program):
-    r = srun(sl, ["srun", "-N", "4", "--ntasks-per-node", "2", c_program], timeout=150)
+def test_srun_c_program(sl, cluster_c_program):
+    r = srun(sl, ["srun", "-N", "4", "--ntasks-per-node", "2", cluster_c_program], timeout=150)
     assert r.returncode == 0, r.stdout
     got = sorted(re.findall(r"RESULT rank=(\d) sum=(\S+) intra_first=(\d) intra_size=(\d)", r.stdout))
     assert got == [(str(k), "28", str(k - k % 2), "2") for k in range(8)], r.stdout
