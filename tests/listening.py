@@ -5,22 +5,9 @@ import os
 import socket
 import struct
 
+from pybridge.comm.sockets import open_sockets
+
 WILDCARDS = ("0.0.0.0", "::")
-
-
-def _inodes(pid):
-    found = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                found.add(link[8:-1])
-    except OSError:
-        pass
-    return found
 
 
 def _address(hexaddr, v6):
@@ -38,7 +25,7 @@ def listening(pids):
     """[(address, port)] of the TCP sockets in LISTEN state held by these processes."""
     inodes = set()
     for pid in pids:
-        inodes |= _inodes(pid)
+        inodes |= open_sockets(pid)
     out = []
     for path, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
         try:

@@ -11,16 +11,16 @@ import os
 import socket
 
 
-def open_sockets():
-    """The inode numbers of this process's open sockets."""
+def open_sockets(pid="self"):
+    """The inode numbers of a process's open sockets (this process's by default)."""
     found = set()
     try:
-        names = os.listdir("/proc/self/fd")
+        names = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return found
     for name in names:
         try:
-            target = os.readlink(f"/proc/self/fd/{name}")
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
         except OSError:
             continue
         if target.startswith("socket:["):
