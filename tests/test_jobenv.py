@@ -4,6 +4,7 @@ the launcher's variables first; and two processes started with only Open MPI's o
 variables (no launcher, no export lines) that form a world and reduce."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -92,7 +93,8 @@ def _free_derived(prefix, make, rank0):
     """The job's scheduler variables (from make(key)) whose derived port is free here."""
     for _ in range(50):
         env = make(f"{prefix}-{uuid.uuid4().hex}")
-        port = jobenv.detect({**env, **rank0}).master_port
+        # the ranks inherit this worker's PYBRIDGE_PORTS (conftest.py): derive as they will
+        port = jobenv.detect({**env, **rank0, "PYBRIDGE_PORTS": os.environ.get("PYBRIDGE_PORTS", "")}).master_port
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -100,6 +102,16 @@ def _free_derived(prefix, make, rank0):
             except OSError:
                 continue
     raise AssertionError("no free derived port in 50 tries")
+
+
+def _outputs(procs, timeout):
+    """Each process's output; all of them killed if one is not done within `timeout` s."""
+    try:
+        return [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("scheduler", ["openmpi", "slurm"])
@@ -117,8 +129,8 @@ def test_ranks_started_by_a_scheduler_form_a_world_with_no_exports(scheduler):
         job = _free_derived("job", lambda j: {"SLURM_JOB_ID": j, "SLURM_STEP_ID": "0",
                                               "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "4"}, ranks[0])
     procs = [subprocess.Popen([sys.executable, "-c", HELLO], env={**base, **job, **r}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in ranks]
-    outs = [p.communicate(timeout=90)[0] for p in procs]
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True) for r in ranks]
+    outs = _outputs(procs, 90)
     assert all(p.returncode == 0 for p in procs), outs
     for r, out in enumerate(outs):
         assert f"RESULT {scheduler} {r} 2 {r} [3.0, 3.0, 3.0]" in out, out
@@ -153,8 +165,8 @@ def test_two_launchers_started_as_srun_would_form_one_world():
         procs = [subprocess.Popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", "1", script],
                                   env={**base, **job, "SLURM_NODEID": str(n), "SLURM_PROCID": str(n),
                                        "PYTHONPATH": ROOT}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True) for n in (0, 1)]
-        outs = [p.communicate(timeout=120)[0] for p in procs]
+                                  text=True, start_new_session=True) for n in (0, 1)]
+        outs = _outputs(procs, 120)
     assert all(p.returncode == 0 for p in procs), outs
     for n, out in enumerate(outs):
         assert f"from srun: --nnodes 2 (SLURM_STEP_NUM_NODES), --node-rank {n} (SLURM_NODEID), --rdzv-endpoint " \
