@@ -49,7 +49,7 @@ $(GENERATED): capi/pybridge.h capi/gen_abi.py pybridge/cbuild/gen.py
 	$(PYTHON) capi/gen_abi.py
 	@touch $@
 
-$(LIB): $(DEPS_STAMP) $(GENERATED) capi/pybridge.h capi/build.py $(wildcard pybridge/cbuild/*)
+$(LIB): $(DEPS_STAMP) $(GENERATED) capi/pybridge.h capi/build.py $(wildcard pybridge/cbuild/*.py pybridge/cbuild/*.c)
 	$(PYTHON) capi/build.py --out $(BUILD)
 
 # `make test`: ruff, then Go's lint and tests in the background while pytest runs (both mostly

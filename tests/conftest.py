@@ -12,6 +12,7 @@ file is kept. The list only orders: a file missing from it runs after these, as 
 """
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -78,3 +79,26 @@ def cluster_c_program(tmp_path_factory):
     subprocess.run(["gcc", "-Wall", "-Werror", "-o", exe, os.path.join(root, "tests", "c", "cluster.c"),
                     *flags.stdout.split()], check=True, timeout=120)
     return exe
+
+
+# PYBRIDGE_TEST_TIMELINE=FILE: each worker appends "worker file start end" (seconds since the
+# epoch) per test file it ran, to see where a run's time goes (docs/testing.md).
+_TIMELINE = os.environ.get("PYBRIDGE_TEST_TIMELINE")
+_spans = {}
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _TIMELINE:
+        name = nodeid.split("::", 1)[0]
+        _spans.setdefault(name, [time.time(), None])
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    if _TIMELINE:
+        _spans[nodeid.split("::", 1)[0]][1] = time.time()
+
+
+def pytest_sessionfinish(session):
+    if _TIMELINE and _spans:
+        with open(_TIMELINE, "a") as f:
+            f.writelines(f"{_worker or 'main'} {name} {a:.2f} {b:.2f}\n" for name, (a, b) in _spans.items())
