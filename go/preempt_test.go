@@ -22,6 +22,35 @@ func TestPreemptionStopsEveryRankAtTheSameStep(t *testing.T) {
 	expectPass(t, runRanks(t, &launch{role: "preempt", world: 2, limit: 90 * time.Second}))
 }
 
+// TestNotifyPreemptionReadsTheLaunchersWarning: a warning pybridge-launch
+// received before it started this process (PYBRIDGE_PREEMPTED=SIGUSR1) makes
+// NotifyPreemption's context cancelled from the start, as Python's Preemption()
+// reads it; a signal not watched, or none, leaves it open.
+func TestNotifyPreemptionReadsTheLaunchersWarning(t *testing.T) {
+	for _, c := range []struct {
+		env     string
+		signals []os.Signal
+		want    bool
+	}{
+		{"SIGUSR1", nil, true},
+		{"SIGTERM", nil, true},
+		{"SIGUSR1", []os.Signal{syscall.SIGUSR2}, false},
+		{"SIGUSR2", []os.Signal{syscall.SIGUSR2}, true},
+		{"", nil, false},
+		{"USR1", nil, false},
+	} {
+		t.Setenv("PYBRIDGE_PREEMPTED", c.env)
+		ctx, stop := pybridge.NotifyPreemption(context.Background(), c.signals...)
+		if got := ctx.Err() != nil; got != c.want {
+			t.Errorf("PYBRIDGE_PREEMPTED=%q, signals %v: cancelled %v, want %v", c.env, c.signals, got, c.want)
+		}
+		stop()
+		if ctx.Err() == nil {
+			t.Errorf("PYBRIDGE_PREEMPTED=%q: stop did not cancel the context", c.env)
+		}
+	}
+}
+
 func rolePreempt() error {
 	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(30*time.Second))
 	if err != nil {
