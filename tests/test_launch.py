@@ -93,6 +93,25 @@ def test_ranks_lines_stay_whole(tmp_path):
     assert f"[rank0]:module __main__ argv ['{script}', 'a b'] path0 {tmp_path}" in out, out
 
 
+def test_line_prefix_names_the_node_across_nodes(tmp_path):
+    """The prefix template given to torchrun: the rank on one node; with the node rank
+    (static rendezvous) or this host's name (dynamic) across nodes."""
+    import socket
+    from argparse import Namespace
+    from pybridge.launch import lines, torchrun
+    node = torchrun._prefix_node
+    assert lines.template(node(Namespace(nnodes="1", node_rank=None))) == "[rank${rank}]:"
+    assert lines.template(node(Namespace(nnodes="2", node_rank=1))) == "[node1 rank${rank}]:"
+    assert lines.template(node(Namespace(nnodes="1:4", node_rank=None))) == f"[{socket.gethostname()} rank${{rank}}]:"
+    assert lines.template("gpu$7") == "[gpu$$7 rank${rank}]:"  # a literal "$" for torch's Template
+    # Stdout in log files as torchrun keeps them, and what --no-prefix shows: the lines as written.
+    script = write(tmp_path / "p.py", "print('plain', flush=True)\n")
+    rc, out, _ = launch(["--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"), "--no-prefix", script], raw=True)
+    assert rc == 0 and "\nplain\n" in "\n" + out, out
+    kept = list((tmp_path / "logs").glob("*/attempt_0/0/stdout.log"))
+    assert len(kept) == 1 and kept[0].read_text() == "plain\n", kept
+
+
 def test_failing_rank_stops_job_and_is_named(tmp_path):
     script = write(tmp_path / "fail.py", """
         import os, sys, time
