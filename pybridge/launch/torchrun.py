@@ -40,7 +40,9 @@ stderr with a prefix on each line, as torchrun --tee 3 does: "[rank<R>]:" on one
 "[node<N> rank<R>]:" in a multi-node job (N: the node rank; the host's name instead with a
 dynamic rendezvous, where a node gets its rank only later). Lines stay whole: a line is
 copied once it is complete, so ranks' lines never mix (pybridge/launch/lines.py). A failure
-shows the last lines of the failed rank's stderr log. --no-prefix (or PYBRIDGE_LOG_PREFIX=0)
+shows the last lines of the failed rank's stderr log. (A C program's stdio buffers a file in
+4 KiB blocks: its lines come late unless it flushes or sets line buffering, setvbuf(stdout,
+NULL, _IOLBF, 0).) --no-prefix (or PYBRIDGE_LOG_PREFIX=0)
 copies the lines as the ranks wrote them, for programs whose output is read by another
 program; the log files are kept all the same. TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, when
 set, is the prefix, as in torchrun (${rank}, ${local_rank}, ${role_name}).
