@@ -43,7 +43,8 @@ RANK = os.path.join(ROOT, "bench", "cluster_rank.py")
 
 def run_case(c, args, timeout):
     """pybridge-launch RANK args in every node; the RESULT lines, or raises with the output."""
-    procs = c.launch([RANK, *args], nproc_per_node=PER_NODE, port=free_port())
+    # --no-prefix: the RESULT lines as the ranks print them
+    procs = c.launch(["--no-prefix", RANK, *args], nproc_per_node=PER_NODE, port=free_port())
     try:
         outs = c.communicate(procs, timeout)
     except subprocess.TimeoutExpired:

@@ -49,6 +49,7 @@ def run_trainer(target, ranks, data, opts, extra=(), launch_args=(), threads="1"
     `launch_args`: more launcher flags; `threads`: OMP_NUM_THREADS (None: the launcher's)."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYBRIDGE_LOG_PREFIX="0",  # the trainer's lines as it prints them, without "[rank0]:"
                **({"OMP_NUM_THREADS": threads} if threads else {}))
     cmd = [sys.executable, "-m", "pybridge.launch", "--nproc-per-node", str(ranks), *launch_args, target,
            "--data", data, "--epochs", str(opts.epochs), "--batch-size", str(opts.batch_size), *extra]

@@ -641,6 +641,16 @@ int pb_reducer_mark_ready(pb_reducer *reducer, int32_t index);
  * starts); PB_ERR_TIMEOUT or PB_ERR_COMM when the reduction fails. */
 int pb_reducer_wait(pb_reducer *reducer, double timeout_seconds);
 
+/* pb_reducer_wait for at most timeout_seconds (0: only look) that does not give the
+ * iteration up when that time passes: *done = 1 when the gradients are reduced (the
+ * iteration is then over, as after pb_reducer_wait), 0 while buckets are still in flight;
+ * they go on: poll again or call pb_reducer_wait later, and mark no more gradients of this
+ * iteration. (A timeout of pb_reducer_wait gives the iteration up, PB_ERR_TIMEOUT.) For
+ * callers that stop waiting on their own terms, as Go's Reducer.WaitContext.
+ * Errors: as pb_reducer_wait (the iteration is then over); PB_ERR_INVALID_ARGUMENT for a
+ * negative or NaN timeout or a NULL done. */
+int pb_reducer_poll(pb_reducer *reducer, double timeout_seconds, int32_t *done);
+
 /* Deprecated: use pb_reducer_options.hook, hook_rank and hook_flags. Chooses how buckets
  * travel after creation, between iterations (as torch's register_comm_hook); replaces the
  * hook or gossip chosen before. hook: PB_HOOK_*; `rank` as hook_rank (other hooks ignore

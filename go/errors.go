@@ -123,6 +123,7 @@ var goNames = map[string]string{
 	"pb_reducer_attach":         "AttachReducer",
 	"pb_reducer_mark_ready":     "Reducer.MarkReady",
 	"pb_reducer_wait":           "Reducer.Wait",
+	"pb_reducer_poll":           "Reducer.WaitContext",
 	"pb_reducer_join":           "Reducer.Join",
 	"pb_reducer_bind_grads":     "Reducer.BindGrads",
 	"pb_reducer_zero":           "Reducer.Zero",

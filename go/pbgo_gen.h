@@ -297,6 +297,11 @@ static inline int pbgo_reducer_wait(pb_reducer *reducer, double timeout_seconds,
 	return pbgo_status(pb_reducer_wait(reducer, timeout_seconds), msg);
 }
 
+static inline int pbgo_reducer_poll(pb_reducer *reducer, double timeout_seconds, int32_t *done,
+                                    char **msg) {
+	return pbgo_status(pb_reducer_poll(reducer, timeout_seconds, done), msg);
+}
+
 static inline int pbgo_reducer_set_hook(pb_reducer *reducer, int32_t hook, int32_t rank,
                                         int32_t flags, char **msg) {
 	return pbgo_status(pb_reducer_set_hook(reducer, hook, rank, flags), msg);

@@ -24,4 +24,13 @@ static inline int pbgo_reducer_wait_generation(pb_reducer *r, double timeout_sec
 	return st;
 }
 
+/* Polls (pb_reducer_poll), then reads the generation (also after a failure) into *gen. */
+static inline int pbgo_reducer_poll_generation(pb_reducer *r, double timeout_seconds, int32_t *done,
+                                               int64_t *gen, char **msg) {
+	int st = pb_reducer_poll(r, timeout_seconds, done);
+	pbgo_status(st, msg);
+	if (pb_reducer_generation(r, gen) != PB_OK) *gen = -1;
+	return st;
+}
+
 #endif /* PBGO_REDUCER_H */

@@ -23,11 +23,48 @@ const ExitRequeue = C.PB_EXIT_REQUEUE
 // delivering them (signal.NotifyContext). Call stop to restore the default
 // behaviour. The signal reaches ranks at different moments, or only some of
 // them: ask AnyRank each step before stopping.
+//
+// A warning that pybridge-launch received before it started this process
+// reaches it as PYBRIDGE_PREEMPTED=<signal name> (e.g. SIGUSR1), as Python's
+// pybridge.runtime.preempt.Preemption reads it: when that names one of the
+// signals watched, the returned context is already cancelled.
 func NotifyPreemption(parent context.Context, signals ...os.Signal) (ctx context.Context, stop context.CancelFunc) {
 	if len(signals) == 0 {
 		signals = []os.Signal{syscall.SIGUSR1, syscall.SIGTERM}
 	}
-	return signal.NotifyContext(parent, signals...)
+	ctx, stopSignals := signal.NotifyContext(parent, signals...)
+	if !pendingWarning(os.Getenv(preemptedEnv), signals) {
+		return ctx, stopSignals
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	cancel()
+	return ctx, func() { cancel(); stopSignals() }
+}
+
+// preemptedEnv is set by pybridge-launch for the workers it starts after a
+// warning (pybridge/launch/exits.py PENDING): the signal's name.
+const preemptedEnv = "PYBRIDGE_PREEMPTED"
+
+// signalNames: the names pybridge-launch writes (Python's signal.Signals names)
+// of the signals a scheduler warns with.
+var signalNames = map[string]syscall.Signal{
+	"SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2, "SIGTERM": syscall.SIGTERM,
+	"SIGINT": syscall.SIGINT, "SIGHUP": syscall.SIGHUP, "SIGQUIT": syscall.SIGQUIT,
+	"SIGCONT": syscall.SIGCONT, "SIGURG": syscall.SIGURG, "SIGXCPU": syscall.SIGXCPU,
+}
+
+// pendingWarning: whether name (PYBRIDGE_PREEMPTED) is one of signals.
+func pendingWarning(name string, signals []os.Signal) bool {
+	num, ok := signalNames[name]
+	if !ok {
+		return false
+	}
+	for _, s := range signals {
+		if s == num {
+			return true
+		}
+	}
+	return false
 }
 
 // AnyRank reports, on every rank, whether flag is true on any rank of g: a

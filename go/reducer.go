@@ -6,6 +6,7 @@ package pybridge
 import "C"
 
 import (
+	"context"
 	"runtime"
 	"strconv"
 	"time"
@@ -608,7 +609,8 @@ func (r *Reducer) MarkReady(i int) error {
 // their indices and this rank (torch DDP's "Expected to have finished reduction
 // in the prior iteration" error) unless the reducer was created WithAllowUnused;
 // the iteration is then abandoned and the next MarkReady starts a new one. A failed
-// reduction returns ErrTimeout or ErrComm.
+// reduction returns ErrTimeout or ErrComm; so does a timeout that passes, which gives
+// the iteration up (WaitContext keeps it).
 func (r *Reducer) Wait(timeout time.Duration) error {
 	const op = "Reducer.Wait"
 	if r == nil {
@@ -632,6 +634,48 @@ func (r *Reducer) Wait(timeout time.Duration) error {
 		}
 	}
 	return err
+}
+
+// WaitContext is Wait that also returns when ctx is done, with ctx's error
+// (context.Canceled or context.DeadlineExceeded), as database/sql's
+// QueryContext does. The buckets in flight cannot be called back: they go on,
+// and the iteration stays, so that a later Wait or WaitContext returns its
+// result (mark no more gradients of it meanwhile). A ctx without deadline still
+// waits at most the group's timeout, as Wait(0) does.
+func (r *Reducer) WaitContext(ctx context.Context) error {
+	const op = "Reducer.WaitContext"
+	if r == nil {
+		return nilError(op, "Reducer")
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		done, err := r.poll(op, waitSlice)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// poll waits up to slice for this iteration's buckets without giving the
+// iteration up (pb_reducer_poll): done once they are reduced.
+func (r *Reducer) poll(op string, slice time.Duration) (bool, error) {
+	h, err := r.acquire(op, "reducer is closed")
+	if err != nil {
+		return false, err
+	}
+	defer r.mu.Unlock()
+	var done C.int32_t
+	var gen C.int64_t
+	var msg *C.char
+	err = check(op, C.pbgo_reducer_poll_generation(h, C.double(slice.Seconds()), &done, &gen, &msg), msg)
+	if int64(gen) != r.gen {
+		if rerr := r.refresh(op); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	return done != 0, err
 }
 
 // Zero sets every gradient to zero.

@@ -1,6 +1,8 @@
-"""Run pybridge-launch as a subprocess of the tests, bounded in time."""
+"""Run pybridge-launch as a subprocess of the tests, bounded in time; read its output
+without the ranks' line prefixes."""
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -10,10 +12,19 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FAULT_VARS = ("PYBRIDGE_TEST_FAIL_AT_STEP", "PYBRIDGE_TEST_FAIL_MARKER", "PYBRIDGE_TEST_FAIL_RANK")
+# The prefix pybridge-launch puts before each line of a rank (pybridge/launch/lines.py):
+# "[rank3]:", or "[node1 rank3]:" / "[HOST rank3]:" in a multi-node job.
+PREFIX = re.compile(r"^\[(?:\S+ )?rank\d+\]:", re.M)
 
 
-def launch(args, env=None, timeout=60, cwd=ROOT, tmpdir=None):
+def unprefixed(text):
+    """The launcher's output as the ranks wrote it: each line without its rank prefix."""
+    return PREFIX.sub("", text)
+
+
+def launch(args, env=None, timeout=60, cwd=ROOT, tmpdir=None, raw=False):
     """Run the launcher with `args`; return (exit code, combined output, seconds).
+    The output is unprefixed() unless raw is true.
 
     This checkout's pybridge comes first on PYTHONPATH, and fault-injection variables
     reach the ranks only when `env` sets them. `tmpdir`: the launcher's TMPDIR, left for
@@ -33,4 +44,4 @@ def launch(args, env=None, timeout=60, cwd=ROOT, tmpdir=None):
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
             pytest.fail(f"launcher did not finish within {timeout}s:\n{out}")
-    return p.returncode, p.stdout, time.monotonic() - t0
+    return p.returncode, p.stdout if raw else unprefixed(p.stdout), time.monotonic() - t0

@@ -20,6 +20,7 @@ import threading
 
 import pytest
 
+from launcher import unprefixed
 from pybridge.testing import cluster
 from pybridge import recordio as rio
 from ranks import free_port
@@ -39,7 +40,7 @@ def launch_all(c, target, *args, timeout=150):
         outs = c.communicate(procs, timeout)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the nodes did not finish within {timeout} s")
-    return [p.returncode for p in procs], outs
+    return [p.returncode for p in procs], [unprefixed(out) for out in outs]
 
 
 def results(outs):
@@ -118,7 +119,7 @@ def test_a_lost_node_is_named_by_the_others_and_their_launcher():
         def read():
             for line in procs[1].stdout:
                 seen.append(line)
-                if sum(x.startswith("READY") for x in seen) == 2:
+                if sum(unprefixed(x).startswith("READY") for x in seen) == 2:
                     ready.set()
         threading.Thread(target=read, daemon=True).start()
         if not ready.wait(90):  # within pytest's 120 s: say what each node printed

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from capi_loader import LIB_PATH, ROOT
+from launcher import unprefixed
 from ranks import run_ranks
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
@@ -55,7 +56,7 @@ def launch(nproc, *argv, timeout=120):
     p = subprocess.run([sys.executable, "-m", "pybridge.launch", *flags, "--nproc-per-node", str(nproc),
                         *argv[len(flags):]],
                        capture_output=True, text=True, timeout=timeout)
-    return p.returncode, p.stdout + p.stderr
+    return p.returncode, unprefixed(p.stdout + p.stderr)
 
 
 def test_handles_from_cpp_and_an_elastic_reset(programs):

@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from launcher import unprefixed
 from pybridge.base import jobenv, netif
 from pybridge.errors import InvalidArgument
 
@@ -184,7 +185,7 @@ def test_pet_variables_are_the_launchers_defaults_as_torchrun_reads_them(tmp_pat
     p = subprocess.run([sys.executable, "-m", "pybridge.launch", str(script)], capture_output=True, text=True,
                        env={**env, "PET_NPROC_PER_NODE": "3", "PET_NO_PYTHON": "1", "PYTHONPATH": ROOT}, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert sorted(line for line in p.stdout.splitlines() if line.startswith("WORKER")) == \
+    assert sorted(line for line in unprefixed(p.stdout).splitlines() if line.startswith("WORKER")) == \
         ["WORKER 0 3", "WORKER 1 3", "WORKER 2 3"]
 
 

@@ -64,8 +64,9 @@ def test_script_arguments_pass_through(tmp_path):
 
 
 def test_ranks_lines_stay_whole(tmp_path):
-    """print() from 3 ranks at once: every line arrives whole (run as `python -u` before, a
-    print wrote its text and its newline apart, and lines interleaved: "OKOK 0  1")."""
+    """print() from 3 ranks at once: every line arrives whole, with its rank's prefix (run as
+    `python -u` before, a print wrote its text and its newline apart, and lines interleaved:
+    "OKOK 0  1"); a line written in two pieces, a while apart, is copied as one line."""
     script = write(tmp_path / "lines.py", """
         import os, sys, time
         r = os.environ["RANK"]
@@ -73,17 +74,42 @@ def test_ranks_lines_stay_whole(tmp_path):
         open(os.path.join(here, "ready-" + r), "w").close()
         while len([n for n in os.listdir(here) if n.startswith("ready-")]) < 3:
             time.sleep(0.001)  # all three print at the same moment
+        sys.stdout.write("a piece ")
+        sys.stdout.flush()
+        time.sleep(0.3)  # the launcher has copied what there was, without the rest of the line
+        print("of one row from", r)
         for i in range(2000):
             print("rank", r, "line", i, "of", 2000)
         print("module", __name__, "argv", sys.argv, "path0", sys.path[0], file=sys.stderr)
     """)
-    rc, out, _ = launch(["--nproc-per-node", "3", script, "a b"])
+    rc, out, _ = launch(["--nproc-per-node", "3", script, "a b"], raw=True)
     assert rc == 0, out
     lines = [line for line in out.splitlines() if " line " in line and "module" not in line]
-    broken = [line for line in lines if not re.fullmatch(r"rank \d line \d+ of 2000", line)]
+    broken = [line for line in lines if not re.fullmatch(r"\[rank(\d)\]:rank \1 line \d+ of 2000", line)]
     assert len(lines) == 6000 and not broken, (len(lines), broken[:10])
+    for r in range(3):
+        assert f"[rank{r}]:a piece of one row from {r}" in out.splitlines(), out[:2000]
     # run as `python lines.py "a b"` would: __main__, its argv, its folder first on sys.path
-    assert f"module __main__ argv ['{script}', 'a b'] path0 {tmp_path}" in out, out
+    assert f"[rank0]:module __main__ argv ['{script}', 'a b'] path0 {tmp_path}" in out, out
+
+
+def test_line_prefix_names_the_node_across_nodes(tmp_path):
+    """The prefix template given to torchrun: the rank on one node; with the node rank
+    (static rendezvous) or this host's name (dynamic) across nodes."""
+    import socket
+    from argparse import Namespace
+    from pybridge.launch import lines, torchrun
+    node = torchrun._prefix_node
+    assert lines.template(node(Namespace(nnodes="1", node_rank=None))) == "[rank${rank}]:"
+    assert lines.template(node(Namespace(nnodes="2", node_rank=1))) == "[node1 rank${rank}]:"
+    assert lines.template(node(Namespace(nnodes="1:4", node_rank=None))) == f"[{socket.gethostname()} rank${{rank}}]:"
+    assert lines.template("gpu$7") == "[gpu$$7 rank${rank}]:"  # a literal "$" for torch's Template
+    # Stdout in log files as torchrun keeps them, and what --no-prefix shows: the lines as written.
+    script = write(tmp_path / "p.py", "print('plain', flush=True)\n")
+    rc, out, _ = launch(["--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"), "--no-prefix", script], raw=True)
+    assert rc == 0 and "\nplain\n" in "\n" + out, out
+    kept = list((tmp_path / "logs").glob("*/attempt_0/0/stdout.log"))
+    assert len(kept) == 1 and kept[0].read_text() == "plain\n", kept
 
 
 def test_failing_rank_stops_job_and_is_named(tmp_path):
@@ -113,7 +139,7 @@ def test_traceback_of_a_pybridge_rank_has_one_prefix(tmp_path):
             raise ValueError("the tea kettle is empty")
         time.sleep(120)  # stopped by the launcher
     """)
-    rc, out, _ = launch(["--nproc-per-node", "2", script], timeout=90)
+    rc, out, _ = launch(["--nproc-per-node", "2", script], timeout=90, raw=True)
     assert rc == 1, out
     assert "[rank1]:ValueError: the tea kettle is empty" in out, out
     assert "[rank1]:[rank1]:" not in out and "[rank1]: [rank1]:" not in out, out
@@ -194,7 +220,8 @@ def test_two_nodes_on_loopback(tmp_path):
             (p.communicate()[0] or "") for p in procs))
     for node, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"node {node}:\n{out}"
-        assert f"RESULT rank {node} of 2 node {node} sum 3.0 grads-equal True" in out, out
+        # each line names its node and rank
+        assert f"\n[node{node} rank{node}]:RESULT rank {node} of 2 node {node} sum 3.0 grads-equal True\n" in out, out
 
 
 def test_runs_a_shell_script_executable(tmp_path):
@@ -223,9 +250,9 @@ def test_runs_a_compiled_program_and_reports_its_failure(tmp_path):
     """)
     exe = str(tmp_path / "prog")
     subprocess.run(["cc", "-o", exe, src], check=True, timeout=60)
-    rc, out, _ = launch(["--nproc-per-node", "2", exe, "hello"])
-    assert rc == 0, out
-    assert "C rank=0 world=2 arg=hello" in out and "C rank=1 world=2 arg=hello" in out
+    rc, out, _ = launch(["--nproc-per-node", "2", "--no-prefix", exe, "hello"], raw=True)
+    assert rc == 0, out  # --no-prefix: the lines as the program wrote them
+    assert sorted(re.findall(r"^C rank=.*$", out, re.M)) == [f"C rank={r} world=2 arg=hello" for r in (0, 1)], out
     rc, out, _ = launch(["--nproc-per-node", "2", exe, "hello", "fail"])
     assert rc == 9, out
     assert "rank 1 (local rank 1) failed with exit code 9" in out

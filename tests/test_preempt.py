@@ -12,7 +12,7 @@ import threading
 import pytest
 
 import pybridge
-from launcher import launch
+from launcher import launch, unprefixed
 from pybridge.errors import InvalidArgument
 from pybridge.runtime import checkpoint, preempt
 from ranks import run_ranks
@@ -105,10 +105,10 @@ def test_the_launcher_passes_the_warning_on_and_the_requeued_job_resumes(tmp_pat
     try:
         for line in p.stdout:
             lines.append(line)
-            if sum(line.startswith("TRAINING") for line in lines) == 2:
+            if sum(unprefixed(line).startswith("TRAINING") for line in lines) == 2:
                 p.send_signal(signal.SIGUSR1)
                 break
-        out = "".join(lines) + p.communicate(timeout=60)[0]
+        out = unprefixed("".join(lines) + p.communicate(timeout=60)[0])
     finally:
         guard.cancel()
         if p.poll() is None:

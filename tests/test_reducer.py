@@ -240,6 +240,48 @@ def check_errors(rank, world):
     raises(Closed, red.finalize, "closed")
 
 
+def check_poll(rank, world):
+    """poll() looks without giving the iteration up: False while the other ranks have not
+    marked (they wait for rank 0's file), no more marks then; a later wait() gets the
+    result; poll() until True ends an iteration as wait() does."""
+    import os
+    import tempfile
+    import time
+    red = Reducer(SPECS[:3], bucket_cap_mb=KIB, first_bucket_cap_mb=KIB, rebuild=False)
+    flag = os.path.join(tempfile.gettempdir(), f"pybridge-test-poll-{os.environ['MASTER_PORT']}")
+    write(red, rank, 0)
+    if rank == 0:
+        for i in range(red.num_params):
+            red.mark_ready(i)
+        assert red.poll() is False and red.poll(0.05) is False  # the others wait for the flag
+        raises(InvalidArgument, lambda: red.mark_ready(0), "after this iteration's end began")
+        raises(InvalidArgument, lambda: red.poll(-1), "timeout")
+        open(flag, "w").close()
+    else:
+        for _ in range(3000):  # 30 s at most
+            if os.path.exists(flag):
+                break
+            time.sleep(0.01)
+        for i in range(red.num_params):
+            red.mark_ready(i)
+    red.wait(timeout=30)
+    check_values(red, world, 0)
+    write(red, rank, 1)
+    for i in range(red.num_params):
+        red.mark_ready(i)
+    for _ in range(3000):
+        if red.poll(0.01):
+            break
+    else:
+        raise AssertionError("poll() never found the gradients reduced")
+    check_values(red, world, 1)
+    assert red.iterations == 2 and red.missing == list(range(red.num_params))  # the next iteration
+    pybridge.barrier()
+    if rank == 0:
+        os.unlink(flag)
+    red.close()
+
+
 def reducer_suite(rank, world):
     pybridge.init(timeout=30)
     check_averaging_and_layout(rank, world)
@@ -248,6 +290,7 @@ def reducer_suite(rank, world):
     check_compression(rank, world)
     check_unused_and_broadcast(rank, world)
     check_errors(rank, world)
+    check_poll(rank, world)
     pybridge.barrier()
     pybridge.finalize()
     return rebuilt

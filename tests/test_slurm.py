@@ -27,6 +27,7 @@ import time
 
 import pytest
 
+from launcher import unprefixed
 from pybridge.testing import cluster, slurm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,7 +123,7 @@ def test_srun_one_launcher_per_node(sl):
     for node in (0, 1):
         assert re.search(rf"pybridge-launch: from srun: --nnodes 2 \(SLURM_STEP_NUM_NODES\), --node-rank {node} "
                          r"\(SLURM_NODEID\), --rdzv-endpoint node0:\d+ ", r.stdout), r.stdout
-    res = results(r.stdout)
+    res = results(unprefixed(r.stdout))  # the launchers' lines: "[node1 rank3]:RESULT ..."
     assert [x["rank"] for x in res] == [0, 1, 2, 3], r.stdout
     for x in res:
         node = x["rank"] // 2

@@ -246,6 +246,23 @@ def pb_reducer_wait(reducer, timeout):
             c.retired.extend(flats)
 
 
+def pb_reducer_poll(reducer, timeout, done):
+    c = _get(reducer)
+    r = c.reducer
+    if done == capi.ffi.NULL:
+        raise InvalidArgument("done is NULL")
+    if c.attachment is not None:  # backward finished the reduction: as pb_reducer_wait
+        pb_reducer_wait(reducer, 0.0)
+        put(done, 1, "done")
+        return
+    before, flats = r.generation, [b.flat for b in r.buckets]
+    try:
+        put(done, 1 if r.poll(timeout) else 0, "done")  # a negative or NaN timeout is refused there
+    finally:
+        if r.generation != before:
+            c.retired.extend(flats)
+
+
 def pb_reducer_join(reducer, root, shadowed):
     c = _get(reducer)
     r = c.reducer

@@ -128,7 +128,7 @@ class Iteration:
 
     __slots__ = ("buckets", "views", "bucket_of", "last", "hook", "group", "world", "params",
                  "ready", "pending", "scaled", "nscaled", "next", "works", "begun", "count_work",
-                 "scale", "order")
+                 "scale", "order", "ending")
 
     def __init__(self, layout, hook, group, params, scale, record_order):
         self.buckets, self.views, self.bucket_of, self.last = layout.buckets, layout.views, layout.bucket_of, layout.last
@@ -145,6 +145,7 @@ class Iteration:
         self.count_work = None  # join's count of this iteration, still in flight
         self.scale = scale
         self.order = [] if record_order else None
+        self.ending = False  # wait() or poll() has launched what was left (reducer._end_marks)
 
     def drop(self, group):
         """Forget the launches in flight and go on over `group` (the reducer's rebind)."""
@@ -253,6 +254,20 @@ class Iteration:
                     bucket.flat.copy_(value)  # e.g. decompress in place
         except Exception as exc:  # noqa: BLE001
             raise bucket_error(exc, bucket, self.group) from exc
+
+    def settled(self, deadline):
+        """Whether join's count and every launched bucket have finished, looking until
+        `deadline` (time.monotonic()); the buckets' values (or errors) stay for finish(),
+        a failed count raises here."""
+        pause = 50e-6
+        while True:
+            if (self.count_work is None or self.count_work.test()) and all(fut.done() for _, fut in self.works):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 1e-3)
 
     def drain(self, limit=10.0):
         """Wait (bounded) for the buckets already launched, so that no allreduce is still

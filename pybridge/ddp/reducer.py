@@ -313,21 +313,14 @@ class Reducer:
         """Wait for every bucket's allreduce and leave the reduced gradients in the views.
 
         Raises InvalidArgument naming the gradients never marked (unless allow_unused), and
-        Timeout/CommError if the reduction fails. The next mark_ready starts a new iteration.
+        Timeout/CommError if the reduction fails. The next mark_ready starts a new iteration,
+        also after an error: a `timeout` that passes gives the iteration up (poll() does not).
         """
         with self._lock, self._stream():
             self._check_open()
             if timeout is not None:
                 timeout = positive_seconds("timeout", timeout)
-            it = self._it
-            if not it.begun or self._stale:
-                self._begin()
-            missing = it.missing()
-            if missing and not self.allow_unused:
-                drained = it.drain()
-                self._start_iteration()
-                raise dispatch.unused_error(self._group.rank, missing, self.names, drained)
-            it.count_unmarked(missing)  # they count with what their views hold
+            it = self._end_marks()
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
                 if it.count_work is not None:  # join's count went out before the buckets
@@ -336,15 +329,63 @@ class Reducer:
             except Exception:
                 self._start_iteration()
                 raise
-            self.iterations += 1
-            if self._bound is not None:  # the reduced gradients back into the program's tensors
-                for dst, view in zip(self._bound, it.views):
-                    dst.copy_(view)
-            if self._rebuild_pending:
-                order = it.order + [i for b in it.buckets for i in b.members if not it.ready[i]]
-                self._rebuild_pending = False
-                self._rebuild(order)
+            self._complete(it)
+
+    def poll(self, timeout=0.0):
+        """wait() for at most `timeout` seconds (0: only look) without giving up the
+        iteration: True when the gradients are reduced, the iteration then over as after
+        wait(); False while buckets are still in flight, which go on (poll or wait again
+        later; mark no more gradients of this iteration). Raises as wait() does, and then
+        the iteration is over. For callers that stop waiting on their own terms (Go's
+        Reducer.WaitContext): wait() with a timeout gives up the iteration when it passes."""
+        with self._lock, self._stream():
+            self._check_open()
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+                raise InvalidArgument(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+            timeout = positive_seconds("timeout", timeout) if timeout else 0.0
+            it = self._end_marks()
+            try:
+                if not it.settled(time.monotonic() + timeout):
+                    return False
+                if it.count_work is not None:
+                    it.count_work.wait()  # completed: raises its error, if any
+                it.finish(None)  # every future is done: no waiting
+            except Exception:
+                self._start_iteration()
+                raise
+            self._complete(it)
+            return True
+
+    def _end_marks(self):
+        """The start of an iteration's end, once per iteration (wait() or the first poll()):
+        the unmarked gradients are an error, or (allow_unused) count with what their views
+        hold and every bucket still to go is launched."""
+        it = self._it
+        if not it.begun or self._stale:
+            self._begin()
+        if it.ending:
+            return it
+        missing = it.missing()
+        if missing and not self.allow_unused:
+            drained = it.drain()
             self._start_iteration()
+            raise dispatch.unused_error(self._group.rank, missing, self.names, drained)
+        it.count_unmarked(missing)  # they count with what their views hold
+        it.ending = True
+        return it
+
+    def _complete(self, it):
+        """The iteration's buckets are reduced (under the lock and stream): count it, copy
+        bound gradients back, do the one rebuild if due, start the next iteration."""
+        self.iterations += 1
+        if self._bound is not None:  # the reduced gradients back into the program's tensors
+            for dst, view in zip(self._bound, it.views):
+                dst.copy_(view)
+        if self._rebuild_pending:
+            order = it.order + [i for b in it.buckets for i in b.members if not it.ready[i]]
+            self._rebuild_pending = False
+            self._rebuild(order)
+        self._start_iteration()
 
     # The older name of wait(), kept: "finalize" is also pybridge.finalize(), leaving the group.
     finalize = wait
@@ -496,6 +537,10 @@ class Reducer:
 
     def _check_mark(self, i):
         self._check(i)
+        if self._it.ending:
+            raise InvalidArgument(
+                f"gradient {self.name(i)} was marked ready after this iteration's end began (a poll that "
+                "found its buckets still in flight); mark every gradient of an iteration before polling")
         if self._it.ready[i]:
             raise InvalidArgument(
                 f"gradient {self.name(i)} was marked ready twice in one iteration; each "

@@ -33,10 +33,19 @@ Environment of every process (set by torchrun unless noted):
   each process is bound to its share of the launcher's CPUs and OMP_NUM_THREADS is the size
   of that share unless set (pybridge/launch/cpubind.py).
 
-Output: each process's stdout goes straight to the console (a Python target's line-buffered,
-so ranks' lines stay whole); stderr is also copied to the
-console with a "[rank<R>]:" prefix on each line and kept in a log file (under --log-dir, or
-a temporary folder that is removed after a successful run) so that a failure can show it.
+Output: each process's stdout and stderr are kept in log files, one pair per rank (under
+--log-dir, as <run id>/attempt_<N>/<local rank>/stdout.log and stderr.log, or in a temporary
+folder that is removed after a successful run), and copied to the launcher's stdout and
+stderr with a prefix on each line, as torchrun --tee 3 does: "[rank<R>]:" on one node,
+"[node<N> rank<R>]:" in a multi-node job (N: the node rank; the host's name instead with a
+dynamic rendezvous, where a node gets its rank only later). Lines stay whole: a line is
+copied once it is complete, so ranks' lines never mix (pybridge/launch/lines.py). A failure
+shows the last lines of the failed rank's stderr log. (A C program's stdio buffers a file in
+4 KiB blocks: its lines come late unless it flushes or sets line buffering, setvbuf(stdout,
+NULL, _IOLBF, 0).) --no-prefix (or PYBRIDGE_LOG_PREFIX=0)
+copies the lines as the ranks wrote them, for programs whose output is read by another
+program; the log files are kept all the same. TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, when
+set, is the prefix, as in torchrun (${rank}, ${local_rank}, ${role_name}).
 
 Multi-node: run one launcher per node with the same --nnodes and --rdzv-endpoint HOST:PORT
 (reachable by every node; HOST is node 0's address).
@@ -155,6 +164,10 @@ def _parser():
                    help="seconds the other ranks get after SIGTERM before SIGKILL (default 10)")
     p.add_argument("--log-dir", default=None,
                    help="keep per-rank logs here (default: a temporary folder, removed on success)")
+    p.add_argument("--no-prefix", action="store_true",
+                   default=os.environ.get("PYBRIDGE_LOG_PREFIX", "1").strip().lower() in ("0", "no", "false", "off"),
+                   help="copy the ranks' output lines without the \"[rank<R>]:\" prefix (whole lines all the same; "
+                        "env PYBRIDGE_LOG_PREFIX=0)")
     p.add_argument("--cpu-bind", choices=cpubind.MODES, default=None,
                    help="bind each process to its share of this launcher's CPUs, whole cores or "
                         "NUMA nodes, with as many threads (default: cores on CPUs a scheduler "
@@ -284,7 +297,7 @@ def torchrun_args(opts, log_dir, gpus):
             "--max-restarts", str(opts.max_restarts),
             "--monitor-interval", str(opts.monitor_interval),
             "--shutdown-timeout", str(opts.shutdown_timeout),
-            "--log-dir", log_dir, "--tee", "2", "--no-python"]
+            "--log-dir", log_dir, "--tee", "3", "--no-python"]
     if opts.standalone or (endpoint is None and max_nodes == 1):
         if opts.node_rank not in (None, 0):
             raise SystemExit(f"{PROG}: --node-rank {opts.node_rank} needs a multi-node job "
@@ -524,6 +537,14 @@ def _bind_cpus(opts, nproc):
     print(f"{PROG}: {cpubind.describe(mode, cpu_plan)}", file=sys.stderr, flush=True)
 
 
+def _prefix_node(opts):
+    """The node in the ranks' line prefix: None on one node, else the node rank, or this
+    host's name when a dynamic rendezvous gives the node its rank later."""
+    if int(str(opts.nnodes).split(":")[-1]) == 1:
+        return None
+    return opts.node_rank if opts.node_rank is not None else socket.gethostname()
+
+
 def _choose_interface(opts):
     """Multi-node: name the interface that reaches the rendezvous host for gloo and NCCL
     (pybridge/base/netif.py says why), unless the user named one."""
@@ -569,11 +590,13 @@ def main(argv=None):
 
     import torch.distributed.run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from . import rdzv
+    from . import lines, rdzv
     rdzv.register()
+    lines.install(prefix=not opts.no_prefix)
 
     _worker_settings(opts, gpus, nproc)
-    os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
+    if not opts.no_prefix:
+        os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", lines.template(_prefix_node(opts)))
     # The c10d rendezvous otherwise hands the workers of every restart the same store: keys of
     # the failed attempt (gloo peer addresses) are still there and a restarted rank can read a
     # dead peer's address before the live one overwrites it. Opting out gives each attempt a
