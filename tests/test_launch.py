@@ -5,9 +5,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -257,6 +259,48 @@ def test_runs_a_compiled_program_and_reports_its_failure(tmp_path):
     assert rc == 9, out
     assert "rank 1 (local rank 1) failed with exit code 9" in out
     assert "C program error on rank 1" in out
+
+
+def test_a_c_rank_linked_with_pybridge_prints_whole_lines_as_it_goes(tmp_path):
+    # A rank's stdout is a log file: C's stdio would hold "first" in its 4 KiB buffer until
+    # the program exits. Linked with libpybridge, stdout is line-buffered (PYBRIDGE_LINE_BUFFERED):
+    # the line reaches the launcher's console while the program still waits for the test.
+    go_on = tmp_path / "go-on"
+    src = write(tmp_path / "waits.c", f"""
+        #include <stdio.h>
+        #include <unistd.h>
+        #include <pybridge.h>
+        int main(void) {{
+            printf("first from pybridge %s\\n", pb_version());  /* no fflush */
+            for (int i = 0; i < 300 && access("{go_on}", F_OK) != 0; i++) usleep(100000);
+            printf("second\\n");
+            return 0;
+        }}
+    """)
+    exe = str(tmp_path / "waits")
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True, capture_output=True,
+                           env={**os.environ, "PKG_CONFIG_PATH": os.path.join(ROOT, "build")}).stdout.split()
+    subprocess.run(["gcc", "-o", exe, src, *flags], check=True, timeout=60)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", "1", exe], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        seen = []
+        timer = threading.Timer(20, os.killpg, (proc.pid, signal.SIGKILL))  # bounds the readline below
+        timer.start()
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("[rank0]:first from pybridge"):
+                break
+        timer.cancel()
+        assert seen and seen[-1].startswith("[rank0]:first from pybridge"), "".join(seen)
+        go_on.touch()
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0 and "[rank0]:second\n" in rest, "".join(seen) + rest
 
 
 def test_usage_errors_are_clear(tmp_path):

@@ -106,6 +106,16 @@ static int pb_python_ready(void) {
     return pb_python_ok;
 }
 
+/* Under pybridge-launch a rank's stdout is a log file, which C's stdio fills in 4 KiB blocks
+ * before it writes: the launcher sets PYBRIDGE_LINE_BUFFERED=1 so that a C or C++ rank's lines
+ * reach the console as it prints them, as on a terminal. Done as the library loads, before
+ * the program has written anything (setvbuf must come first). */
+__attribute__((constructor)) static void pb_line_buffered_stdout(void) {
+    const char *v = getenv("PYBRIDGE_LINE_BUFFERED");
+    if (v != NULL && strcmp(v, "1") == 0)
+        setvbuf(stdout, NULL, _IOLBF, 0);
+}
+
 CFFI_DLLEXPORT const char *pb_last_error(void) { return pb_errmsg; }
 
 CFFI_DLLEXPORT const char *pb_version(void) { return "@VERSION@"; }

@@ -40,9 +40,9 @@ stderr with a prefix on each line, as torchrun --tee 3 does: "[rank<R>]:" on one
 "[node<N> rank<R>]:" in a multi-node job (N: the node rank; the host's name instead with a
 dynamic rendezvous, where a node gets its rank only later). Lines stay whole: a line is
 copied once it is complete, so ranks' lines never mix (pybridge/launch/lines.py). A failure
-shows the last lines of the failed rank's stderr log. (A C program's stdio buffers a file in
-4 KiB blocks: its lines come late unless it flushes or sets line buffering, setvbuf(stdout,
-NULL, _IOLBF, 0).) --no-prefix (or PYBRIDGE_LOG_PREFIX=0)
+shows the last lines of the failed rank's stderr log. A program linked with libpybridge gets
+a line-buffered stdout (PYBRIDGE_LINE_BUFFERED=1), as on a terminal; another C program's stdio
+fills a file in 4 KiB blocks before it writes, unless it flushes. --no-prefix (or PYBRIDGE_LOG_PREFIX=0)
 copies the lines as the ranks wrote them, for programs whose output is read by another
 program; the log files are kept all the same. TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, when
 set, is the prefix, as in torchrun (${rank}, ${local_rank}, ${role_name}).
@@ -597,6 +597,9 @@ def main(argv=None):
     _worker_settings(opts, gpus, nproc)
     if not opts.no_prefix:
         os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", lines.template(_prefix_node(opts)))
+    # A rank's stdout is a log file, which C's stdio fills in 4 KiB blocks: libpybridge
+    # sets a C or C++ rank's stdout line-buffered when it sees this, as on a terminal.
+    os.environ.setdefault("PYBRIDGE_LINE_BUFFERED", "1")
     # The c10d rendezvous otherwise hands the workers of every restart the same store: keys of
     # the failed attempt (gloo peer addresses) are still there and a restarted rank can read a
     # dead peer's address before the live one overwrites it. Opting out gives each attempt a
