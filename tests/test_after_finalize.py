@@ -3,6 +3,7 @@ loaders, work handles) answer Closed once it is finalized, on every rank and als
 from Python and through the C ABI (cffi ABI mode). Go: go/closed_test.go."""
 
 import os
+import time
 
 import pytest
 import torch
@@ -96,3 +97,34 @@ def test_capi_objects_are_closed_after_finalize(tmp_path, world):
         assert got.pop("close") == (0, "") and got.pop("free") == (0, ""), (rank, got)
         for name, (rc, msg) in got.items():
             assert rc == closed and "finalized" in msg, (rank, name, rc, msg)
+
+
+def finalize_waits_only_for_python_holders(rank, world):
+    """finalize() waits for a reference to the world's backend that a Python object holds
+    (a closure that gloo's thread is about to drop) and not for one only C++ holds (as
+    importing torch._dynamo, which torch.optim does, takes), which no wait would release."""
+    import ctypes
+    import threading
+
+    import torch.distributed as dist
+
+    import pybridge
+    pybridge.init(timeout=30)
+    pg = dist.group.WORLD
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))  # held from outside Python, never released
+    dropped = threading.Event()
+    holder = [pg]  # a Python holder, dropped by another thread after a moment
+    del pg
+
+    def drop():
+        time.sleep(0.3)
+        dropped.set()
+        holder.clear()
+
+    threading.Thread(target=drop).start()
+    pybridge.finalize(linger=3600)  # waiting for the C++ reference too would hang: run_ranks' timeout
+    return dropped.is_set()
+
+
+def test_finalize_waits_for_python_holders_of_the_backend_not_for_cpp_ones():
+    assert run_ranks(finalize_waits_only_for_python_holders, 1, timeout=60) == [True]
