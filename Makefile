@@ -60,9 +60,10 @@ $(LIB): $(DEPS_STAMP) $(GENERATED) capi/pybridge.h capi/build.py $(wildcard pybr
 # of CPU in ~510 s; niced, pytest took 459 s instead of 506). `make test-python` and
 # `make test-go` run either part alone.
 GO_LOG := $(BUILD)/go-test.log
+GO_NICE ?= 10
 test: setup ruff
 	@echo "== go vet, gofmt and go test run beside pytest; their output follows pytest's"
-	@nice -n 10 sh -c '$(MAKE) --no-print-directory go-lint && $(MAKE) --no-print-directory go-test' >$(GO_LOG) 2>&1 & gopid=$$!; \
+	@nice -n $(GO_NICE) sh -c '$(MAKE) --no-print-directory go-lint && $(MAKE) --no-print-directory go-test' >$(GO_LOG) 2>&1 & gopid=$$!; \
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS); py=$$?; \
 	wait $$gopid; gt=$$?; \
 	echo "== go vet, gofmt and go test (ran beside pytest)"; cat $(GO_LOG); \
