@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+import types
 import urllib.parse
 import warnings
 
@@ -492,10 +493,10 @@ def _free_here(holder, seconds):
 
 
 def _python_holders(obj):
-    """The objects the garbage collector knows of that refer to obj, this call's frames aside."""
-    here = sys._getframe()
-    frames = {id(here), id(here.f_back)}
-    return [r for r in gc.get_referrers(obj) if id(r) not in frames]
+    """The objects the garbage collector knows of that refer to obj, _free_here's frames aside
+    (no frame is kept here: a function holding its own frame would leak it with obj)."""
+    mine = (_free_here.__code__, _python_holders.__code__)
+    return [r for r in gc.get_referrers(obj) if not (isinstance(r, types.FrameType) and r.f_code in mine)]
 
 
 def _adopt():
