@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import subprocess
 
 import cffi
 
@@ -26,3 +27,11 @@ def load():
             ffi.cdef(_capi_gen.public_cdef(f.read()))
         _loaded = ffi, ffi.dlopen(LIB_PATH)
     return _loaded
+
+
+def pybridge_flags(pc_dir=os.path.dirname(LIB_PATH)):
+    """gcc's flags for a C program linking libpybridge: `pkg-config --cflags --libs pybridge`
+    with the pybridge.pc in pc_dir (the library's folder; the tests that run build/'s pass it)."""
+    out = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
+                         capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": pc_dir})
+    return out.stdout.split()

@@ -74,10 +74,10 @@ def cluster_c_program(tmp_path_factory):
     """tests/c/cluster.c built against build/libpybridge.so (the srun and mpirun tests run it)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     exe = str(tmp_path_factory.mktemp("c") / "cluster")
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
-                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.join(root, "build")})
+    from capi_loader import pybridge_flags
+    flags = pybridge_flags(os.path.join(root, "build"))
     subprocess.run(["gcc", "-Wall", "-Werror", "-o", exe, os.path.join(root, "tests", "c", "cluster.c"),
-                    *flags.stdout.split()], check=True, timeout=120)
+                    *flags], check=True, timeout=120)
     return exe
 
 

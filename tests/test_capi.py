@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from capi_loader import LIB_PATH, ROOT, load
+from capi_loader import LIB_PATH, ROOT, load, pybridge_flags
 from ranks import free_port, run_ranks
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
@@ -17,10 +17,9 @@ pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make 
 
 def test_bad_input_from_c(tmp_path):
     exe = tmp_path / "abi_errors"
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
-                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.dirname(LIB_PATH)})
+    flags = pybridge_flags()
     subprocess.run(["gcc", "-Wall", "-Werror", "-o", str(exe), os.path.join(ROOT, "tests/c/abi_errors.c"),
-                    *flags.stdout.split()], check=True)
+                    *flags], check=True)
     # A clean environment: the library must find torch and pybridge by itself.
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
     run = subprocess.run([str(exe), str(free_port())], capture_output=True, text=True, timeout=60, env=env)

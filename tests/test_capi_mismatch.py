@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from capi_loader import LIB_PATH, ROOT
+from capi_loader import LIB_PATH, ROOT, pybridge_flags
 from ranks import free_port
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
@@ -15,10 +15,9 @@ pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make 
 @pytest.fixture(scope="module")
 def exe(tmp_path_factory):
     path = tmp_path_factory.mktemp("c") / "mismatch"
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
-                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.dirname(LIB_PATH)})
+    flags = pybridge_flags()
     subprocess.run(["gcc", "-Wall", "-Werror", "-o", str(path), os.path.join(ROOT, "tests/c/mismatch.c"),
-                    *flags.stdout.split()], check=True)
+                    *flags], check=True)
     return path
 
 

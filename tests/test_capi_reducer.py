@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from capi_loader import LIB_PATH, ROOT, load
+from capi_loader import LIB_PATH, ROOT, load, pybridge_flags
 from ranks import run_ranks
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
@@ -439,10 +439,9 @@ def test_options_from_c_and_cpp(tmp_path, compiler):
     if shutil.which(compiler.split()[0]) is None:
         pytest.skip(f"{compiler.split()[0]} is not installed")
     exe = tmp_path / "reducer_options"
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
-                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.dirname(LIB_PATH)})
+    flags = pybridge_flags()
     subprocess.run([*compiler.split(), "-Wall", "-Wextra", "-Werror", "-o", str(exe),
-                    os.path.join(ROOT, "tests/c/reducer_options.c"), *flags.stdout.split()], check=True)
+                    os.path.join(ROOT, "tests/c/reducer_options.c"), *flags], check=True)
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
     run = subprocess.run([str(exe), str(free_port())], capture_output=True, text=True, timeout=60, env=env)
     assert run.returncode == 0 and "reducer_options: ok" in run.stdout, run.stdout + run.stderr

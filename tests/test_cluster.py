@@ -20,6 +20,7 @@ import threading
 
 import pytest
 
+from capi_loader import pybridge_flags
 from launcher import unprefixed
 from pybridge.testing import cluster
 from pybridge import recordio as rio
@@ -83,10 +84,9 @@ def test_four_nodes_of_two_ranks(shards):
 def c_program(tmp_path_factory):
     lib = os.path.join(ROOT, "build")
     exe = str(tmp_path_factory.mktemp("c") / "cluster")
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
-                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": lib})
+    flags = pybridge_flags(lib)
     subprocess.run(["gcc", "-Wall", "-Werror", "-o", exe, os.path.join(TESTS, "c", "cluster.c"),
-                    *flags.stdout.split()], check=True)
+                    *flags], check=True)
     return exe
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils import dlpack as torch_dlpack
 
-from capi_loader import LIB_PATH, ROOT, load
+from capi_loader import LIB_PATH, ROOT, load, pybridge_flags
 from ranks import free_port, run_ranks
 
 import pybridge
@@ -150,11 +150,10 @@ def test_c_abi_converts_and_reduces_in_place_on_two_ranks():
 def test_from_a_c_program_with_torchs_dlpack_header(tmp_path):
     from torch.utils import cpp_extension
     exe = tmp_path / "dlpack"
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
-                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.dirname(LIB_PATH)})
+    flags = pybridge_flags()
     aten = os.path.join(cpp_extension.include_paths()[0], "ATen")  # the wheel's dlpack.h
     subprocess.run(["gcc", "-Wall", "-Werror", "-I", aten, "-o", str(exe), os.path.join(ROOT, "tests/c/dlpack.c"),
-                    *flags.stdout.split()], check=True)
+                    *flags], check=True)
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
     run = subprocess.run([str(exe), str(free_port())], capture_output=True, text=True, timeout=60, env=env)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, load, pybridge_flags
 from launcher import launch
 from pybridge import recordio as rio
 from ranks import run_ranks
@@ -22,10 +22,9 @@ pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make 
 def program(tmp_path_factory):
     d = tmp_path_factory.mktemp("elastic-c")
     exe, data = str(d / "elastic"), str(d / "data.recordio")
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
-                           capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": os.path.join(ROOT, "build")})
+    flags = pybridge_flags(os.path.join(ROOT, "build"))
     subprocess.run(["gcc", "-Wall", "-Werror", "-o", exe, os.path.join(ROOT, "tests", "c", "elastic.c"),
-                    *flags.stdout.split()], check=True)
+                    *flags], check=True)
     rio.write_file(data, [bytes([i]) for i in range(120)])
     return exe, data
 

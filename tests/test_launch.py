@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from capi_loader import pybridge_flags
 from launcher import launch
 from ranks import free_port
 
@@ -278,9 +279,7 @@ def test_a_c_rank_linked_with_pybridge_prints_whole_lines_as_it_goes(tmp_path):
         }}
     """)
     exe = str(tmp_path / "waits")
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True, capture_output=True,
-                           env={**os.environ, "PKG_CONFIG_PATH": os.path.join(ROOT, "build")}).stdout.split()
-    subprocess.run(["gcc", "-o", exe, src, *flags], check=True, timeout=60)
+    subprocess.run(["gcc", "-o", exe, src, *pybridge_flags(os.path.join(ROOT, "build"))], check=True, timeout=60)
     env = {**os.environ, "PYTHONPATH": ROOT}
     proc = subprocess.Popen([sys.executable, "-m", "pybridge.launch", "--nproc-per-node", "1", exe], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -214,7 +214,7 @@ def _from_slurm(opts):
         opts.nnodes = str(job.nnodes)
         taken.append(f"--nnodes {job.nnodes} ({job.sources['nnodes']})")
     opts.nnodes = opts.nnodes or "1"
-    if job.nnodes is None or int(str(opts.nnodes).split(":")[-1]) == 1:
+    if job.nnodes is None or _max_nodes(opts) == 1:
         return
     if opts.node_rank is None:
         opts.node_rank = job.node_rank
@@ -287,11 +287,16 @@ def _check_port_free(host, port):
                              "without one gets a free port)") from None
 
 
+def _max_nodes(opts):
+    """The most nodes the job may have: --nnodes N, or MAX of --nnodes MIN:MAX."""
+    return int(str(opts.nnodes).split(":")[-1])
+
+
 def torchrun_args(opts, log_dir, gpus):
     """The torchrun argument list equivalent to our options (worker command included), and the
     number of processes on this node. gpus: a function returning the number of GPUs (it imports
     torch, so it is called after the cheap checks)."""
-    max_nodes = int(str(opts.nnodes).split(":")[-1])
+    max_nodes = _max_nodes(opts)
     endpoint = _endpoint(opts)
     args = ["--nnodes", str(opts.nnodes),
             "--max-restarts", str(opts.max_restarts),
@@ -540,7 +545,7 @@ def _bind_cpus(opts, nproc):
 def _prefix_node(opts):
     """The node in the ranks' line prefix: None on one node, else the node rank, or this
     host's name when a dynamic rendezvous gives the node its rank later."""
-    if int(str(opts.nnodes).split(":")[-1]) == 1:
+    if _max_nodes(opts) == 1:
         return None
     return opts.node_rank if opts.node_rank is not None else socket.gethostname()
 
@@ -549,7 +554,7 @@ def _choose_interface(opts):
     """Multi-node: name the interface that reaches the rendezvous host for gloo and NCCL
     (pybridge/base/netif.py says why), unless the user named one."""
     endpoint = _endpoint(opts)
-    if endpoint is None or int(str(opts.nnodes).split(":")[-1]) == 1:
+    if endpoint is None or _max_nodes(opts) == 1:
         return
     if "GLOO_SOCKET_IFNAME" in os.environ and "NCCL_SOCKET_IFNAME" in os.environ:
         return
@@ -574,7 +579,7 @@ def main(argv=None):
         raise SystemExit(f"{PROG}: {exc}") from None
     if opts.max_restarts < 0:
         raise SystemExit(f"{PROG}: --max-restarts must be >= 0")
-    job_secret(int(str(opts.nnodes).split(":")[-1]) > 1)
+    job_secret(_max_nodes(opts) > 1)
     if opts.elastic:
         return elastic_main(opts)
     own_log_dir = opts.log_dir is None
