@@ -109,7 +109,7 @@ go-lint: setup
 # PYBRIDGE_PORTS: Go's tests pick rendezvous ports apart from pytest's workers' (tests/conftest.py).
 # The main package's tests (most of the Go time, mostly waiting on ranks) run as two halves
 # at once from one test binary, each half with its own ports; the other packages after.
-GO_HALF := Federated|Elastic|Checkpoint|Watchdog|Peer|WorkTest|Preempt
+GO_HALF := Federated|ElasticInit|Checkpoint|Watchdog|Peer|Preempt
 go-test: setup
 	cd go && $(GO) test -c -o $(BUILD)/pybridge-go.test .
 	cd go && { PYBRIDGE_PORTS=20000-20999 $(BUILD)/pybridge-go.test -test.count=1 -test.timeout=600s \

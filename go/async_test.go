@@ -10,17 +10,17 @@ import (
 )
 
 func TestAsync2Ranks(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "async", world: 2, limit: 120 * time.Second}))
+	expectRolePass(t, world2, "async")
 }
 
 // TestWorkTestReportsDone polls Work.Test on every kind of asynchronous
 // operation: each must report done without anyone calling Wait.
 func TestWorkTestReportsDone(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "worktest", world: 2, limit: 120 * time.Second}))
+	expectRolePass(t, world2, "worktest")
 }
 
 func roleWorkTest() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
 		return err
 	}
@@ -85,7 +85,7 @@ func roleWorkTest() error {
 }
 
 func roleAsync() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
 		return err
 	}

@@ -14,18 +14,18 @@ type celsius float32
 type tick int64
 
 func TestCollectives2Ranks(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "collectives", world: 2, limit: 120 * time.Second}))
+	expectRolePass(t, world2, "collectives")
 }
 
 func TestCollectives4Ranks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("4 ranks in -short mode")
 	}
-	expectPass(t, runRanks(t, &launch{role: "collectives", world: 4, limit: 180 * time.Second}))
+	expectRolePass(t, world4, "collectives")
 }
 
 func roleCollectives() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
 		return err
 	}

@@ -16,11 +16,11 @@ func init() { roles["elastic"] = roleElastic }
 // An elastic state over a Checkpoint's slices: commit, roll back, and rank 0's
 // commit sent to rank 1 (a joiner with a fresh model) over the network.
 func TestElasticState2Ranks(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "elastic", world: 2, limit: 90 * time.Second}))
+	expectRolePass(t, world2, "elastic")
 }
 
 func roleElastic() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
 		return err
 	}

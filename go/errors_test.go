@@ -104,7 +104,7 @@ func TestNilGroup(t *testing.T) {
 }
 
 func TestErrors2Ranks(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "errors", world: 2, limit: 120 * time.Second}))
+	expectRolePass(t, world2, "errors")
 }
 
 // expect checks that err matches want and carries a message.
@@ -121,7 +121,7 @@ func expect(what string, err error, want error) error {
 }
 
 func roleErrors() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
 		return err
 	}

@@ -11,14 +11,14 @@ import (
 )
 
 func TestAnyGoroutine2Ranks(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "goroutines", world: 2, limit: 120 * time.Second}))
+	expectRolePass(t, world2, "goroutines")
 }
 
 // roleGoroutines issues every collective from a fresh goroutine, none locked to
 // its OS thread. All goroutines start at once and take turns in index order
 // (the order all ranks must share); each turn runs under a mutex.
 func roleGoroutines() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
 		return err
 	}

@@ -25,7 +25,7 @@ func init() {
 // Four ranks: two pairs reduce at once on their own subgroups, ranks within a
 // subgroup address roots and peers, nested groups, node groups, Close.
 func TestSubgroups4Ranks(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "subgroups", world: 4, limit: 120 * time.Second}))
+	expectRolePass(t, world4, "subgroups")
 }
 
 func want(what string, got, exp any) error {
@@ -36,7 +36,7 @@ func want(what string, got, exp any) error {
 }
 
 func roleSubgroups() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
 		return err
 	}
@@ -298,7 +298,7 @@ func init() { roles["gossip"] = roleGossip }
 // The Go reducer with GossipGraD on 4 ranks: mixing to the mean within a period,
 // nodes of two ranks, and sync_every's exact steps.
 func TestGossipReducer4Ranks(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "gossip", world: 4, limit: 120 * time.Second}))
+	expectRolePass(t, world4, "gossip")
 }
 
 // gossipSteps runs the reducer for len(feed) steps; feed(step, last) gives the
@@ -370,7 +370,7 @@ func gossipSyncAllBuckets(g *pybridge.Group) error {
 }
 
 func roleGossip() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
 		return err
 	}

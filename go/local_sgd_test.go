@@ -18,11 +18,11 @@ func init() { roles["local-sgd"] = roleLocalSGD }
 // AverageParams, the periodic Averager's schedule and the hierarchical
 // Averager's levels give numbers computed here.
 func TestHierarchicalAndLocalSGD4Ranks(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "local-sgd", world: 4, limit: 120 * time.Second}))
+	expectRolePass(t, world4, "local-sgd")
 }
 
 func roleLocalSGD() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
 		return err
 	}

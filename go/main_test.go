@@ -4,16 +4,21 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	pybridge "github.com/pybridge/pybridge/go"
 )
 
 // The test binary doubles as the rank program: with PB_TEST_ROLE set it runs
@@ -32,9 +37,42 @@ var roles = map[string]func() error{
 
 func TestMain(m *testing.M) {
 	if role := os.Getenv("PB_TEST_ROLE"); role != "" {
-		os.Exit(runRole(role))
+		os.Exit(runRoles(role, os.Getenv("PB_TEST_PORTS")))
 	}
 	os.Exit(m.Run())
+}
+
+// runRoles runs one role, or a shared world's roles in turn ("a,b,c", each on its own
+// rendezvous port from ports), and stops at the first that fails.
+func runRoles(list, ports string) int {
+	names := strings.Split(list, ",")
+	if len(names) == 1 {
+		return runRole(list)
+	}
+	each := strings.Split(ports, ",")
+	if len(each) != len(names) {
+		fmt.Fprintf(os.Stderr, "PB_TEST_PORTS=%q: want one port for each of %d roles\n", ports, len(names))
+		return 2
+	}
+	for i, name := range names {
+		roleInitMethod = "tcp://127.0.0.1:" + each[i]
+		if code := runRole(name); code != 0 {
+			return code
+		}
+	}
+	return 0
+}
+
+// roleInitMethod is where the running role of a shared world meets its peers.
+var roleInitMethod string
+
+// initRole is pybridge.Init for a role that may run in a shared world: there each role
+// has its own port, so a role never meets the store of the one before it, still closing.
+func initRole(opts ...pybridge.Option) (*pybridge.Group, error) {
+	if roleInitMethod != "" {
+		opts = append([]pybridge.Option{pybridge.WithInitMethod(roleInitMethod)}, opts...)
+	}
+	return pybridge.Init(opts...)
 }
 
 func runRole(name string) int {
@@ -117,6 +155,8 @@ type launch struct {
 	limit time.Duration // every rank is killed after this
 	env   []string
 	argv  func(rank int) []string // a rank's own program and arguments; nil runs this binary
+	// stopOnFailure kills every rank as soon as one fails
+	stopOnFailure bool
 }
 
 // rankEnv is the environment a launcher such as torchrun gives rank r.
@@ -135,13 +175,24 @@ func rankEnv(role string, r, world, port int, extra []string) []string {
 // killing every rank when l.limit passes.
 func runRanks(t *testing.T, l *launch) []*rankProc {
 	t.Helper()
+	procs, err := startRanks(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return procs
+}
+
+func startRanks(l *launch) ([]*rankProc, error) {
 	ranks := l.only
 	if ranks == nil {
 		for r := range l.world {
 			ranks = append(ranks, r)
 		}
 	}
-	port := freePort(t)
+	port, err := belowEphemeral()
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.limit)
 	defer cancel()
 	procs := make([]*rankProc, len(ranks))
@@ -159,19 +210,137 @@ func runRanks(t *testing.T, l *launch) []*rankProc {
 		cmd.Stdout, cmd.Stderr = p.out, p.out
 		cmd.WaitDelay = 5 * time.Second
 		if err := cmd.Start(); err != nil {
-			t.Fatalf("start rank %d: %v", r, err)
+			cancel()
+			wg.Wait()
+			return nil, fmt.Errorf("start rank %d: %v", r, err)
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			p.err = cmd.Wait()
+			if p.err != nil && l.stopOnFailure {
+				cancel()
+			}
 		}()
 	}
 	wg.Wait()
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		t.Fatalf("role %s: ranks still running after %v, killed\n%s", l.role, l.limit, dump(procs))
+		return procs, fmt.Errorf("role %s: ranks still running after %v, killed\n%s", l.role, l.limit, dump(procs))
 	}
-	return procs
+	return procs, nil
+}
+
+// A shared world: the tests whose role passes on a healthy world of one size share its
+// rank processes. Starting a rank costs about 1.4 s of CPU (its embedded Python imports
+// torch), most of what such a test costs; 13 roles on 2 and 4 ranks took 34 rank starts
+// apart and take 6 together. Every rank runs the roles in turn, each with its own Init
+// (on its own port) and Close, as a program may; a rank stops at its first failing role
+// and the world's other ranks are stopped with it. Each test reads its role's PASS line
+// from every rank, so a failure is still reported by the test of the role that failed.
+type sharedWorld struct {
+	world int
+	limit time.Duration
+	roles []sharedRole // in the order every rank runs them
+	once  sync.Once
+	procs []*rankProc
+	err   error
+	ran   []string
+}
+
+type sharedRole struct{ role, test string }
+
+var (
+	world2 = &sharedWorld{world: 2, limit: 240 * time.Second, roles: []sharedRole{
+		{"collectives", "TestCollectives2Ranks"}, {"tensors", "TestTensors2Ranks"},
+		{"async", "TestAsync2Ranks"}, {"worktest", "TestWorkTestReportsDone"},
+		{"goroutines", "TestAnyGoroutine2Ranks"}, {"errors", "TestErrors2Ranks"},
+		{"reducer", "TestReducerTraining2Ranks"}, {"reducer-config", "TestReducerConfig2Ranks"},
+		{"elastic", "TestElasticState2Ranks"},
+	}}
+	world4 = &sharedWorld{world: 4, limit: 300 * time.Second, roles: []sharedRole{
+		{"collectives", "TestCollectives4Ranks"}, {"subgroups", "TestSubgroups4Ranks"},
+		{"gossip", "TestGossipReducer4Ranks"}, {"local-sgd", "TestHierarchicalAndLocalSGD4Ranks"},
+	}}
+)
+
+// expectRolePass runs the shared world once (the roles whose tests this run selects) and
+// fails t unless role passed on every rank.
+func expectRolePass(t *testing.T, w *sharedWorld, role string) {
+	t.Helper()
+	w.once.Do(w.run)
+	if !slices.Contains(w.ran, role) {
+		t.Fatalf("role %s is not among the roles this %d-rank world ran (%v): is %s in its list?",
+			role, w.world, w.ran, t.Name())
+	}
+	if w.err != nil {
+		t.Fatalf("the shared %d-rank world (%s): %v", w.world, strings.Join(w.ran, ", "), w.err)
+	}
+	order := strings.Join(w.ran, ", ")
+	for _, p := range w.procs {
+		if strings.Contains(p.out.String(), fmt.Sprintf("rank %d: FAIL %s:", p.rank, role)) {
+			t.Fatalf("role %s failed on rank %d of the shared %d-rank world (roles in order: %s)\n%s",
+				role, p.rank, w.world, order, dump(w.procs))
+		}
+	}
+	for _, p := range w.procs {
+		if !strings.Contains(p.out.String(), fmt.Sprintf("rank %d: PASS %s\n", p.rank, role)) {
+			t.Fatalf("role %s did not finish on rank %d of the shared %d-rank world (roles in order: %s): "+
+				"the world stopped at %s\n%s", role, p.rank, w.world, order, w.firstFailure(), dump(w.procs))
+		}
+	}
+	t.Logf("\n%s", dump(w.procs))
+}
+
+// firstFailure names the failure that stopped a shared world, as its ranks reported it.
+func (w *sharedWorld) firstFailure() string {
+	for _, p := range w.procs {
+		for _, line := range strings.Split(p.out.String(), "\n") {
+			if strings.HasPrefix(line, fmt.Sprintf("rank %d: FAIL ", p.rank)) {
+				return strconv.Quote(line)
+			}
+		}
+	}
+	for _, p := range w.procs {
+		if p.err != nil {
+			return fmt.Sprintf("rank %d's exit (%v)", p.rank, p.err)
+		}
+	}
+	return "no failure reported"
+}
+
+func (w *sharedWorld) run() {
+	var ports []string
+	for _, r := range w.roles {
+		if !selected(r.test) {
+			continue
+		}
+		port, err := belowEphemeral()
+		if err != nil {
+			w.err = err
+			return
+		}
+		w.ran = append(w.ran, r.role)
+		ports = append(ports, strconv.Itoa(port))
+	}
+	w.procs, w.err = startRanks(&launch{role: strings.Join(w.ran, ","), world: w.world, limit: w.limit,
+		env: []string{"PB_TEST_PORTS=" + strings.Join(ports, ",")}, stopOnFailure: true})
+}
+
+// selected says whether this run's -test.run and -test.skip select the top-level test name.
+func selected(name string) bool {
+	matches := func(flagName string) (match, set bool) {
+		f := flag.Lookup(flagName)
+		if f == nil || f.Value.String() == "" {
+			return false, false
+		}
+		ok, err := regexp.MatchString(strings.Split(f.Value.String(), "/")[0], name)
+		return err == nil && ok, true
+	}
+	if m, set := matches("test.run"); set && !m {
+		return false
+	}
+	m, set := matches("test.skip")
+	return !(set && m)
 }
 
 func dump(procs []*rankProc) string {

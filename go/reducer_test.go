@@ -153,7 +153,7 @@ func reference() [][]float64 {
 }
 
 func roleReducerTraining() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
 		return err
 	}
@@ -231,7 +231,7 @@ func roleReducerTraining() error {
 }
 
 func TestReducerTraining2Ranks(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "reducer", world: 2, limit: 90 * time.Second}))
+	expectRolePass(t, world2, "reducer")
 }
 
 func TestReducerTraining3Ranks(t *testing.T) {
@@ -434,11 +434,11 @@ func init() { roles["reducer-config"] = roleReducerConfig }
 // ErrInvalidArgument on every rank, naming it; WithCompression and WithHook
 // spell the same hook.
 func TestReducerConfig2Ranks(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "reducer-config", world: 2, limit: 90 * time.Second}))
+	expectRolePass(t, world2, "reducer-config")
 }
 
 func roleReducerConfig() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,7 @@ func init() { roles["tensors"] = roleTensors }
 // Tensors the program owns, in every collective, sync and async, on 2 ranks;
 // bad descriptors refused naming the field; a reducer's gradient as a Tensor.
 func TestTensors2Ranks(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "tensors", world: 2, limit: 120 * time.Second}))
+	expectRolePass(t, world2, "tensors")
 }
 
 // foreign is memory outside Go's heap (a library Buffer's) described as a
@@ -30,7 +30,7 @@ func foreign(n int) (*pybridge.Buffer[float32], pybridge.Tensor, error) {
 }
 
 func roleTensors() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(60*time.Second))
 	if err != nil {
 		return err
 	}
