@@ -232,7 +232,7 @@ func startRanks(l *launch) ([]*rankProc, error) {
 
 // A shared world: the tests whose role passes on a healthy world of one size share its
 // rank processes. Starting a rank costs about 1.4 s of CPU (its embedded Python imports
-// torch), most of what such a test costs; 13 roles on 2 and 4 ranks took 34 rank starts
+// torch), most of what such a test costs; 14 roles on 2 and 4 ranks took 36 rank starts
 // apart and take 6 together. Every rank runs the roles in turn, each with its own Init
 // (on its own port) and Close, as a program may; a rank stops at its first failing role
 // and the world's other ranks are stopped with it. Each test reads its role's PASS line
@@ -255,7 +255,7 @@ var (
 		{"async", "TestAsync2Ranks"}, {"worktest", "TestWorkTestReportsDone"},
 		{"goroutines", "TestAnyGoroutine2Ranks"}, {"errors", "TestErrors2Ranks"},
 		{"reducer", "TestReducerTraining2Ranks"}, {"reducer-config", "TestReducerConfig2Ranks"},
-		{"elastic", "TestElasticState2Ranks"},
+		{"elastic", "TestElasticState2Ranks"}, {"mismatch", "TestCheckedModeMismatches"},
 	}}
 	world4 = &sharedWorld{world: 4, limit: 300 * time.Second, roles: []sharedRole{
 		{"collectives", "TestCollectives4Ranks"}, {"subgroups", "TestSubgroups4Ranks"},

@@ -23,11 +23,11 @@ func init() {
 // ErrInvalidArgument naming the rank that differs; no rank aborts and the group stays
 // usable. BroadcastParams with different tensors is refused in every mode.
 func TestCheckedModeMismatches(t *testing.T) {
-	expectPass(t, runRanks(t, &launch{role: "mismatch", world: 2, limit: 120 * time.Second}))
+	expectRolePass(t, world2, "mismatch")
 }
 
 func roleMismatch() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(30*time.Second),
+	g, err := initRole(pybridge.WithBackend("gloo"), pybridge.WithTimeout(30*time.Second),
 		pybridge.WithChecked())
 	if err != nil {
 		return err
