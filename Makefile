@@ -52,18 +52,23 @@ $(GENERATED): capi/pybridge.h capi/gen_abi.py pybridge/cbuild/gen.py
 $(LIB): $(DEPS_STAMP) $(GENERATED) capi/pybridge.h capi/build.py $(wildcard pybridge/cbuild/*.py pybridge/cbuild/*.c)
 	$(PYTHON) capi/build.py --out $(BUILD)
 
-# `make test`: ruff, then Go's lint and Go's tests in the background, at once, while pytest
-# runs (all mostly wait on multi-rank rendezvous and timeouts, so they overlap well on 2
-# cores); their output is kept in $(GO_LINT_LOG) and $(GO_LOG) and printed after pytest's.
-# The suite is CPU-bound (vmstat: both cores busy from start to end), so the split of the CPU
-# decides the time: the Go side runs at nice $(GO_NICE) beside 3 pytest workers (docs/testing.md
-# has the splits measured). `make test-python` and `make test-go` run either part alone.
+# `make test`: ruff, then Go's lint and tests in the background while pytest runs (both mostly
+# wait on multi-rank rendezvous and timeouts, so they overlap well on 2 cores); the Go
+# output is kept in $(GO_LOG) and printed after pytest's. The suite is CPU-bound (vmstat:
+# both cores busy from start to end), so the split of the CPU decides the time: the Go side
+# runs at nice $(GO_NICE) beside 3 pytest workers, and both end about together (docs/testing.md
+# has the other splits measured). `make test-python` and `make test-go` run either part alone.
 GO_LOG := $(BUILD)/go-test.log
-GO_LINT_LOG := $(BUILD)/go-lint.log
 GO_NICE ?= 10
 test: setup ruff
 	@echo "== go vet, gofmt and go test run beside pytest; their output follows pytest's"
-	@nice -n $(GO_NICE) $(MAKE) --no-print-directory go-lint >$(GO_LINT_LOG) 2>&1 & lint=$$!; 	nice -n $(GO_NICE) $(MAKE) --no-print-directory go-test >$(GO_LOG) 2>&1 & gotest=$$!; 	$(PYTHON) -m pytest -q $(PYTEST_ARGS); py=$$?; 	wait $$lint; gl=$$?; wait $$gotest; gt=$$?; 	echo "== go vet and gofmt (ran beside pytest)"; cat $(GO_LINT_LOG); 	echo "== go test (ran beside pytest)"; cat $(GO_LOG); 	[ $$py -eq 0 ] || echo "make test: pytest failed (exit status $$py)"; 	[ $$gl -eq 0 ] || echo "make test: go vet or gofmt failed (exit status $$gl)"; 	[ $$gt -eq 0 ] || echo "make test: go test failed (exit status $$gt)"; 	[ $$py -eq 0 ] && [ $$gl -eq 0 ] && [ $$gt -eq 0 ]
+	@nice -n $(GO_NICE) sh -c '$(MAKE) --no-print-directory go-lint && $(MAKE) --no-print-directory go-test' >$(GO_LOG) 2>&1 & gopid=$$!; \
+	$(PYTHON) -m pytest -q $(PYTEST_ARGS); py=$$?; \
+	wait $$gopid; gt=$$?; \
+	echo "== go vet, gofmt and go test (ran beside pytest)"; cat $(GO_LOG); \
+	[ $$py -eq 0 ] || echo "make test: pytest failed (exit status $$py)"; \
+	[ $$gt -eq 0 ] || echo "make test: go vet, gofmt or go test failed (exit status $$gt)"; \
+	[ $$py -eq 0 ] && [ $$gt -eq 0 ]
 
 # `make test-clusters`: jobs under a real SLURM (slurmctld, slurmd and munge on the simulated
 # cluster's namespaces) and Debian's Open MPI mpirun (docs/clusters.md). Needs root; installs
@@ -103,22 +108,15 @@ go-lint: setup
 # there, cost ~20 s of the suite's 2 cores).
 # PYBRIDGE_PORTS: Go's tests pick rendezvous ports apart from pytest's workers' (tests/conftest.py).
 # The main package's tests (most of the Go time, mostly waiting on ranks) run as two halves
-# at once from one test binary, and the other packages' tests beside them, each with its own
-# ports and log; the logs are printed in turn, each ending with how long its part took.
-GO_HALF := Federated|ElasticInit|Peer|Preempt
+# at once from one test binary, each half with its own ports; the other packages after.
+GO_HALF := Federated|ElasticInit|Checkpoint|Watchdog|Peer|Preempt
 go-test: setup
 	cd go && $(GO) test -c -o $(BUILD)/pybridge-go.test .
-	@cd go && start=$$(date +%s); \
-	part() { log=$(BUILD)/go-$$1.log; shift; "$$@" >$$log 2>&1; s=$$?; \
-	    echo "== exit status $$s after $$(($$(date +%s) - start)) s" >>$$log; return $$s; }; \
-	part half1 env PYBRIDGE_PORTS=20000-20999 $(BUILD)/pybridge-go.test -test.count=1 -test.timeout=600s \
-	    -test.run='$(GO_HALF)' & half1=$$!; \
-	part packages sh -c 'PYBRIDGE_PORTS=21800-21999 $(GO) test -count=1 -timeout 600s $$($(GO) list ./... | grep -v "/go$$") && \
-	    cd ../examples/mnist && $(GO) test -count=1 -timeout 120s ./...' & packages=$$!; \
-	part half2 env PYBRIDGE_PORTS=21000-21799 $(BUILD)/pybridge-go.test -test.count=1 -test.timeout=600s \
-	    -test.skip='$(GO_HALF)'; h2=$$?; wait $$half1; h1=$$?; wait $$packages; p=$$?; \
-	for l in half1 half2 packages; do echo "== go test: $$l"; cat $(BUILD)/go-$$l.log; done; \
-	[ $$h1 -eq 0 ] && [ $$h2 -eq 0 ] && [ $$p -eq 0 ] && echo "ok  go (both halves) and the other Go packages"
+	cd go && { PYBRIDGE_PORTS=20000-20999 $(BUILD)/pybridge-go.test -test.count=1 -test.timeout=600s \
+	    -test.run='$(GO_HALF)' & half=$$!; PYBRIDGE_PORTS=21000-21999 $(BUILD)/pybridge-go.test -test.count=1 \
+	    -test.timeout=600s -test.skip='$(GO_HALF)'; rest=$$?; wait $$half && [ $$rest -eq 0 ] && echo "ok  go (both halves)"; }
+	cd go && PYBRIDGE_PORTS=21000-21999 $(GO) test -count=1 -timeout 600s $$($(GO) list ./... | grep -v '/go$$')
+	cd examples/mnist && $(GO) test -count=1 -timeout 120s ./...
 
 # The main job: MNIST shards (synthetic digits, or the real set with MNIST_DIR=folder of
 # IDX files), the Go trainer, and NPROC ranks of it under pybridge-launch.
