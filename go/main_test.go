@@ -244,7 +244,8 @@ type sharedWorld struct {
 	once  sync.Once
 	procs []*rankProc
 	err   error
-	ran   []string
+	ran   []string // the roles run, in order
+	ports []string // each one's rendezvous port
 }
 
 type sharedRole struct{ role, test string }
@@ -275,17 +276,20 @@ func expectRolePass(t *testing.T, w *sharedWorld, role string) {
 	if w.err != nil {
 		t.Fatalf("the shared %d-rank world (%s): %v", w.world, strings.Join(w.ran, ", "), w.err)
 	}
-	order := strings.Join(w.ran, ", ")
+	var order []string
+	for i, r := range w.ran {
+		order = append(order, fmt.Sprintf("%s on port %s", r, w.ports[i]))
+	}
 	for _, p := range w.procs {
 		if strings.Contains(p.out.String(), fmt.Sprintf("rank %d: FAIL %s:", p.rank, role)) {
 			t.Fatalf("role %s failed on rank %d of the shared %d-rank world (roles in order: %s)\n%s",
-				role, p.rank, w.world, order, dump(w.procs))
+				role, p.rank, w.world, strings.Join(order, ", "), dump(w.procs))
 		}
 	}
 	for _, p := range w.procs {
 		if !strings.Contains(p.out.String(), fmt.Sprintf("rank %d: PASS %s\n", p.rank, role)) {
 			t.Fatalf("role %s did not finish on rank %d of the shared %d-rank world (roles in order: %s): "+
-				"the world stopped at %s\n%s", role, p.rank, w.world, order, w.firstFailure(), dump(w.procs))
+				"the world stopped at %s\n%s", role, p.rank, w.world, strings.Join(order, ", "), w.firstFailure(), dump(w.procs))
 		}
 	}
 	t.Logf("\n%s", dump(w.procs))
@@ -309,21 +313,28 @@ func (w *sharedWorld) firstFailure() string {
 }
 
 func (w *sharedWorld) run() {
-	var ports []string
+	taken := map[int]bool{}
 	for _, r := range w.roles {
 		if !selected(r.test) {
 			continue
 		}
+		// Each role a port of its own: drawn twice, a port would bring a role to the store
+		// of the one before it, still closing, and its stale addresses (a CI flake:
+		// "Gloo connectFullMesh failed ... Connection refused").
 		port, err := belowEphemeral()
+		for err == nil && taken[port] {
+			port, err = belowEphemeral()
+		}
 		if err != nil {
 			w.err = err
 			return
 		}
+		taken[port] = true
 		w.ran = append(w.ran, r.role)
-		ports = append(ports, strconv.Itoa(port))
+		w.ports = append(w.ports, strconv.Itoa(port))
 	}
 	w.procs, w.err = startRanks(&launch{role: strings.Join(w.ran, ","), world: w.world, limit: w.limit,
-		env: []string{"PB_TEST_PORTS=" + strings.Join(ports, ",")}, stopOnFailure: true})
+		env: []string{"PB_TEST_PORTS=" + strings.Join(w.ports, ",")}, stopOnFailure: true})
 }
 
 // selected says whether this run's -test.run and -test.skip select the top-level test name.
