@@ -250,7 +250,10 @@ func TestPeerDies(t *testing.T) {
 
 // rolePeerDies: rank 1 kills itself while rank 0 is blocked in a collective.
 func rolePeerDies() error {
-	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(10*time.Second))
+	// 30 s, not 10: Init's wait covers the peer's start-up, which took over 10 s under
+	// `make test` (Go's side niced beside pytest), and rank 1 gave up on rank 0's store. The
+	// survivor sees the death as the socket closes, not by this timeout.
+	g, err := pybridge.Init(pybridge.WithBackend("gloo"), pybridge.WithTimeout(30*time.Second))
 	if err != nil {
 		return err
 	}
