@@ -108,17 +108,15 @@ go-lint: setup
 # there, cost ~20 s of the suite's 2 cores).
 # PYBRIDGE_PORTS: Go's tests pick rendezvous ports apart from pytest's workers' (tests/conftest.py).
 # The main package's tests (most of the Go time, mostly waiting on ranks) run as two halves
-# at once from one test binary, each half with its own ports; the other packages' tests run
-# after the second half, beside the first (on an idle machine 62 s and 57 s).
-GO_HALF := Federated|ElasticInit|Checkpoint|Peer
+# at once from one test binary, each half with its own ports; the other packages after.
+GO_HALF := Federated|ElasticInit|Checkpoint|Watchdog|Peer|Preempt
 go-test: setup
 	cd go && $(GO) test -c -o $(BUILD)/pybridge-go.test .
 	cd go && { PYBRIDGE_PORTS=20000-20999 $(BUILD)/pybridge-go.test -test.count=1 -test.timeout=600s \
 	    -test.run='$(GO_HALF)' & half=$$!; PYBRIDGE_PORTS=21000-21999 $(BUILD)/pybridge-go.test -test.count=1 \
-	    -test.timeout=600s -test.skip='$(GO_HALF)' \
-	  && PYBRIDGE_PORTS=21000-21999 $(GO) test -count=1 -timeout 600s $$($(GO) list ./... | grep -v '/go$$') \
-	  && (cd ../examples/mnist && $(GO) test -count=1 -timeout 120s ./...); rest=$$?; \
-	  wait $$half && [ $$rest -eq 0 ] && echo "ok  go (both halves) and the other Go packages"; }
+	    -test.timeout=600s -test.skip='$(GO_HALF)'; rest=$$?; wait $$half && [ $$rest -eq 0 ] && echo "ok  go (both halves)"; }
+	cd go && PYBRIDGE_PORTS=21000-21999 $(GO) test -count=1 -timeout 600s $$($(GO) list ./... | grep -v '/go$$')
+	cd examples/mnist && $(GO) test -count=1 -timeout 120s ./...
 
 # The main job: MNIST shards (synthetic digits, or the real set with MNIST_DIR=folder of
 # IDX files), the Go trainer, and NPROC ranks of it under pybridge-launch.
