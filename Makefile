@@ -97,8 +97,12 @@ lint: ruff go-lint
 ruff: setup
 	$(PYTHON) -m ruff check pybridge tests bench examples capi .ci
 
+# examples/gotorch last: its vet compiles the C++ model (about 12 s of CPU), which
+# tests/test_gotorch.py builds at the start of pytest; vetted early, the two could compile it
+# at the same time, neither finding it in Go's cache.
+GO_VET_ORDER := $(filter-out examples/gotorch,$(sort $(GO_MODULES))) examples/gotorch
 go-lint: setup
-	@for m in $(sort $(GO_MODULES)); do echo "== $$m"; (cd $$m && $(TORCH_CGO) $(GO) vet ./...) || exit 1; done
+	@for m in $(GO_VET_ORDER); do echo "== $$m"; (cd $$m && $(TORCH_CGO) $(GO) vet ./...) || exit 1; done
 	@out=$$($$($(GO) env GOROOT)/bin/gofmt -l $(sort $(GO_MODULES))); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
 
 # The package timeout is a hang guard for the whole test binary: generous, because under
