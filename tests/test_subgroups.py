@@ -159,11 +159,11 @@ def adopt_torch_group(rank, world):
     alive = dist.is_initialized()  # pybridge did not create it, so it left it alive
     w = torch.tensor([1.0])
     dist.all_reduce(w)
-    # torch's DDP goes before the group: holding the group's last
-    # reference, its C++ Reducer frees the group with the GIL held, and the group's destructor
-    # joins a gloo thread that needs the GIL to free the tensors of the work it just finished
-    # (a deadlock: 3 of 26 runs of this function hung, in three loops at once, and a hung rank's
-    # stack showed it; with this order none of 180).
+    # torch's DDP goes before the group: holding the group's last reference, its C++ Reducer
+    # frees the group with the GIL held, and the group's destructor joins a gloo thread that
+    # needs the GIL to free the tensors of the work it just finished (a deadlock: 3 of 26 runs
+    # of this function hung, in three loops at once, and a hung rank's stack showed it; with
+    # this order none of 180).
     del ours, theirs, net, opt
     dist.destroy_process_group()
     return diff, v.item(), alive, w.item()
