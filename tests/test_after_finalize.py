@@ -3,7 +3,6 @@ loaders, work handles) answer Closed once it is finalized, on every rank and als
 from Python and through the C ABI (cffi ABI mode). Go: go/closed_test.go."""
 
 import os
-import time
 
 import pytest
 import torch
@@ -100,31 +99,45 @@ def test_capi_objects_are_closed_after_finalize(tmp_path, world):
 
 
 
-def test_finalize_waits_for_python_holders_of_the_backend_not_for_cpp_ones():
-    """finalize() drops the world's backend with _free_here, which waits while a Python object
-    still holds it (a closure that gloo's thread is about to drop) and not for a reference
-    only C++ holds (importing torch._dynamo, as torch.optim does, takes such references to a
-    live group), which no wait would release. A plain object stands in for the backend."""
+def test_finalize_parks_a_backend_held_elsewhere_and_frees_it_on_a_callers_thread():
+    """finalize() lets go of the world's backend with _free_here. While something else holds
+    it (a closure that gloo's thread is about to drop, the user's DDP wrapper, a reference
+    only C++ holds), it is parked, not waited for: gloo's thread never drops the last
+    reference, and the backend is freed on the thread of the next finalize() that finds
+    nothing else holding it. A plain object stands in for the backend."""
     import ctypes
     import threading
+    import weakref
 
-    from pybridge.comm.group import _free_here
+    from pybridge.comm import group
+
+    freed_on = []
 
     class Backend:
-        pass
+        def __del__(self):
+            freed_on.append(threading.current_thread())
 
     def held_from_cpp(obj):  # a reference outside Python, never released
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
         return obj
 
-    _free_here([held_from_cpp(Backend())], 3600)  # waiting for it would hang: pytest's timeout
-    holder, dropped = [Backend()], threading.Event()  # a Python holder, dropped by another thread
+    group._free_here([held_from_cpp(Backend())], 0.05)  # no wait would release it
+    assert len(group._parked) == 1
+    group._release_parked()
+    assert len(group._parked) == 1 and not freed_on  # still held from C++: still parked
 
-    def drop():
-        time.sleep(0.3)
-        dropped.set()
-        holder.clear()
+    holder = [Backend()]
+    alive = weakref.ref(holder[0])
+    group._free_here([holder[0]], 0)
+    assert len(group._parked) == 2 and not freed_on
+    other = threading.Thread(target=holder.clear)  # gloo's thread drops its closure
+    other.start()
+    other.join()
+    assert alive() is not None and not freed_on  # not freed there: the parked reference holds it
+    group._release_parked()
+    assert alive() is None and freed_on == [threading.current_thread()]
+    assert len(group._parked) == 1  # the C++-held one stays until exit
 
-    threading.Thread(target=drop).start()
-    _free_here([holder[0]], 3600)
-    assert dropped.is_set()
+    group._free_here([Backend()], 0)  # when nothing else holds it, it goes at once, here
+    assert freed_on == [threading.current_thread()] * 2 and len(group._parked) == 1
+    group._parked.clear()

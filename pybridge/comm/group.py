@@ -5,13 +5,13 @@ collective. Creation that needs one (split, node_groups) lives in subgroups.py, 
 collectives; Group.split imports it when called.
 """
 
+import atexit
 import datetime
 import gc
 import os
 import sys
 import threading
 import time
-import types
 import urllib.parse
 import warnings
 
@@ -443,9 +443,10 @@ def _checked_setting(checked):
 def finalize(*, linger=None, collect=True):
     """Leave the process group: its subgroups are closed too. A torch group that pybridge
     adopted (see current()) is left to its owner. Safe to call when not initialized.
-    linger: seconds to wait for other references to the backend to go (see _free_here);
-    collect: run the garbage collector (see below). Elastic training keeps a broken world's
-    backend itself, so it passes 0 and False: a full collection takes 0.1-0.3 s."""
+    linger: seconds to wait for other references to the backend to go before it is parked
+    (see _free_here); collect: run the garbage collector (see below). Elastic training keeps
+    a broken world's backend itself, so it passes 0 and False: a full collection takes
+    0.1-0.3 s."""
     global _current
     _watchdog.stop()
     with _lock:
@@ -464,39 +465,45 @@ def finalize(*, linger=None, collect=True):
         # aborts the process ("terminate called without an active exception").
         if collect:
             gc.collect()
+        _release_parked()
         if world:
             _free_here(world, FREE_WAIT_SECONDS if linger is None else linger)
 
 
-FREE_WAIT_SECONDS = 2.0
+FREE_WAIT_SECONDS = 0.02
+
+# Destroyed backends that something else still held when finalize() let go of them (see
+# _free_here), dropped later on a caller's thread: by the next finalize() or at exit.
+_parked = []
 
 
 def _free_here(holder, seconds):
-    """Drop the last reference to a process group on this thread. A future callback that
-    has just run on one of gloo's worker threads (torch's PowerSGD hook keeps the group in
-    its closures) releases its closure there a moment later; if that were the last
-    reference, gloo would join its own thread and abort ("Resource deadlock avoided", seen
-    at exit in 3 of 10 runs). So wait, briefly, until only this reference is left, while a
-    Python object (such a closure's cell) still holds the group: references that only C++
-    holds (importing torch._dynamo, as torch.optim does, takes eleven on a live group) stay
-    whatever we wait, and waiting for them cost every training script 2 s at exit."""
+    """Drop a destroyed process group's reference on this thread, or park it. A future
+    callback that has just run on one of gloo's worker threads (torch's PowerSGD hook keeps
+    the group in its closures) releases its closure there a moment later; if that were the
+    last reference, gloo would join its own thread and abort ("Resource deadlock avoided",
+    seen at exit in 3 of 10 runs). So when other references remain after a short wait, the
+    group is parked: its last reference then goes on a caller's thread (_release_parked).
+    Waiting for them instead cost every program that still held its DDP wrapper 2 s at
+    finalize, and references that only C++ holds (importing torch._dynamo, as torch.optim
+    does, takes eleven on a live group) stay whatever we wait."""
     pg = holder.pop()
     deadline = time.monotonic() + seconds
-    next_look = 0.0
     while sys.getrefcount(pg) > 2 and time.monotonic() < deadline:  # `pg` and the argument
-        now = time.monotonic()
-        if now >= next_look:  # a look costs a walk over every tracked object: not each ms
-            if not _python_holders(pg):
-                return
-            next_look = now + 0.05
         time.sleep(0.001)
+    if sys.getrefcount(pg) > 2:
+        _parked.append(pg)
 
 
-def _python_holders(obj):
-    """The objects the garbage collector knows of that refer to obj, _free_here's frames aside
-    (no frame is kept here: a function holding its own frame would leak it with obj)."""
-    mine = (_free_here.__code__, _python_holders.__code__)
-    return [r for r in gc.get_referrers(obj) if not (isinstance(r, types.FrameType) and r.f_code in mine)]
+def _release_parked(everything=False):
+    """Drop the parked groups that nothing else holds any more (each is freed here, on this
+    thread); at exit, every parked reference (the interpreter's teardown frees the rest on
+    the main thread, as it would have without parking)."""
+    keep = [] if everything else [pg for pg in _parked if sys.getrefcount(pg) > 3]  # list, name, argument
+    _parked[:] = keep
+
+
+atexit.register(_release_parked, True)
 
 
 def _adopt():
