@@ -39,6 +39,8 @@ from .protocol import (DEFAULT_LINK_TIMEOUT, DEFAULT_MAX_SAMPLES, EVALUATE, FAIL
                        NAMES, SERVER, TERMINATE, TRAIN, UPDATE, Header, Links, decode_message, flat)
 
 REFUSED_RETRIES = 1  # with requeue, a client whose update was refused is handed out once more
+# How long close() lets the terminates it sent leave before it closes the links (see close()).
+FAREWELL_SECONDS = 5.0
 
 
 @dataclass
@@ -605,7 +607,8 @@ class Server:
         until that client's deadline (hand-out + the server's timeout), or `timeout` seconds
         if given. One past that (a worker that stalled, or hangs) is cut off: the links are
         closed under it, so close() never waits for it beyond its deadline, and leaves no
-        thread; such a worker gets an error naming the lost server (rank 0)."""
+        thread; such a worker gets an error naming the lost server (rank 0). The terminates
+        sent are given up to FAREWELL_SECONDS to leave before the links close."""
         if self.closed:
             return
         if timeout is not None:
@@ -634,8 +637,23 @@ class Server:
                     links.cut(w)  # and the worker's wait for a task on the down links
             for t in self._listeners.values():
                 t.join(5.0)
-            self._farewells = []
+            self._send_farewells()
             links.close()
+
+    def _send_farewells(self):
+        """Let the terminates sent (and not waited for) leave before the links close. Gloo
+        sends a message only once its receiver has posted the receive: a retired worker
+        still busy with its last answer had not, and closing the links dropped its
+        terminate, so it failed with "lost the server" instead of stopping (seen in the
+        suite; tests/test_federated.py makes it happen). Bounded: a worker that never
+        receives costs close() FAREWELL_SECONDS at most."""
+        deadline = time.monotonic() + FAREWELL_SECONDS
+        for work in self._farewells:
+            try:
+                work.wait(max(deadline - time.monotonic(), 0.001))
+            except PyBridgeError:
+                pass  # that worker's connection is gone, or it never received: it is cut off
+        self._farewells = []
 
     def __enter__(self):
         return self
