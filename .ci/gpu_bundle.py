@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # pybridge from this checkout, installed or not
 OUT = os.path.join(ROOT, "build", "gpu")
 WHEELS = ["cffi", "pycparser", "numpy", "cramjam", "isal", "pytest", "pytest-timeout", "pluggy", "iniconfig",
           "packaging", "expecttest"]
