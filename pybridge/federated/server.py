@@ -132,7 +132,7 @@ class Server:
         self._busy = {}  # worker rank -> Assignment, of this round or an abandoned one
         self._seq = dict.fromkeys(self.workers, 0)
         self._events = queue.Queue()
-        self._farewells = []  # terminates sent, not waited for
+        self._farewells = []  # (worker, terminate sent and not waited for)
         self.closed = False
         self._listeners = {w: threading.Thread(target=self._listen, args=(w,), daemon=True,
                                                name=f"pybridge-federated-{w}") for w in self._conns}
@@ -582,8 +582,8 @@ class Server:
         if stop:
             self._terminating.add(w)
             try:
-                self._farewells.append(self._links.isend_header(Header(TERMINATE, self.round), w,
-                                                                self._links.down))
+                self._farewells.append((w, self._links.isend_header(Header(TERMINATE, self.round), w,
+                                                                    self._links.down)))
             except PyBridgeError:
                 pass  # its connection is gone too: nothing left to stop
 
@@ -625,32 +625,41 @@ class Server:
                     (a.start + self.timeout if a else now + self.timeout)
                 self._terminating.add(w)
                 try:  # not waited for: a busy worker takes it after its client
-                    self._farewells.append(links.isend_header(Header(TERMINATE, self.round), w, links.down))
+                    self._farewells.append((w, links.isend_header(Header(TERMINATE, self.round), w, links.down)))
                 except PyBridgeError as exc:
                     self._handle(("lost", w, exc))
             for w, t in self._listeners.items():  # a listener ends with its worker's acknowledgement
                 t.join(max(deadline.get(w, now) - time.monotonic(), 0.0))  # retired ones: not waited for
         finally:
-            for w in [w for w, t in self._listeners.items() if t.is_alive()]:
-                if self._listeners[w].is_alive():
+            # Workers still busy past their deadline are cut off; a cut closes every
+            # connection of the down link, so the terminates of the others leave first.
+            stuck = {w for w, t in self._listeners.items() if t.is_alive() and w not in self._gone}
+            until = time.monotonic() + FAREWELL_SECONDS
+            self._send_farewells(until, skip=stuck)
+            for w, t in self._listeners.items():
+                if w not in stuck:  # a retired worker's listener ends on its own, or with its acknowledgement
+                    t.join(max(until - time.monotonic(), 0.0))
+            for w, t in self._listeners.items():
+                if t.is_alive():
                     self._conns[w].shutdown()  # its listener's read ends at once
-                    links.cut(w)  # and the worker's wait for a task on the down links
+                    if w in stuck:
+                        links.cut(w)  # and the worker's wait for a task on the down links
             for t in self._listeners.values():
                 t.join(5.0)
-            self._send_farewells()
             links.close()
 
-    def _send_farewells(self):
-        """Let the terminates sent (and not waited for) leave before the links close. Gloo
-        sends a message only once its receiver has posted the receive: a retired worker
-        still busy with its last answer had not, and closing the links dropped its
-        terminate, so it failed with "lost the server" instead of stopping (seen in the
-        suite; tests/test_federated.py makes it happen). Bounded: a worker that never
-        receives costs close() FAREWELL_SECONDS at most."""
-        deadline = time.monotonic() + FAREWELL_SECONDS
-        for work in self._farewells:
+    def _send_farewells(self, until, skip):
+        """Let the terminates sent (and not waited for) leave, until `until`, except those to
+        the workers in `skip`. Gloo sends a message only once its receiver has posted the
+        receive: a retired worker still busy with its last answer had not, and closing the
+        links (or cutting another worker) dropped its terminate, so it failed with "lost the
+        server" instead of stopping (seen in the suite; tests/test_federated.py makes it
+        happen). Bounded: workers that never receive cost close() FAREWELL_SECONDS at most."""
+        for w, work in self._farewells:
+            if w in skip:
+                continue
             try:
-                work.wait(max(deadline - time.monotonic(), 0.001))
+                work.wait(max(until - time.monotonic(), 0.001))
             except PyBridgeError:
                 pass  # that worker's connection is gone, or it never received: it is cut off
         self._farewells = []
