@@ -608,7 +608,9 @@ class Server:
         if given. One past that (a worker that stalled, or hangs) is cut off: the links are
         closed under it, so close() never waits for it beyond its deadline, and leaves no
         thread; such a worker gets an error naming the lost server (rank 0). The terminates
-        sent are given up to FAREWELL_SECONDS to leave before the links close."""
+        sent to the others are given up to FAREWELL_SECONDS to leave before anyone is cut off
+        (a cut closes every connection of the link), and retired workers' listeners as long
+        to end."""
         if self.closed:
             return
         if timeout is not None:
@@ -629,7 +631,7 @@ class Server:
                 except PyBridgeError as exc:
                     self._handle(("lost", w, exc))
             for w, t in self._listeners.items():  # a listener ends with its worker's acknowledgement
-                t.join(max(deadline.get(w, now) - time.monotonic(), 0.0))  # retired ones: not waited for
+                t.join(max(deadline.get(w, now) - time.monotonic(), 0.0))  # retired ones: below
         finally:
             # Workers still busy past their deadline are cut off; a cut closes every
             # connection of the down link, so the terminates of the others leave first.
