@@ -19,15 +19,16 @@ TOP = ("errors", "abi", "_version")  # modules that stay at the top: everything 
 # Each layer (a subpackage) and the layers it may import, besides TOP. Lowest first.
 LAYERS = {
     "base": (),
-    "comm": ("base",),
+    "observe": ("base",),
+    "comm": ("observe", "base"),
     "algorithms": ("comm", "base"),
-    "ddp": ("algorithms", "comm", "base"),
-    "runtime": ("comm", "base"),
-    "recordio": ("comm", "base"),
+    "ddp": ("algorithms", "comm", "observe", "base"),
+    "runtime": ("comm", "observe", "base"),
+    "recordio": ("comm", "observe", "base"),
     "federated": ("comm", "base"),
-    "launch": ("runtime", "base"),
+    "launch": ("runtime", "observe", "base"),
     "cbuild": (),
-    "capi": ("cbuild", "federated", "recordio", "runtime", "ddp", "algorithms", "comm", "base"),
+    "capi": ("cbuild", "federated", "recordio", "runtime", "ddp", "algorithms", "comm", "observe", "base"),
     "testing": (),
 }
 

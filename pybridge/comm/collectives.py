@@ -26,6 +26,8 @@ from ..base.buffers import as_tensor
 from .checked import Op
 from ..base.checks import integer, positive_seconds
 from ..errors import InvalidArgument, Timeout, classify
+from ..observe import clock as _clock
+from ..observe import state as _obs
 
 # The C ABI's op codes (PB_SUM ... in capi/pybridge.h).
 SUM, AVG, MIN, MAX, PRODUCT = abi.PB_SUM, abi.PB_AVG, abi.PB_MIN, abi.PB_MAX, abi.PB_PRODUCT
@@ -147,6 +149,8 @@ def _run(g, op, start, async_op, *buffers):
 def _numbered(g, op, start, async_op, buffers):
     progress = g.progress
     seq = progress.begin(op)
+    rec = _obs.REC
+    issued = _clock.now_us() if rec is not None else 0.0
     try:
         if g.checks is not None:
             _verify(g, seq, op)
@@ -155,7 +159,11 @@ def _numbered(g, op, start, async_op, buffers):
             if not async_op:
                 work.wait()
                 progress.end(seq)
+                if rec is not None:
+                    rec.on_collective(g, seq, op, issued, _clock.now_us(), True)
                 return None
+            if rec is not None:
+                _observe_async(rec, g, seq, op, issued, work)
     except InvalidArgument:
         progress.end(seq)
         raise
@@ -167,6 +175,14 @@ def _numbered(g, op, start, async_op, buffers):
     return Work(work, *buffers, explain=lambda exc: _watchdog.explain(g, seq, op, exc),
                 finish=(lambda: progress.end(seq)) if progress.watched else None,
                 stream=_streams.issued_on(g, buffers))
+
+
+def _observe_async(rec, g, seq, op, issued, work):
+    """Record an asynchronous collective when the backend completes it (its future's
+    callback runs on the backend's thread)."""
+    def done(_):
+        rec.on_collective(g, seq, op, issued, _clock.now_us(), False)
+    work.get_future().add_done_callback(done)
 
 
 def _verify(g, seq, op):

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from . import checked as _checked
+from . import clocksync as _clocksync
 from . import rendezvous
 from . import streams as _streams
 from . import roster as _roster
@@ -26,6 +27,7 @@ from . import watchdog as _watchdog
 from ..base.checks import index, positive_seconds
 from ..base import jobenv
 from ..base import netif
+from .. import observe as _observe
 from ..errors import AlreadyInitialized, Closed, InvalidArgument, NotInitialized, PyBridgeError, Timeout, classify
 
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds rendezvous and every collective
@@ -386,7 +388,20 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
         # Python object, which must live as long as the world does
         _current.rendezvous_store = joined
         _watchdog.start(_current, watchdog, lambda: store if method is None else _own_store(method, timeout))
+        _observe_world(_current)
         return _current
+
+
+def _observe_world(world):
+    """Start recording if asked (observe/), with this rank's clock measured against rank 0's
+    once: an elastic world made again keeps the first offset."""
+    rec = _observe.joined(world.rank, world.size, world.local_rank)
+    if rec is not None and not rec.clock_synced:
+        try:
+            rec.clock_offset_us, rec.clock_uncertainty_us = _clocksync.measure(world)
+        except Exception as exc:  # noqa: BLE001
+            raise classify(exc) from exc
+        rec.clock_synced = True
 
 
 def _join(backend, method, rank, world_size, timeout, checked, watchdog, given=None):
@@ -449,6 +464,7 @@ def finalize(*, linger=None, collect=True):
     0.1-0.3 s."""
     global _current
     _watchdog.stop()
+    _observe.left()
     with _lock:
         group, _current = _current, None
         if group is not None:

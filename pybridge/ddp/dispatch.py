@@ -18,6 +18,7 @@ import torch
 from ..algorithms import comm_hooks
 from ..comm import watchdog
 from ..errors import InvalidState, Timeout, classify
+from ..observe import state as _obs
 from .layout import member_views
 
 
@@ -222,6 +223,10 @@ class Iteration:
                 except Exception as exc:  # noqa: BLE001
                     raise bucket_error(exc, bucket) from exc
             self.works.append((bucket, fut))
+            rec = _obs.REC
+            if rec is not None:
+                rec.on_bucket_launched(bucket.index, bucket.flat.numel() * bucket.flat.element_size(),
+                                       getattr(hook.fn, "__name__", "hook"), fut)
 
     def _after(self, prev, bucket, gb):
         """A future for `bucket`'s hook, started once `prev` is done."""
@@ -254,6 +259,9 @@ class Iteration:
                     bucket.flat.copy_(value)  # e.g. decompress in place
         except Exception as exc:  # noqa: BLE001
             raise bucket_error(exc, bucket, self.group) from exc
+        rec = _obs.REC
+        if rec is not None:
+            rec.on_buckets_finished()
 
     def settled(self, deadline):
         """Whether join's count and every launched bucket have finished, looking until

@@ -41,6 +41,7 @@ from ..comm import collectives, streams
 from ..comm import group as _group
 from ..comm.collectives import AVG
 from ..errors import Closed, InvalidArgument
+from ..observe import state as _obs
 from . import dispatch, join as _join, layout as _layout, settings as _settings
 from .dispatch import Hook, Iteration
 from .layout import Layout, ParamSpec, assign_buckets
@@ -265,6 +266,8 @@ class Reducer:
             self._check_mark(i)
             if self._bound is not None:
                 it.copy_in(i, self._bound[i])
+            if _obs.REC is not None:
+                _obs.REC.on_grad_ready()
             it.mark(i)
 
     def set_grad(self, i, grad):
@@ -281,6 +284,8 @@ class Reducer:
                 raise InvalidArgument(f"gradient {self.name(i)}: expected a tensor of {view.numel()} "
                                       f"elements, got {getattr(grad, 'shape', type(grad).__name__)}")
             it.copy_in(i, grad)
+            if _obs.REC is not None:
+                _obs.REC.on_grad_ready()
             it.mark(i)
 
     def bind_grads(self, grads):
@@ -320,15 +325,21 @@ class Reducer:
             self._check_open()
             if timeout is not None:
                 timeout = positive_seconds("timeout", timeout)
-            it = self._end_marks()
-            deadline = None if timeout is None else time.monotonic() + timeout
+            rec = _obs.REC
+            waited = rec.wait_begin() if rec is not None else 0.0
             try:
-                if it.count_work is not None:  # join's count went out before the buckets
-                    it.count_work.wait(timeout)
-                it.finish(deadline)
-            except Exception:
-                self._start_iteration()
-                raise
+                it = self._end_marks()
+                deadline = None if timeout is None else time.monotonic() + timeout
+                try:
+                    if it.count_work is not None:  # join's count went out before the buckets
+                        it.count_work.wait(timeout)
+                    it.finish(deadline)
+                except Exception:
+                    self._start_iteration()
+                    raise
+            finally:
+                if rec is not None:
+                    rec.wait_end(waited)
             self._complete(it)
 
     def poll(self, timeout=0.0):
@@ -343,16 +354,22 @@ class Reducer:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
                 raise InvalidArgument(f"timeout must be a number of seconds >= 0, got {timeout!r}")
             timeout = positive_seconds("timeout", timeout) if timeout else 0.0
-            it = self._end_marks()
+            rec = _obs.REC
+            waited = rec.wait_begin() if rec is not None else 0.0
             try:
-                if not it.settled(time.monotonic() + timeout):
-                    return False
-                if it.count_work is not None:
-                    it.count_work.wait()  # completed: raises its error, if any
-                it.finish(None)  # every future is done: no waiting
-            except Exception:
-                self._start_iteration()
-                raise
+                it = self._end_marks()
+                try:
+                    if not it.settled(time.monotonic() + timeout):
+                        return False
+                    if it.count_work is not None:
+                        it.count_work.wait()  # completed: raises its error, if any
+                    it.finish(None)  # every future is done: no waiting
+                except Exception:
+                    self._start_iteration()
+                    raise
+            finally:
+                if rec is not None:
+                    rec.wait_end(waited, "reducer.poll")
             self._complete(it)
             return True
 
@@ -378,6 +395,8 @@ class Reducer:
         """The iteration's buckets are reduced (under the lock and stream): count it, copy
         bound gradients back, do the one rebuild if due, start the next iteration."""
         self.iterations += 1
+        if _obs.REC is not None:
+            _obs.REC.end_step(False)
         if self._bound is not None:  # the reduced gradients back into the program's tensors
             for dst, view in zip(self._bound, it.views):
                 dst.copy_(view)

@@ -29,6 +29,8 @@ from ..comm import group as _group
 from . import join as _join
 from .stats import Stats
 from ..errors import Closed, InvalidArgument, InvalidState, PyBridgeError
+from ..observe import clock as _clock
+from ..observe import state as _obs
 from .attach import repoint, take
 from .reducer import Reducer
 from ..comm.params import broadcast_parameters
@@ -191,7 +193,13 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             moved, moved_kwargs = _to_kwargs(inputs, kwargs, torch.device(self.device_type, self.device_ids[0]),
                                              False)
             inputs, kwargs = moved[0], moved_kwargs[0]
-        out = self.module(*inputs, **kwargs)
+        rec = _obs.REC
+        if rec is None:
+            out = self.module(*inputs, **kwargs)
+        else:
+            start = _clock.now_us()
+            out = self.module(*inputs, **kwargs)
+            rec.on_forward(start)
         if sync:
             self._stats.forward_end()
         return out

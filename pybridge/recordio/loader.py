@@ -14,6 +14,8 @@ import threading
 from ..base import agree
 from ..base.checks import index, integer
 from ..errors import Closed, InvalidArgument
+from ..observe import clock as _clock
+from ..observe import state as _obs
 from .batch import Batch, decode_fixed  # noqa: F401 - decode_fixed is part of the loader API
 from .index import SIDECAR_SUFFIX
 from .partition import DynamicPartition, LocalStore, _merge, chunk_tasks, dataset_name, next_instance, num_batches, plan_remaining, static_shard
@@ -88,6 +90,15 @@ class _Pass:
         return self
 
     def __next__(self):
+        rec = _obs.REC
+        if rec is None:
+            return self._next()
+        start = _clock.now_us()
+        item = self._next()
+        rec.on_loader(start, len(item))
+        return item
+
+    def _next(self):
         if self._done:
             raise StopIteration
         self._check()

@@ -1,0 +1,245 @@
+"""Observability: per-rank traces (Chrome Trace Event JSON), metrics (JSON lines,
+TensorBoard, Prometheus), the program's own spans, instants, scalars and steps, and the
+tools that read them (`merge`, `report`). docs/observability.md.
+
+Off by default: nothing is recorded and the library's hot paths pay one comparison
+(`state.REC is None`). On by `PYBRIDGE_TRACE=DIR` (traces and metrics files in DIR),
+`PYBRIDGE_METRICS_PORT=PORT` (a Prometheus endpoint), `pybridge-launch --trace DIR
+--metrics-port PORT`, or `start()` here; it starts when the process group is made (`init`),
+which also measures this rank's clock against rank 0's, so the ranks' traces merge on one
+time line.
+
+    import pybridge
+    from pybridge import observe
+    observe.start("trace")                 # before init: clocks are aligned at init
+    g = pybridge.init()
+    with observe.span("forward"):          # the program's own span, on the program's track
+        ...
+    observe.scalar("loss", 0.25)           # at the current step
+"""
+
+import atexit
+import os
+
+from ..errors import InvalidArgument
+from . import state
+from .clock import now_us
+
+CATEGORIES = ("user", "compute", "forward", "data", "comm", "checkpoint", "elastic")
+_ENV_TRACE, _ENV_PORT, _ENV_ADDR, _ENV_EVERY = ("PYBRIDGE_TRACE", "PYBRIDGE_METRICS_PORT",
+                                                "PYBRIDGE_METRICS_ADDR", "PYBRIDGE_METRICS_EVERY")
+
+_settings = None  # what start() asked for, applied at init (or at once after it)
+_world = None  # (rank, world size, local rank) of the latest init
+_server = None  # the Prometheus endpoint's (server, thread)
+
+
+def _settings_from_env():
+    trace = os.environ.get(_ENV_TRACE, "").strip() or None
+    port = os.environ.get(_ENV_PORT, "").strip() or None
+    every = os.environ.get(_ENV_EVERY, "").strip() or None
+    if trace is None and port is None:
+        return None
+    return _check(trace, _env_int(_ENV_PORT, port), os.environ.get(_ENV_ADDR, "").strip() or None,
+                  _env_int(_ENV_EVERY, every), source="environment")
+
+
+def _env_int(name, raw):
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidArgument(f"environment variable {name}={raw!r}: expected an integer") from None
+
+
+def _check(trace, port, addr, every, source="start()"):
+    if trace is not None and (not isinstance(trace, (str, os.PathLike)) or not str(trace)):
+        raise InvalidArgument(f"{source}: the trace directory must be a path, got {trace!r}")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
+        raise InvalidArgument(f"{source}: the metrics port must be 0..65535, got {port!r}")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise InvalidArgument(f"{source}: metrics every N steps needs N >= 1, got {every!r}")
+    return {"trace": None if trace is None else os.fspath(trace), "port": port, "addr": addr or "127.0.0.1",
+            "every": every or 10}
+
+
+def start(trace=None, *, metrics_port=None, metrics_addr=None, every=None):
+    """Record this rank: traces and metrics files into directory `trace`, and/or a Prometheus
+    endpoint on `metrics_port` (bound to `metrics_addr`, default loopback; the port of local
+    rank L is metrics_port + L). `every`: steps per metrics row (default 10). Call before
+    init() (the recording starts there, with the clocks aligned) or after it (at once,
+    clocks not aligned)."""
+    global _settings
+    if trace is None and metrics_port is None:
+        raise InvalidArgument("start() needs a trace directory, a metrics port or both")
+    _settings = _check(trace, metrics_port, metrics_addr, every)
+    if _world is not None and state.REC is None:
+        joined(*_world)
+    return state.REC
+
+
+def joined(rank, world_size, local_rank=0):
+    """The process group was made (comm/group.py): start recording if asked to. Returns the
+    recorder (new or kept from an earlier world), or None."""
+    global _world, _server
+    _world = (rank, world_size, local_rank)
+    rec = state.REC
+    if rec is not None:
+        return rec
+    settings = _settings or _settings_from_env()
+    if settings is None:
+        return None
+    from .recorder import Recorder
+    if settings["trace"]:
+        try:
+            os.makedirs(settings["trace"], exist_ok=True)
+        except OSError as exc:
+            raise InvalidArgument(f"cannot create the trace directory {settings['trace']!r}: "
+                                  f"{exc.strerror or exc}") from None
+    rec = Recorder(settings["trace"], rank=rank, world_size=world_size, local_rank=local_rank,
+                   every=settings["every"])
+    if settings["port"] is not None:
+        from . import prometheus
+        port = settings["port"] + local_rank if settings["port"] else 0
+        _server = prometheus.serve(rec.metrics, port, settings["addr"])
+        rec.metrics_address = _server[0].server_address[:2]
+    state.REC = rec
+    return rec
+
+
+def left():
+    """The process group was finalized: write what was recorded (it goes on in a next world)."""
+    rec = state.REC
+    if rec is not None:
+        rec.flush()
+
+
+def stop():
+    """Stop recording: write the files, close the endpoint. Runs at exit."""
+    global _server, _settings
+    rec, state.REC = state.REC, None
+    server, _server = _server, None
+    _settings = None
+    if rec is not None:
+        rec.close()
+    if server is not None:
+        server[0].shutdown()
+        server[0].server_close()
+
+
+atexit.register(stop)
+
+
+def enabled():
+    """Whether this rank records."""
+    return state.REC is not None
+
+
+def flush():
+    """Write the trace file and the metrics files now (they are also written at finalize,
+    at exit and when the watchdog reports a hang). Returns the trace file's path or None."""
+    rec = state.REC
+    return rec.flush() if rec is not None else None
+
+
+def _name(what, name):
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"{what} name must be a non-empty string, got {name!r}")
+    return name
+
+
+def _cat(cat):
+    if cat not in CATEGORIES:
+        raise InvalidArgument(f"unknown span category {cat!r}; valid: {', '.join(CATEGORIES)} (data counts as "
+                              "waiting for data and comm as exposed communication in the step breakdown)")
+    return cat
+
+
+def begin(name, cat="user", **args):
+    """Start the program's span `name` and return its id for end() (0 when not recording).
+    A span may end on another thread than it began on (a goroutine's)."""
+    rec = state.REC
+    if rec is None:
+        return 0
+    return rec.begin(_name("span", name), _cat(cat), args or None)
+
+
+def end(span):
+    """End the span begin() returned."""
+    rec = state.REC
+    if rec is None or span == 0:
+        return
+    try:
+        rec.end(span)
+    except KeyError:
+        raise InvalidArgument(f"span {span!r} is not open (ended already, or never begun)") from None
+
+
+class _Span:
+    __slots__ = ("name", "cat", "args", "id")
+
+    def __init__(self, name, cat, args):
+        self.name, self.cat, self.args, self.id = name, cat, args, 0
+
+    def __enter__(self):
+        self.id = begin(self.name, self.cat, **self.args)
+        return self
+
+    def __exit__(self, *exc):
+        end(self.id)
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+_NOTHING = _Nothing()
+
+
+def span(name, cat="user", **args):
+    """`with span("forward"):` the program's span (a no-op when not recording). `cat` puts its
+    time in the step breakdown: data (waiting for data), comm (exposed communication),
+    forward, or compute (user, compute and the rest)."""
+    if state.REC is None:
+        return _NOTHING
+    return _Span(_name("span", name), _cat(cat), args)
+
+
+def instant(name, cat="user", **args):
+    """Mark a moment on the program's track."""
+    rec = state.REC
+    if rec is not None:
+        rec.instant(_name("instant", name), _cat(cat), args or None)
+
+
+def scalar(name, value, step=None):
+    """Log the program's scalar (loss, accuracy) at `step` (default: the current step):
+    into the trace (a counter track), the metrics rows, TensorBoard and Prometheus."""
+    rec = state.REC
+    if rec is None:
+        return
+    _name("scalar", name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise InvalidArgument(f"scalar {name!r}: expected a number, got {value!r}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise InvalidArgument(f"scalar {name!r}: step must be an integer >= 0, got {step!r}")
+    rec.scalar(name, float(value), step)
+
+
+def step():
+    """End the current step (from then on only these calls end steps; without them, each
+    reducer iteration is a step). Returns the number of steps ended."""
+    rec = state.REC
+    if rec is None:
+        return 0
+    rec.end_step(True)
+    return rec.steps
+
+
+__all__ = ["CATEGORIES", "start", "stop", "enabled", "flush", "span", "begin", "end", "instant", "scalar",
+           "step", "now_us"]

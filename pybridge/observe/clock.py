@@ -1,0 +1,18 @@
+"""The trace clock: microseconds of CLOCK_MONOTONIC (time.perf_counter_ns on Linux).
+
+Every process on one machine reads the same monotonic clock, so ranks of one node agree
+without correction; ranks on other machines are aligned to rank 0 by the offset
+`sync.measure` estimates at init (docs/observability.md, "Clocks").
+"""
+
+import time
+
+
+def now_us():
+    """Now, in microseconds of the monotonic clock (a float, as Chrome traces take)."""
+    return time.perf_counter_ns() / 1000.0
+
+
+def wall_anchor():
+    """(monotonic µs, Unix-epoch µs) read together: ties a trace to the calendar."""
+    return now_us(), time.time_ns() / 1000.0

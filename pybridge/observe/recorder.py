@@ -1,0 +1,298 @@
+"""One rank's recorder: the trace events and the metrics of what the library and the
+program did, and the step accounting both share.
+
+The library's own places call the `on_*` methods (only when `state.REC` is set); the
+program's spans, instants, scalars and steps come through `observe/__init__.py` (Python)
+and `capi/observe.py` (C and Go). Events are kept as tuples and turned into Chrome Trace
+Event JSON when the file is written (`flush`), so recording one costs a tuple and an
+append. Tracks (Chrome's tid) are fixed: the program's calls, steps, buckets, and one
+track per process group's collectives.
+"""
+
+import json
+import os
+import socket
+import threading
+
+from . import bandwidth, clock
+from .metrics import Metrics
+
+PROGRAM, STEPS, BUCKETS = 1, 2, 3
+_COLLECTIVES = 10  # the first collectives track; one per group
+TRACKS = {PROGRAM: "program", STEPS: "steps", BUCKETS: "buckets (reducer)"}
+FORMAT = 1  # otherData.pybridge.format: bumped when the files change incompatibly
+
+
+class _Step:
+    """What the step in progress has spent so far (µs)."""
+
+    __slots__ = ("start", "data", "records", "exposed", "comm", "forward", "bwd_first", "bwd_last",
+                 "buckets", "bucket_bytes")
+
+    def __init__(self, start):
+        self.start = start
+        self.data = self.exposed = self.comm = self.forward = 0.0
+        self.records = self.buckets = self.bucket_bytes = 0
+        self.bwd_first = self.bwd_last = None
+
+
+class _Bucket:
+    __slots__ = ("index", "nbytes", "hook", "launched", "done")
+
+    def __init__(self, index, nbytes, hook, launched):
+        self.index, self.nbytes, self.hook, self.launched, self.done = index, nbytes, hook, launched, None
+
+
+class Recorder:
+    """Records for one rank into `out_dir` (None: metrics only, for a Prometheus endpoint).
+    `trace`: keep trace events; `every`: steps per metrics row (JSON lines, TensorBoard)."""
+
+    def __init__(self, out_dir, *, rank, world_size, local_rank=0, trace=True, every=10):
+        self.dir = out_dir
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.tracing = bool(trace and out_dir)
+        self.events = []
+        self._lock = threading.Lock()
+        self._tracks = {}  # group uid -> collectives track
+        self._labels = {}  # collectives track -> its name
+        self._open_spans = {}  # span id -> (name, cat, start, args)
+        self._next_span = 0
+        self._last_done = {}  # group uid -> when its latest collective finished
+        self._buckets = []
+        self._bucket_done = 0.0
+        self._waiting = 0  # > 0 inside a wait whose time already counts as exposed
+        self.explicit_steps = False
+        self.steps = 0
+        self.clock_offset_us = 0.0  # this rank's clock minus rank 0's (sync.measure)
+        self.clock_uncertainty_us = 0.0
+        self.clock_synced = False
+        self.anchor = clock.wall_anchor()
+        self.metrics = Metrics(rank, world_size, out_dir, every)
+        self.step = _Step(clock.now_us())
+        self.closed = False
+
+    # ---- tracks and raw events -------------------------------------------------------
+
+    def collectives_track(self, uid, label):
+        tid = self._tracks.get(uid)
+        if tid is None:
+            tid = self._tracks[uid] = _COLLECTIVES + len(self._tracks)
+            self._labels[tid] = f"collectives ({label})"
+        return tid
+
+    def complete(self, tid, name, cat, start, dur, args=None):
+        if self.tracing:
+            self.events.append(("X", tid, name, cat, start, dur, args))
+
+    def instant(self, name, cat="user", args=None, tid=PROGRAM):
+        if self.tracing:
+            self.events.append(("i", tid, name, cat, clock.now_us(), 0.0, args))
+
+    # ---- the program's spans ---------------------------------------------------------
+
+    def begin(self, name, cat="user", args=None):
+        """Start a span; returns its id for end(). Spans may end on another thread."""
+        t = clock.now_us()
+        with self._lock:
+            self._next_span += 1
+            sid = self._next_span
+            self._open_spans[sid] = (name, cat, t, args)
+        return sid
+
+    def end(self, sid):
+        """End span `sid`; returns its duration in µs (KeyError: no such open span)."""
+        t = clock.now_us()
+        with self._lock:
+            name, cat, start, args = self._open_spans.pop(sid)
+        self._account(cat, t - start)
+        self.complete(PROGRAM, name, cat, start, t - start, args)
+        return t - start
+
+    def _account(self, cat, dur):
+        """A program span counts in the step's breakdown as its category says."""
+        s = self.step
+        if cat == "data":
+            s.data += dur
+        elif cat == "comm" and not self._waiting:
+            s.exposed += dur
+        elif cat == "forward":
+            s.forward += dur
+
+    # ---- the library's events --------------------------------------------------------
+
+    def on_collective(self, g, seq, op, issued, done, synchronous):
+        """Collective `seq` of group g ran from `issued` to `done` (µs)."""
+        uid = g.uid
+        prev = self._last_done.get(uid, 0.0)
+        self._last_done[uid] = max(prev, done)
+        start = max(issued, prev)  # the backend runs a group's collectives one after another
+        name = op.name
+        self.metrics.collective(name, op.nbytes, (done - issued) / 1e6, g.size)
+        if synchronous and not self._waiting:
+            self.step.exposed += done - issued
+        if self.tracing:
+            secs = (done - start) / 1e6
+            args = {"group": uid, "seq": seq, "bytes": op.nbytes, "ranks": g.size,
+                    "issued_us": round(issued, 3), "sync": synchronous}
+            if op.nbytes:
+                args["algbw_GBps"] = round(bandwidth.algbw(op.nbytes, secs) / 1e9, 6)
+                args["busbw_GBps"] = round(bandwidth.busbw(name, op.nbytes, secs, g.size) / 1e9, 6)
+            self.events.append(("X", self.collectives_track(uid, g.describe()), name, "comm", start,
+                                max(done - start, 0.0), args))
+
+    def on_grad_ready(self):
+        s = self.step
+        t = clock.now_us()
+        if s.bwd_first is None:
+            s.bwd_first = t
+        s.bwd_last = t
+
+    def on_bucket_launched(self, index, nbytes, hook, fut):
+        b = _Bucket(index, nbytes, hook, clock.now_us())
+        self._buckets.append(b)
+
+        def done(_):
+            if b.done is None:
+                b.done = clock.now_us()
+        fut.add_done_callback(done)
+
+    def on_buckets_finished(self):
+        """The reducer has every bucket's value: each bucket's time counts as communication
+        (a bucket whose callback has not run yet finished no later than now)."""
+        buckets, self._buckets = self._buckets, []
+        s = self.step
+        now = clock.now_us()
+        for b in buckets:
+            done = b.done if b.done is not None else now
+            start = max(b.launched, self._bucket_done)
+            self._bucket_done = max(self._bucket_done, done)
+            s.comm += max(done - start, 0.0)
+            s.buckets += 1
+            s.bucket_bytes += b.nbytes
+            self.metrics.bucket(b.nbytes, (done - b.launched) / 1e6)
+            if self.tracing:
+                self.events.append(("X", BUCKETS, f"bucket {b.index}", "comm", start, max(done - start, 0.0),
+                                    {"bucket": b.index, "bytes": b.nbytes, "hook": b.hook,
+                                     "launched_us": round(b.launched, 3)}))
+
+    def wait_begin(self):
+        self._waiting += 1
+        return clock.now_us()
+
+    def wait_end(self, start, name="reducer.wait", cat="comm"):
+        self._waiting -= 1
+        t = clock.now_us()
+        if not self._waiting:
+            if cat == "data":
+                self.step.data += t - start
+            else:
+                self.step.exposed += t - start
+        self.complete(PROGRAM, name, cat, start, t - start)
+        return t
+
+    def on_loader(self, start, records):
+        t = clock.now_us()
+        self.step.data += t - start
+        self.step.records += records
+        self.metrics.loader(records, (t - start) / 1e6)
+        self.complete(PROGRAM, "loader.next", "data", start, t - start, {"records": records})
+
+    def on_forward(self, start):
+        t = clock.now_us()
+        self.step.forward += t - start
+        self.complete(PROGRAM, "forward", "forward", start, t - start)
+
+    # ---- steps ------------------------------------------------------------------------
+
+    def end_step(self, explicit):
+        """A step ends: at the program's call (explicit), or else at each reducer iteration's
+        end. Once the program has ended a step itself, only its calls end steps."""
+        if explicit:
+            self.explicit_steps = True
+        elif self.explicit_steps:
+            return
+        t = clock.now_us()
+        s, self.step = self.step, _Step(t)
+        self.steps += 1
+        dur = t - s.start
+        backward = (s.bwd_last - s.bwd_first) if s.bwd_first is not None else 0.0
+        compute = max(dur - s.data - s.exposed, 0.0)
+        hidden = (1.0 - min(s.exposed, s.comm) / s.comm) if s.comm > 0 else None
+        args = {"step": self.steps, "step_us": round(dur, 3), "data_us": round(s.data, 3),
+                "compute_us": round(compute, 3), "exposed_comm_us": round(s.exposed, 3),
+                "comm_us": round(s.comm, 3), "forward_us": round(s.forward, 3),
+                "backward_us": round(backward, 3), "buckets": s.buckets, "bucket_bytes": s.bucket_bytes,
+                "records": s.records}
+        if hidden is not None:
+            args["hidden_share"] = round(hidden, 4)
+        if self.tracing:
+            self.events.append(("X", STEPS, "step", "step", s.start, dur, args))
+            if s.bwd_first is not None:
+                self.events.append(("X", STEPS + 100, "backward (grads ready)", "compute", s.bwd_first,
+                                    backward, None))
+        self.metrics.step(self.steps, args)
+
+    def scalar(self, name, value, step=None):
+        self.metrics.scalar(name, value, self.steps if step is None else step)
+        if self.tracing:
+            self.events.append(("C", PROGRAM, name, "scalar", clock.now_us(), 0.0, {name: value}))
+
+    # ---- files ------------------------------------------------------------------------
+
+    def trace_path(self):
+        return os.path.join(self.dir, f"rank{self.rank}.trace.json")
+
+    def header(self):
+        mono, wall = self.anchor
+        return {"format": FORMAT, "rank": self.rank, "world_size": self.world_size,
+                "local_rank": self.local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+                "clock": "CLOCK_MONOTONIC, microseconds", "clock_offset_us": self.clock_offset_us,
+                "clock_uncertainty_us": self.clock_uncertainty_us, "clock_synced": self.clock_synced,
+                "monotonic_at_wall_us": [mono, wall], "steps": self.steps}
+
+    def chrome_events(self):
+        """This rank's events as Chrome Trace Event dicts (pid = rank)."""
+        pid = self.rank
+        out = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {pid}"}},
+               {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
+        labels = dict(TRACKS)
+        labels.update(self._labels)
+        labels[STEPS + 100] = "backward"
+        used = set()
+        for ph, tid, name, cat, ts, dur, args in list(self.events):
+            used.add(tid)
+            e = {"ph": ph, "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": round(ts, 3)}
+            if ph == "X":
+                e["dur"] = round(dur, 3)
+            elif ph == "i":
+                e["s"] = "t"
+            if args:
+                e["args"] = args
+            out.append(e)
+        for tid in sorted(used):
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                        "args": {"name": labels.get(tid) or f"track {tid}"}})
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+        return out
+
+    def flush(self):
+        """Write the trace file (whole, replacing the last) and flush the metrics files."""
+        self.metrics.flush()
+        if not self.tracing:
+            return None
+        path = self.trace_path()
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"traceEvents": self.chrome_events(), "displayTimeUnit": "ms",
+                       "otherData": {"pybridge": self.header()}}, f)
+        os.replace(tmp, path)
+        return path
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.flush()
+        finally:
+            self.metrics.close()
