@@ -150,7 +150,7 @@ def _numbered(g, op, start, async_op, buffers):
     progress = g.progress
     seq = progress.begin(op)
     rec = _obs.REC
-    issued = _clock.now_us() if rec is not None else 0.0
+    entry = rec.on_issue(g, seq, op) if rec is not None else None
     try:
         if g.checks is not None:
             _verify(g, seq, op)
@@ -160,10 +160,10 @@ def _numbered(g, op, start, async_op, buffers):
                 work.wait()
                 progress.end(seq)
                 if rec is not None:
-                    rec.on_collective(g, seq, op, issued, _clock.now_us(), True)
+                    rec.on_collective(entry, _clock.now_us(), True)
                 return None
             if rec is not None:
-                _observe_async(rec, g, seq, op, issued, work)
+                _observe_async(rec, entry, work)
     except InvalidArgument:
         progress.end(seq)
         raise
@@ -177,11 +177,11 @@ def _numbered(g, op, start, async_op, buffers):
                 stream=_streams.issued_on(g, buffers))
 
 
-def _observe_async(rec, g, seq, op, issued, work):
+def _observe_async(rec, entry, work):
     """Record an asynchronous collective when the backend completes it (its future's
     callback runs on the backend's thread)."""
     def done(_):
-        rec.on_collective(g, seq, op, issued, _clock.now_us(), False)
+        rec.on_collective(entry, _clock.now_us(), False)
     work.get_future().add_done_callback(done)
 
 

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 
+from .. import observe as _observe
 from ..errors import CommError, InvalidArgument, Timeout, classify
 
 TICK = 0.25            # seconds between two looks at the store and the groups
@@ -245,6 +246,7 @@ class Monitor:
             groups[g.uid] = [g.progress.issued, seq]
         self.store.set(_ANS.format(self.world.global_rank), json.dumps({"req": req, "groups": groups}))
         self.answered = max(self.answered, req)
+        _quiet(lambda: _observe.hang_dump(f"the watchdog's request #{req}"))  # recording: what each rank saw
 
     # ---- asking --------------------------------------------------------------------
 

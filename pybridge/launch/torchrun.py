@@ -185,6 +185,14 @@ def _parser():
                    help="elastic: the largest world (joiners beyond it wait; default: no limit)")
     p.add_argument("--replace", type=int, default=0,
                    help="elastic: start up to this many replacements of dead workers (default 0)")
+    p.add_argument("--trace", metavar="DIR", default=None,
+                   help="record every rank: traces, metrics (JSON lines, TensorBoard) into DIR, merged into "
+                        "DIR/trace.json when the ranks end (docs/observability.md; `pybridge report DIR`)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="a Prometheus endpoint per rank at PORT + its local rank, on the address the job "
+                        "talks on (loopback on one node; --metrics-addr to choose)")
+    p.add_argument("--metrics-addr", default=None, metavar="ADDR",
+                   help="the address the metrics endpoints listen on (default: as the job's stores)")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-m", "--module", action="store_true", help="TARGET is a Python module")
     p.add_argument("--no-python", action="store_true",
@@ -410,6 +418,7 @@ def elastic_main(opts):
     gpus = _gpu_count()
     nproc = _nproc(opts.nproc_per_node, gpus)
     _worker_settings(opts, gpus, nproc)
+    _observe_settings(opts)
     try:
         sup = Supervisor(command, nproc=nproc, node_rank=node_rank, nnodes=nnodes, store_addr=endpoint,
                          min_world=opts.min_world, max_world=opts.max_world, replace=opts.replace,
@@ -424,6 +433,8 @@ def elastic_main(opts):
         print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
         sup.stop()
         return 130
+    finally:
+        _merge_trace(opts)
 
 
 def _tail(path, lines=STDERR_TAIL_LINES):
@@ -526,6 +537,44 @@ def _worker_settings(opts, gpus, nproc):
     _choose_interface(opts)
 
 
+def _observe_settings(opts):
+    """--trace and --metrics-port as the variables each worker's observe/ reads at init."""
+    if opts.trace:
+        path = os.path.abspath(opts.trace)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise SystemExit(f"{PROG}: --trace {opts.trace}: {exc.strerror or exc}") from None
+        os.environ["PYBRIDGE_TRACE"] = path
+    if opts.metrics_port is not None:
+        if not 0 < opts.metrics_port < 65536:
+            raise SystemExit(f"{PROG}: --metrics-port must be 1..65535, got {opts.metrics_port}")
+        os.environ["PYBRIDGE_METRICS_PORT"] = str(opts.metrics_port)
+        addr = opts.metrics_addr
+        endpoint = _endpoint(opts)
+        if addr is None and endpoint is not None and _max_nodes(opts) > 1:
+            addr = _local_addr(endpoint[0])[1:] or ["127.0.0.1"]
+            addr = addr[0]
+        os.environ["PYBRIDGE_METRICS_ADDR"] = addr or "127.0.0.1"
+        print(f"{PROG}: metrics of local rank L at http://{os.environ['PYBRIDGE_METRICS_ADDR']}:"
+              f"{opts.metrics_port}+L/metrics", file=sys.stderr, flush=True)
+
+
+def _merge_trace(opts):
+    """Merge the rank files this node can see into DIR/trace.json and say where it is. On
+    several nodes each launcher merges the files in its DIR (all ranks' on shared storage)."""
+    if not opts.trace:
+        return
+    from ..observe import merge
+    try:
+        summary = merge.merge(os.path.abspath(opts.trace))
+    except InvalidArgument as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
+        return
+    print(f"{PROG}: {merge.describe(summary)}; `pybridge report {opts.trace}` reads it", file=sys.stderr,
+          flush=True)
+
+
 def _bind_cpus(opts, nproc):
     """Split this launcher's CPUs among its nproc processes (cpubind.py); the shim binds each."""
     cpus = cpubind.allowed()
@@ -600,6 +649,7 @@ def main(argv=None):
     lines.install(prefix=not opts.no_prefix)
 
     _worker_settings(opts, gpus, nproc)
+    _observe_settings(opts)
     if not opts.no_prefix:
         os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", lines.template(_prefix_node(opts)))
     # A rank's stdout is a log file, which C's stdio fills in 4 KiB blocks: libpybridge
@@ -637,5 +687,6 @@ def main(argv=None):
         clock.stop()
         if own_log_dir:  # a success, or nothing worth keeping
             shutil.rmtree(log_dir, ignore_errors=True)
+        _merge_trace(opts)
     print(f"{PROG}: all {nproc} rank(s) on this node finished successfully", file=sys.stderr, flush=True)
     return 0

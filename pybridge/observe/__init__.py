@@ -19,6 +19,7 @@ time line.
 """
 
 import atexit
+import functools
 import os
 
 from ..errors import InvalidArgument
@@ -141,6 +142,36 @@ def flush():
     at exit and when the watchdog reports a hang). Returns the trace file's path or None."""
     rec = state.REC
     return rec.flush() if rec is not None else None
+
+
+def hang_dump(reason):
+    """A collective is stuck or failed somewhere in the job (the watchdog): write this rank's
+    trace and a Flight Recorder dump (flight.py) now, while the process still can."""
+    rec = state.REC
+    if rec is None or not rec.dir:
+        return None
+    from . import flight
+    rec.instant("hang dump", "comm", {"reason": reason})
+    rec.flush()
+    return flight.dump(rec, reason)
+
+
+def recorded(name, cat):
+    """Decorator for the library's rare, long operations (a checkpoint, an elastic reset):
+    a span on the program's track while recording."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            rec = state.REC
+            if rec is None:
+                return fn(*args, **kwargs)
+            sid = rec.begin(name, cat, None)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                rec.end(sid)
+        return inner
+    return wrap
 
 
 def _name(what, name):

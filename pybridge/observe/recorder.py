@@ -9,10 +9,12 @@ append. Tracks (Chrome's tid) are fixed: the program's calls, steps, buckets, an
 track per process group's collectives.
 """
 
+import collections
 import json
 import os
 import socket
 import threading
+import time
 
 from . import bandwidth, clock
 from .metrics import Metrics
@@ -21,6 +23,7 @@ PROGRAM, STEPS, BUCKETS = 1, 2, 3
 _COLLECTIVES = 10  # the first collectives track; one per group
 TRACKS = {PROGRAM: "program", STEPS: "steps", BUCKETS: "buckets (reducer)"}
 FORMAT = 1  # otherData.pybridge.format: bumped when the files change incompatibly
+FLIGHT_ENTRIES = 2000  # collectives kept for a hang dump (torch's TORCH_FR_BUFFER_SIZE, in spirit)
 
 
 class _Step:
@@ -69,6 +72,7 @@ class Recorder:
         self.anchor = clock.wall_anchor()
         self.metrics = Metrics(rank, world_size, out_dir, every)
         self.step = _Step(clock.now_us())
+        self.flight = collections.deque(maxlen=FLIGHT_ENTRIES)  # [group, seq, op, issued, wall ns, done]
         self.closed = False
 
     # ---- tracks and raw events -------------------------------------------------------
@@ -120,8 +124,17 @@ class Recorder:
 
     # ---- the library's events --------------------------------------------------------
 
-    def on_collective(self, g, seq, op, issued, done, synchronous):
-        """Collective `seq` of group g ran from `issued` to `done` (µs)."""
+    def on_issue(self, g, seq, op):
+        """Collective `seq` of group g is issued now: kept in the flight ring (flight.py)
+        until it is done and after. Returns its entry for on_collective."""
+        entry = [g, seq, op, clock.now_us(), time.time_ns(), None]
+        self.flight.append(entry)
+        return entry
+
+    def on_collective(self, entry, done, synchronous):
+        """The collective of `entry` (on_issue) finished at `done` (µs)."""
+        g, seq, op, issued = entry[0], entry[1], entry[2], entry[3]
+        entry[5] = done
         uid = g.uid
         prev = self._last_done.get(uid, 0.0)
         self._last_done[uid] = max(prev, done)

@@ -24,6 +24,7 @@ import torch
 
 from ..comm import collectives
 from ..comm import group as _group
+from .. import observe as _observe
 from ..base.checks import integer
 from ..errors import CorruptData, InvalidArgument, IOFailure
 
@@ -132,6 +133,7 @@ def _write_atomic(path, data):
         raise IOFailure(f"cannot write checkpoint {path}: {exc}") from exc
 
 
+@_observe.recorded("checkpoint.save", "checkpoint")
 def save(directory, step, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None,
          extra=None, keep=2):
     """Write the state at `step` atomically to DIRECTORY/step-<step>.pt; return its path.
@@ -263,6 +265,7 @@ def _check_fit(tensors, saved, source):
                                   f"the one given {t.numel()} {t.dtype}")
 
 
+@_observe.recorded("checkpoint.restore", "checkpoint")
 def restore(directory, *, group=None, model=None, optimizer=None, reducer=None, loader=None, tensors=None,
             strict=True, local=False) -> Optional[Restored]:
     """Load the newest checkpoint any rank holds into the objects given, on every rank.

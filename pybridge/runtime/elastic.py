@@ -33,6 +33,7 @@ from ..base import secret as _secret
 from ..base import sealed_store as _sealed
 from ..comm import collectives
 from ..comm import group as _group
+from .. import observe as _observe
 from . import membership as _membership
 from ..comm import sockets as _sockets
 from ..errors import InvalidArgument, MembershipChanged, NotInitialized
@@ -81,6 +82,7 @@ class _Session:
             return err
         return self.change(err)
 
+    @_observe.recorded("elastic.change", "elastic")
     def change(self, cause):
         """Leave the current world and agree on the next one; the MembershipChanged to raise
         (timed: when it began, the old world was torn down, the new one agreed on)."""
@@ -160,6 +162,7 @@ def _port(text, whole):
     return port
 
 
+@_observe.recorded("elastic.reset", "elastic")
 def reset(err=None):
     """Move onto the world agreed on after `err` (a MembershipChanged; default: the newest
     one this process agreed on) and return its group. The old world's objects fail with
@@ -259,6 +262,7 @@ class State:
         self._callbacks.append(fn)
         return fn
 
+    @_observe.recorded("elastic.commit", "elastic")
     def commit(self, *, admit=True):
         """Keep a copy of the whole state in memory (replacing the previous one). The copy
         reuses the previous commit's memory when the shapes are unchanged: a commit is a
@@ -307,6 +311,7 @@ class State:
                          reducer=o["reducer"], loader=o["loader"], tensors=o["tensors"])
         object.__setattr__(self, "values", dict(state.get("extra") or {}))
 
+    @_observe.recorded("elastic.sync", "elastic")
     def sync(self, root=0, *, group=None):
         """COLLECTIVE: every rank ends with rank `root`'s last commit, restored. Only ranks
         whose commit is not the root's receive it (its bytes, sent point to point): a new
