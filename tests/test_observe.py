@@ -199,7 +199,7 @@ def _quiet(rank, world):
 
     import pybridge
     from pybridge import observe
-    g = pybridge.init(timeout=30)
+    pybridge.init(timeout=30)
     assert not observe.enabled() and observe.state.REC is None
     assert observe.begin("x") == 0
     observe.end(0)
@@ -208,7 +208,6 @@ def _quiet(rank, world):
     observe.scalar("loss", 1.0)
     assert observe.step() == 0 and observe.flush() is None
     pybridge.all_reduce(torch.ones(2))
-    g = None
     pybridge.finalize()
     return sorted(os.listdir("."))
 
