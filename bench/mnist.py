@@ -44,18 +44,19 @@ def prepare(out, mnist_dir=None, download=False, extra=()):
     return "real MNIST" if mnist_dir else "synthetic digits"
 
 
-def run_trainer(target, ranks, data, opts, extra=(), launch_args=(), threads="1"):
+def run_trainer(target, ranks, data, opts, extra=(), launch_args=(), threads="1", pythonpath=None):
     """Train with `ranks` ranks; `extra`: more trainer flags (--reduce, --metrics...);
-    `launch_args`: more launcher flags; `threads`: OMP_NUM_THREADS (None: the launcher's)."""
+    `launch_args`: more launcher flags; `threads`: OMP_NUM_THREADS (None: the launcher's);
+    `pythonpath`: the tree whose pybridge runs (default this checkout)."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env.update(PYTHONPATH=(pythonpath or ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYBRIDGE_LOG_PREFIX="0",  # the trainer's lines as it prints them, without "[rank0]:"
                **({"OMP_NUM_THREADS": threads} if threads else {}))
     cmd = [sys.executable, "-m", "pybridge.launch", "--nproc-per-node", str(ranks), *launch_args, target,
            "--data", data, "--epochs", str(opts.epochs), "--batch-size", str(opts.batch_size), *extra]
     t0 = time.monotonic()
     out, epoch_end = [], []  # epoch_end[i]: seconds from launch to epoch i+1's line
-    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    with subprocess.Popen(cmd, cwd=pythonpath or ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as p:
         timer = threading.Timer(opts.timeout, p.kill)  # a hung run fails the bench, not blocks it
         timer.start()

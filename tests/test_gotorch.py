@@ -70,7 +70,9 @@ def test_ranks_equal_one_process(data, gotorch, tmp_path, mode, world):
     # 2000 records, global batch 48 -> 41 steps per epoch; 20 steps as the issue asks.
     steps, batch, lr, momentum, seed = 20, 48, 0.05, 0.9, 7
     extra = ["--grad-as-bucket-view", "--check-in-place"] if mode == "bucket-view" else []
-    rc, out, _ = launch(["--nproc-per-node", str(world), gotorch, "--data", data, "--epochs", "1",
+    # the copy run is traced with libtorch's operations too: tracing must not change the arithmetic
+    trace = ["--trace", str(tmp_path / "trace"), "--trace-torch"] if mode == "copy" else []
+    rc, out, _ = launch([*trace, "--nproc-per-node", str(world), gotorch, "--data", data, "--epochs", "1",
                          "--steps", str(steps), "--batch-size", str(batch), "--lr", str(lr),
                          "--momentum", str(momentum), "--seed", str(seed), *extra,
                          "--save-weights", str(tmp_path / "w")], timeout=120)
@@ -82,6 +84,27 @@ def test_ranks_equal_one_process(data, gotorch, tmp_path, mode, world):
     for name in fmt.TENSOR_NAMES:
         assert np.abs(got[name] - want[name]).max() < 1e-5, name
     assert np.abs(got["w2"] - init["w2"]).max() > 1e-2  # training moved the weights
+    if trace:
+        _check_torch_ops(tmp_path / "trace" / "trace.json", world, steps)
+
+
+def _check_torch_ops(path, world, steps):
+    """The merged trace holds, for every rank, the Go program's forward and backward as
+    libtorch ran them on the program's threads (torch.profiler), beside pybridge's buckets."""
+    import json
+    events = json.load(open(path))["traceEvents"]
+    for rank in range(world):
+        mine = [e for e in events if e.get("pid") == rank]
+        ops = [e for e in mine if e.get("cat") == "libtorch"]
+        names = {e["name"] for e in ops}
+        assert {"aten::addmm", "aten::mm"} & names, sorted(names)[:40]
+        assert any("Backward" in n for n in names), sorted(names)[:40]  # autograd's backward, in libtorch
+        assert len([e for e in mine if e["name"] == "step"]) == steps
+        assert len([e for e in mine if e["name"].startswith("bucket ")]) >= steps
+        steps_span = [e for e in mine if e["name"] == "step"]
+        first, last = steps_span[0]["ts"], steps_span[-1]["ts"] + steps_span[-1]["dur"]
+        inside = [e for e in ops if first <= e["ts"] <= last]
+        assert len(inside) > 10 * steps  # the ops fall within the steps: the clocks were tied
 
 
 def test_same_accuracy_as_the_python_twin(data, gotorch, tmp_path):

@@ -188,6 +188,9 @@ def _parser():
     p.add_argument("--trace", metavar="DIR", default=None,
                    help="record every rank: traces, metrics (JSON lines, TensorBoard) into DIR, merged into "
                         "DIR/trace.json when the ranks end (docs/observability.md; `pybridge report DIR`)")
+    p.add_argument("--trace-torch", action="store_true",
+                   help="with --trace: also libtorch's operations on every thread of each rank (torch.profiler; "
+                        "a Go or C++ program's forward and backward), for short runs")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="a Prometheus endpoint per rank at PORT + its local rank, on the address the job "
                         "talks on (loopback on one node; --metrics-addr to choose)")
@@ -546,6 +549,10 @@ def _observe_settings(opts):
         except OSError as exc:
             raise SystemExit(f"{PROG}: --trace {opts.trace}: {exc.strerror or exc}") from None
         os.environ["PYBRIDGE_TRACE"] = path
+        if opts.trace_torch:
+            os.environ["PYBRIDGE_TRACE_TORCH"] = "1"
+    elif opts.trace_torch:
+        raise SystemExit(f"{PROG}: --trace-torch needs --trace DIR")
     if opts.metrics_port is not None:
         if not 0 < opts.metrics_port < 65536:
             raise SystemExit(f"{PROG}: --metrics-port must be 1..65535, got {opts.metrics_port}")

@@ -27,8 +27,9 @@ from . import state
 from .clock import now_us
 
 CATEGORIES = ("user", "compute", "forward", "data", "comm", "checkpoint", "elastic")
-_ENV_TRACE, _ENV_PORT, _ENV_ADDR, _ENV_EVERY = ("PYBRIDGE_TRACE", "PYBRIDGE_METRICS_PORT",
-                                                "PYBRIDGE_METRICS_ADDR", "PYBRIDGE_METRICS_EVERY")
+_ENV_TRACE, _ENV_PORT, _ENV_ADDR, _ENV_EVERY, _ENV_TORCH = (
+    "PYBRIDGE_TRACE", "PYBRIDGE_METRICS_PORT", "PYBRIDGE_METRICS_ADDR", "PYBRIDGE_METRICS_EVERY",
+    "PYBRIDGE_TRACE_TORCH")
 
 _settings = None  # what start() asked for, applied at init (or at once after it)
 _world = None  # (rank, world size, local rank) of the latest init
@@ -41,8 +42,11 @@ def _settings_from_env():
     every = os.environ.get(_ENV_EVERY, "").strip() or None
     if trace is None and port is None:
         return None
+    torch_ops = os.environ.get(_ENV_TORCH, "").strip().lower()
+    if torch_ops not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
+        raise InvalidArgument(f"environment variable {_ENV_TORCH}={torch_ops!r}: use 1 or 0")
     return _check(trace, _env_int(_ENV_PORT, port), os.environ.get(_ENV_ADDR, "").strip() or None,
-                  _env_int(_ENV_EVERY, every), source="environment")
+                  _env_int(_ENV_EVERY, every), torch_ops in ("1", "true", "yes", "on"), source="environment")
 
 
 def _env_int(name, raw):
@@ -54,27 +58,30 @@ def _env_int(name, raw):
         raise InvalidArgument(f"environment variable {name}={raw!r}: expected an integer") from None
 
 
-def _check(trace, port, addr, every, source="start()"):
+def _check(trace, port, addr, every, torch_ops=False, source="start()"):
     if trace is not None and (not isinstance(trace, (str, os.PathLike)) or not str(trace)):
         raise InvalidArgument(f"{source}: the trace directory must be a path, got {trace!r}")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
         raise InvalidArgument(f"{source}: the metrics port must be 0..65535, got {port!r}")
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise InvalidArgument(f"{source}: metrics every N steps needs N >= 1, got {every!r}")
+    if torch_ops and trace is None:
+        raise InvalidArgument(f"{source}: profiling libtorch's operations needs a trace directory")
     return {"trace": None if trace is None else os.fspath(trace), "port": port, "addr": addr or "127.0.0.1",
-            "every": every or 10}
+            "every": every or 10, "torch_ops": bool(torch_ops)}
 
 
-def start(trace=None, *, metrics_port=None, metrics_addr=None, every=None):
+def start(trace=None, *, metrics_port=None, metrics_addr=None, every=None, torch_ops=False):
     """Record this rank: traces and metrics files into directory `trace`, and/or a Prometheus
     endpoint on `metrics_port` (bound to `metrics_addr`, default loopback; the port of local
-    rank L is metrics_port + L). `every`: steps per metrics row (default 10). Call before
-    init() (the recording starts there, with the clocks aligned) or after it (at once,
-    clocks not aligned)."""
+    rank L is metrics_port + L). `every`: steps per metrics row (default 10). `torch_ops`:
+    also libtorch's operations on every thread, from torch.profiler (torchops.py; short
+    runs). Call before init() (the recording starts there, with the clocks aligned) or
+    after it (at once, clocks not aligned)."""
     global _settings
     if trace is None and metrics_port is None:
         raise InvalidArgument("start() needs a trace directory, a metrics port or both")
-    _settings = _check(trace, metrics_port, metrics_addr, every)
+    _settings = _check(trace, metrics_port, metrics_addr, every, torch_ops)
     if _world is not None and state.REC is None:
         joined(*_world)
     return state.REC
@@ -105,6 +112,9 @@ def joined(rank, world_size, local_rank=0):
         port = settings["port"] + local_rank if settings["port"] else 0
         _server = prometheus.serve(rec.metrics, port, settings["addr"])
         rec.metrics_address = _server[0].server_address[:2]
+    if settings["torch_ops"]:
+        from .torchops import TorchOps
+        rec.torch_ops = TorchOps()
     state.REC = rec
     return rec
 
@@ -113,7 +123,7 @@ def left():
     """The process group was finalized: write what was recorded (it goes on in a next world)."""
     rec = state.REC
     if rec is not None:
-        rec.flush()
+        rec.flush(final=True)
 
 
 def stop():
@@ -152,7 +162,7 @@ def hang_dump(reason):
         return None
     from . import flight
     rec.instant("hang dump", "comm", {"reason": reason})
-    rec.flush()
+    rec.flush(final=True)
     return flight.dump(rec, reason)
 
 

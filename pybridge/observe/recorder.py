@@ -73,6 +73,7 @@ class Recorder:
         self.metrics = Metrics(rank, world_size, out_dir, every)
         self.step = _Step(clock.now_us())
         self.flight = collections.deque(maxlen=FLIGHT_ENTRIES)  # [group, seq, op, issued, wall ns, done]
+        self.torch_ops = None  # torchops.TorchOps when libtorch's operations are profiled too
         self.closed = False
 
     # ---- tracks and raw events -------------------------------------------------------
@@ -288,15 +289,20 @@ class Recorder:
             out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
         return out
 
-    def flush(self):
-        """Write the trace file (whole, replacing the last) and flush the metrics files."""
+    def flush(self, final=False):
+        """Write the trace file (whole, replacing the last) and flush the metrics files.
+        final: the rank is finishing (finalize, exit, a hang): libtorch's operations, if
+        profiled, are collected now (the profiler stops)."""
         self.metrics.flush()
         if not self.tracing:
             return None
+        events = self.chrome_events()
+        if self.torch_ops is not None and (final or self.torch_ops.events is not None):
+            events += self.torch_ops.collect(self.rank)
         path = self.trace_path()
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
-            json.dump({"traceEvents": self.chrome_events(), "displayTimeUnit": "ms",
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms",
                        "otherData": {"pybridge": self.header()}}, f)
         os.replace(tmp, path)
         return path
@@ -306,6 +312,6 @@ class Recorder:
             return
         self.closed = True
         try:
-            self.flush()
+            self.flush(final=True)
         finally:
             self.metrics.close()
