@@ -332,6 +332,10 @@ def verdict(rep):
 
 # ---- for people --------------------------------------------------------------------------
 
+def _ranks(n):
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
 def _f(x, digits=2, none="-"):
     return none if x is None else f"{x:.{digits}f}"
 
@@ -374,7 +378,7 @@ def tables(rep):
     rows = [[size_label(x["bytes"]), x["hook"], str(x["count"]), _f(x["mean_ms"], 3), _bw(x["algbw_GBps"]),
              _bw(x["busbw_GBps"])] for x in rep["buckets"]]
     out.append(("Reducer buckets per size", ["bucket", "hook", "count", "mean ms", "algbw GB/s", "busbw GB/s"], rows,
-                f"busbw as an all_reduce of the bucket's bytes on {rep['world_size']} ranks"))
+                f"busbw as an all_reduce of the bucket's bytes on {_ranks(rep['world_size'])}"))
     st = rep["stragglers"]
     rows = [[str(x["rank"]), str(x["last"]), f"{100 * x['last_share']:.0f}%", _f(x["lateness_total_ms"]),
              _f(x["lateness_mean_ms"]), _f(x["relative_score_latest"], 3), _f(x["relative_score_min"], 3),
@@ -408,7 +412,7 @@ def headline(rep):
     counted = f"{lo} steps" if lo == hi else f"{lo}-{hi} steps"
     if rep.get("skipped_steps"):
         counted += f" (after the first {rep['skipped_steps']})"
-    return (f"{rep['directory']}: {len(rep['ranks'])} ranks on {', '.join(rep['hosts'])}, "
+    return (f"{rep['directory']}: {_ranks(len(rep['ranks']))} on {', '.join(rep['hosts'])}, "
             f"{counted} per rank; {clk}")
 
 
