@@ -15,6 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ["-m", "pybridge.launch"],
     ["-m", "pybridge.recordio"],
     ["-m", "pybridge.capi"],
+    ["-m", "pybridge.observe"],
     [os.path.join(ROOT, "examples", "mnist", "prepare.py")],
     [os.path.join(ROOT, "bench", "run.py")],
 ])

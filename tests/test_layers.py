@@ -159,8 +159,17 @@ def test_design_md_has_the_same_table():
         assert said == set(below), f"design.md says {layer}/ may import {sorted(said)}; the test says {sorted(below)}"
 
 
+def _console_scripts():
+    """The modules of pyproject.toml's [project.scripts]."""
+    text = open(os.path.join(REPO, "pyproject.toml")).read()
+    section = re.search(r"^\[project\.scripts\]\n(.*?)(?=^\[|\Z)", text, re.M | re.S).group(1)
+    return sorted(set(re.findall(r'^[\w-]+\s*=\s*"([\w.]+):\w+"', section, re.M)))
+
+
 def test_cli_entry_points_import_no_torch():
-    code = ("import sys, pybridge.launch, pybridge.cbuild.cli, pybridge.recordio.__main__; "
+    scripts = _console_scripts()
+    assert {"pybridge.launch", "pybridge.observe.cli"} <= set(scripts), scripts
+    code = (f"import sys, {', '.join(scripts)}; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
