@@ -1,0 +1,122 @@
+"""A straggler injected into one real rank of 4 is named by `pybridge report` with the right
+cause: first its data loading slowed (every chunk the loader reads takes 20 ms more, as on
+a slow disk), then its CPU throttled (a cgroup v1 cpu quota of 15% of one CPU, the way a
+shared node steals time). The ranks train the DDP wrapper on a small MLP from a RecordIO
+shard, traced; nothing in the library knows it is being slowed."""
+
+import os
+import time
+import uuid
+
+import pytest
+
+from ranks import run_ranks
+
+WORLD = 4
+SLOW = 3
+STEPS = 24
+BATCH = 16
+CGROUP_ROOT = "/sys/fs/cgroup/cpu"
+
+
+def _shard(path, records):
+    """One chunk per batch: each batch the loader hands out is a chunk read from the file."""
+    from pybridge import recordio as rio
+    with rio.Writer(path, compressor="none", max_chunk_bytes=BATCH * 64 * 4) as w:
+        for i in range(records):
+            w.write(bytes([i % 251]) * (64 * 4))
+
+
+def _train(rank, world, out, shard, slow, cgroup):
+    import torch
+
+    import pybridge
+    from pybridge import observe
+    from pybridge import recordio as rio
+    from pybridge.recordio import reader
+    if rank == SLOW and slow == "data":
+        raw = reader.Reader._raw
+
+        def slow_disk(self, *args, **kwargs):
+            time.sleep(0.020)
+            return raw(self, *args, **kwargs)
+        reader.Reader._raw = slow_disk
+    if rank == SLOW and slow == "cpu":
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    observe.start(out)
+    pybridge.init(timeout=60)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    ddp = pybridge.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    loader = rio.Loader([shard], BATCH, prefetch=0, shuffle=False)
+    for _ in range(STEPS):
+        batch = loader.next_batch()
+        x = torch.frombuffer(bytearray(batch.data.tobytes()), dtype=torch.float32).view(len(batch), 64)
+        for _ in range(3):  # a few ms of compute per step
+            loss = ddp(x).square().mean()
+            loss.backward()
+            if _ < 2:
+                opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
+    loader.close()
+    pybridge.finalize()
+    observe.stop()
+
+
+def _report(tmp_path, slow, cgroup=None):
+    from pybridge.observe import report
+    out = str(tmp_path / f"trace-{slow}")
+    shard = str(tmp_path / "data.rio")
+    if not os.path.exists(shard):
+        _shard(shard, WORLD * STEPS * BATCH * 2)
+    run_ranks(_train, WORLD, out, shard, slow, cgroup, timeout=150)
+    return report.analyze(out, skip=2)
+
+
+def test_a_rank_whose_data_loading_is_slowed_is_named_with_data_as_the_cause(tmp_path):
+    rep = _report(tmp_path, "data")
+    v = rep["verdict"]
+    assert v["straggler"] == SLOW and v["cause"] == "data", v["text"]
+    by_rank = {r["rank"]: r for r in rep["per_rank"]}
+    # 3 iterations of 20 ms sleeps per step on the slow rank only (one chunk per batch, one batch per step)
+    assert by_rank[SLOW]["data_ms"] > 15 and all(by_rank[r]["data_ms"] < 10 for r in range(WORLD) if r != SLOW)
+    row = next(r for r in rep["stragglers"]["per_rank"] if r["rank"] == SLOW)
+    assert row["last_share"] > 0.5 and row["relative_score_latest"] < 0.8
+
+
+def _cgroup():
+    if not os.access(os.path.join(CGROUP_ROOT, "cpu.cfs_quota_us"), os.W_OK):
+        pytest.skip(f"needs cgroup v1's cpu controller writable at {CGROUP_ROOT} (root)")
+    path = os.path.join(CGROUP_ROOT, f"pybridge-test-{uuid.uuid4().hex[:8]}")
+    try:
+        os.mkdir(path)
+    except OSError as exc:
+        pytest.skip(f"cannot create a cpu cgroup: {exc}")
+    with open(os.path.join(path, "cpu.cfs_period_us"), "w") as f:
+        f.write("10000")
+    with open(os.path.join(path, "cpu.cfs_quota_us"), "w") as f:
+        f.write("1500")  # 15% of one CPU, in 1.5 ms slices every 10 ms
+    return path
+
+
+def test_a_rank_whose_cpu_is_throttled_is_named_with_compute_as_the_cause(tmp_path):
+    cgroup = _cgroup()
+    try:
+        rep = _report(tmp_path, "cpu", cgroup)
+    finally:
+        for _ in range(50):  # the rank's process has left it once it exited
+            try:
+                os.rmdir(cgroup)
+                break
+            except OSError:
+                time.sleep(0.1)
+    v = rep["verdict"]
+    assert v["straggler"] == SLOW and v["cause"] == "compute", v["text"]
+    by_rank = {r["rank"]: r for r in rep["per_rank"]}
+    others = sorted(by_rank[r]["compute_ms"] for r in range(WORLD) if r != SLOW)
+    assert by_rank[SLOW]["compute_ms"] > 2 * others[1], by_rank
