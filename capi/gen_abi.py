@@ -43,6 +43,8 @@ def _wrapped(head, params, tail, indent="", width=100):
     """indent + head + params joined by ", " + tail, broken after commas past `width`
     columns (a tab indent counting 8) and continued under the first parameter, as
     pbgo.h's hand-written helpers are."""
+    if not params:
+        return indent + head + tail
     margin = 8 * indent.count("\t") + len(indent.replace("\t", ""))
     lines, line = [], head
     for i, p in enumerate(params):

@@ -1262,6 +1262,62 @@ typedef struct pb_fed_step {
  * the count of updates refused as too stale so far in *refused (may be NULL). */
 int pb_fed_server_last_step(pb_fed_server *server, pb_fed_step *out, int32_t *has_step, int64_t *refused);
 
+/* ---- Observability: traces, metrics, the program's spans and scalars ------------- */
+/* Each rank records what the library does (collectives numbered by sequence, the reducer's
+ * buckets and waits, the loader, steps split into data wait, compute and exposed
+ * communication) and what the program marks with the calls below: into
+ * trace_dir/rank<R>.trace.json (Chrome Trace Event JSON: chrome://tracing, Perfetto),
+ * trace_dir/metrics/rank<R>.jsonl (a row every 10 steps), trace_dir/tensorboard/rank<R>/,
+ * and a Prometheus endpoint. Off by default: the calls below then do nothing and return
+ * PB_OK. On by pb_observe_start, or PYBRIDGE_TRACE=DIR or PYBRIDGE_METRICS_PORT=PORT in the
+ * environment; recording starts at pb_init (which then measures this rank's clock against
+ * rank 0's, so the ranks' traces merge on one time line) and goes on across later worlds.
+ * The files are written at pb_finalize, at exit and at pb_observe_flush. Not collectives:
+ * every call is local. Names and categories are checked only while recording. */
+
+/* Record this process: trace and metrics files into directory `trace_dir` (created if
+ * missing; NULL or "": no files) and/or a Prometheus endpoint on loopback port
+ * `metrics_port` + the local rank (0: any free port; < 0: no endpoint). Call before pb_init
+ * (recording starts there, clocks aligned); after it, recording starts at once, clocks not
+ * aligned. Errors: PB_ERR_INVALID_ARGUMENT (neither a directory nor a port, a port above
+ * 65535). A directory that cannot be created (PB_ERR_INVALID_ARGUMENT) or a port in use
+ * (PB_ERR_IO) fails where recording starts: here, or at pb_init. */
+int pb_observe_start(const char *trace_dir, int metrics_port);
+
+/* *out receives 1 if this process records now, else 0. */
+int pb_observe_enabled(int *out);
+
+/* Write the trace file and the metrics files now (PB_OK and nothing written when not
+ * recording). Errors: PB_ERR_IO (the files could not be written). */
+int pb_observe_flush(void);
+
+/* Begin the program's span `name` on its track of the trace and store its id in *out_span
+ * for pb_span_end; when not recording, *out_span receives 0. A span may end on another
+ * thread than it began on. `category` puts its time in the step breakdown: "data"
+ * (waiting for data), "comm" (exposed communication), "forward", or "user" (NULL),
+ * "compute", "checkpoint", "elastic" (counted as compute). Errors: PB_ERR_INVALID_ARGUMENT
+ * (NULL name or out_span; while recording: an empty name, an unknown category). */
+int pb_span_begin(const char *name, const char *category, int64_t *out_span);
+
+/* End the span pb_span_begin gave; 0 (what it gives when not recording) does nothing.
+ * Errors: PB_ERR_INVALID_ARGUMENT (a span that is not open: ended already, or never begun). */
+int pb_span_end(int64_t span);
+
+/* Mark a moment `name` on the program's track (category as pb_span_begin's). Errors: those
+ * of pb_span_begin. */
+int pb_instant(const char *name, const char *category);
+
+/* Log the program's scalar `name` (a loss, an accuracy) at step `step` (< 0: the current
+ * step): a counter in the trace, the metrics rows, TensorBoard and Prometheus. Errors:
+ * PB_ERR_INVALID_ARGUMENT (NULL name; while recording: an empty name, a NaN value). */
+int pb_log_scalar(const char *name, double value, int64_t step);
+
+/* End the current step. Without this call each reducer iteration (pb_reducer_wait) ends a
+ * step; after the first call, only this call does (the steps iterations ended before it stay
+ * counted). *out_steps (may be NULL) receives the number of steps ended so far (0 when not
+ * recording). */
+int pb_step_end(int64_t *out_steps);
+
 #ifdef __cplusplus
 }
 #endif

@@ -62,6 +62,14 @@
 // RunElastic resets every rank onto the new world, rolled back to the last
 // commit, and calls the function again. No process restarts (docs/elastic.md).
 //
+// # Observability
+//
+// StartObserve before Init (or PYBRIDGE_TRACE=DIR in the environment) records
+// each rank: a Chrome trace of the library's collectives, reducer buckets,
+// loader and steps, metrics rows and TensorBoard scalars. The program adds its
+// own spans (StartSpanCat(name, CatForward) ... End, WithSpan), instants and
+// scalars (LogScalar); while nothing records, these cost no cgo call.
+//
 // # Errors
 //
 // Functions return errors (never panic, also for a nil *Group); each is an

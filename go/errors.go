@@ -142,6 +142,7 @@ var goNames = map[string]string{
 	"pb_fed_worker_next_task":   "FedWorker.Next",
 	"pb_fed_worker_submit":      "FedWorker.Submit",
 	"pb_fed_worker_fail":        "FedWorker.Fail",
+	"pb_observe_start":          "StartObserve",
 	// handle types
 	"pb_group":      "Group",
 	"pb_buffer":     "Buffer",

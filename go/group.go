@@ -147,6 +147,7 @@ func newWorld(op string, h *C.pb_group) (*Group, error) {
 		C.pbgo_finalize(h, nil) // a group we cannot describe is of no use
 		return nil, err
 	}
+	refreshObserving() // recording starts with a world (observe.go)
 	return g, nil
 }
 

@@ -567,4 +567,37 @@ static inline int pbgo_fed_server_last_step(pb_fed_server *server, pb_fed_step *
 	return pbgo_status(pb_fed_server_last_step(server, out, has_step, refused), msg);
 }
 
+static inline int pbgo_observe_start(const char *trace_dir, int metrics_port, char **msg) {
+	return pbgo_status(pb_observe_start(trace_dir, metrics_port), msg);
+}
+
+static inline int pbgo_observe_enabled(int *out, char **msg) {
+	return pbgo_status(pb_observe_enabled(out), msg);
+}
+
+static inline int pbgo_observe_flush(char **msg) {
+	return pbgo_status(pb_observe_flush(), msg);
+}
+
+static inline int pbgo_span_begin(const char *name, const char *category, int64_t *out_span,
+                                  char **msg) {
+	return pbgo_status(pb_span_begin(name, category, out_span), msg);
+}
+
+static inline int pbgo_span_end(int64_t span, char **msg) {
+	return pbgo_status(pb_span_end(span), msg);
+}
+
+static inline int pbgo_instant(const char *name, const char *category, char **msg) {
+	return pbgo_status(pb_instant(name, category), msg);
+}
+
+static inline int pbgo_log_scalar(const char *name, double value, int64_t step, char **msg) {
+	return pbgo_status(pb_log_scalar(name, value, step), msg);
+}
+
+static inline int pbgo_step_end(int64_t *out_steps, char **msg) {
+	return pbgo_status(pb_step_end(out_steps), msg);
+}
+
 #endif /* PBGO_GEN_H */

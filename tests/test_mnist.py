@@ -368,6 +368,32 @@ def test_go_trainer_with_gossip(data, tmp_path):
     assert p.returncode != 0 and "--reduce \"ring\": choose allreduce, gossip-cube or gossip-dissemination" in p.stdout
 
 
+def test_go_trainer_traced(data, tmp_path):
+    # PYBRIDGE_TRACE: each rank's trace shows the Go program's forward, backward and optimizer
+    # spans on the program track (categories forward and compute), its loss at every step and
+    # the test accuracy of the epoch as counters; the metrics row has their latest values.
+    exe = go_build(MNIST, tmp_path / "mnist")
+    trace = tmp_path / "trace"
+    steps = 5
+    rc, out, _ = launch(["--nproc-per-node", "2", exe, "--data", data, "--epochs", "1", "--steps", str(steps),
+                         "--batch-size", "32"], env={"PYBRIDGE_TRACE": str(trace)})
+    assert rc == 0, out
+    for rank in (0, 1):
+        doc = json.load(open(trace / f"rank{rank}.trace.json"))
+        assert doc["otherData"]["pybridge"]["steps"] == steps
+        program = [e for e in doc["traceEvents"] if e.get("tid") == 1 and e["ph"] != "M"]
+        spans = [(e["name"], e["cat"]) for e in program if e["ph"] == "X"]
+        mine = [s for s in spans if s[0] in ("forward", "backward", "optimizer")]
+        assert mine == [("forward", "forward"), ("backward", "compute"), ("optimizer", "compute")] * steps, spans
+        assert ("loader.next", "data") in spans and ("reducer.wait", "comm") in spans  # the library's own
+        counters = [e["name"] for e in program if e["ph"] == "C"]
+        assert counters == ["loss"] * steps + ["test_accuracy"], counters
+        [row] = [json.loads(line) for line in open(trace / "metrics" / f"rank{rank}.jsonl")]
+        assert set(row["scalars"]) == {"loss", "test_accuracy"}
+        if rank == 0:
+            assert f"{row['scalars']['test_accuracy']:.4f}" == EPOCH_LINE.findall(out)[-1][3]
+
+
 def test_killed_rank_stops_the_job_and_is_named(data, tmp_path, trainer):
     # 2000 records / batch 32 = 62 steps per epoch: step 80 is in the middle of epoch 2.
     rc, out, took = launch(["--nproc-per-node", "2", *trainer, "--data", data, "--epochs", "3",

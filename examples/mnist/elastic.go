@@ -162,6 +162,7 @@ func (e *elasticRun) train(g *pybridge.Group, step int64) error {
 			return err
 		}
 		e.acc = totals[2] / max(totals[3], 1)
+		pybridge.LogScalar("test_accuracy", e.acc)
 		e.epoch[0]++
 		rate := totals[1] * float64(e.perRank) / max(time.Since(start).Seconds(), 1e-9)
 		mnistdata.Say(rank)("%s", mnistdata.EpochLine(int(e.epoch[0]), o.Epochs, totals[0]/max(totals[1], 1), e.acc, rate, rank, world))

@@ -267,6 +267,7 @@ func run(opts options) error {
 			say("steps per rank: %v", totals[4:])
 		}
 		acc = totals[2] / max(totals[3], 1)
+		pybridge.LogScalar("test_accuracy", acc)
 		epoch++
 		if rank == 0 && opts.checkpoint != "" {
 			if err := writeCheckpoint(opts.checkpoint, epoch, step, t.model, t.opt); err != nil {
@@ -302,7 +303,9 @@ func run(opts options) error {
 
 // step runs forward and backward on one batch, with the gradients written straight
 // into the reducer's buckets and each marked ready as soon as it is complete, then
-// waits for the averaged gradients and updates the parameters. It returns the loss.
+// waits for the averaged gradients and updates the parameters. It returns the loss,
+// which it also logs (a traced run: PYBRIDGE_TRACE=DIR; the forward, backward and
+// optimizer spans are on the trace's program track, beside the reducer's buckets).
 func (t *trainer) step(b *pybridge.Batch) (float64, error) {
 	x, labels, err := decodeBatch(b.Records())
 	if err != nil {
@@ -314,11 +317,16 @@ func (t *trainer) step(b *pybridge.Batch) (float64, error) {
 			return 0, err
 		}
 	}
+	span := pybridge.StartSpanCat("forward", pybridge.CatForward)
 	act, loss, _ := t.model.forward(x, labels)
-	if err := t.model.backward(act, grads, t.reducer.MarkReady); err != nil {
+	span.End()
+	span = pybridge.StartSpanCat("backward", pybridge.CatCompute)
+	err = t.model.backward(act, grads, t.reducer.MarkReady)
+	span.End()
+	if err != nil {
 		return 0, err
 	}
-	if err := t.reducer.Wait(0); err != nil {
+	if err := t.reducer.Wait(0); err != nil { // ends the step (the trace's steps track)
 		return 0, err
 	}
 	for i := range grads { // the buckets may have been rebuilt by Wait
@@ -326,7 +334,10 @@ func (t *trainer) step(b *pybridge.Batch) (float64, error) {
 			return 0, err
 		}
 	}
+	span = pybridge.StartSpanCat("optimizer", pybridge.CatCompute)
 	t.opt.Step(t.model.Params(), grads)
+	span.End()
+	pybridge.LogScalar("loss", loss) // this rank's loss, at the step Wait just ended
 	return loss, nil
 }
 

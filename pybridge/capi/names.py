@@ -32,6 +32,7 @@ WORDS = {
     "elastic.reset()": "pb_state_reset",
     "a MembershipChanged": "PB_ERR_MEMBERSHIP",
     "submit() or fail() it": "pb_fed_worker_submit or pb_fed_worker_fail it",
+    "start()": "pb_observe_start",
     # torch.float32 -> PB_FLOAT32, for the eight dtypes that cross the ABI
     **{str(dt): f"PB_{name.upper()}" for name, dt in dtypes.NAMES.items()},
 }

@@ -32,7 +32,10 @@ def prototypes(header_text):
 
 
 def arg_names(args):
-    """The parameter names of an argument list, comma-separated: what a call passes on."""
+    """The parameter names of an argument list, comma-separated: what a call passes on
+    (none for `void`)."""
+    if args.strip() in ("", "void"):
+        return ""
     return ", ".join(re.findall(r"(\w+)\s*(?:,|$)", args))
 
 
