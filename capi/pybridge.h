@@ -1314,8 +1314,9 @@ int pb_log_scalar(const char *name, double value, int64_t step);
 
 /* End the current step. Without this call each reducer iteration (pb_reducer_wait) ends a
  * step; after the first call, only this call does (the steps iterations ended before it stay
- * counted). *out_steps (may be NULL) receives the number of steps ended so far (0 when not
- * recording). */
+ * counted; an iteration that ended just before the first call, with nothing recorded in
+ * between, is that call's step, not one more). *out_steps (may be NULL) receives the number
+ * of steps ended so far (0 when not recording). */
 int pb_step_end(int64_t *out_steps);
 
 #ifdef __cplusplus

@@ -204,8 +204,9 @@ func logScalar(op, name string, v float64, step int64) {
 
 // StepEnd ends the current step and returns the number of steps ended so far.
 // Without it each Reducer iteration (Reducer.Wait) ends a step; after the first
-// StepEnd only StepEnd does (the iterations before it stay counted). Not
-// recording, it returns 0 and nil.
+// StepEnd only StepEnd does (the iterations before it stay counted; a Wait just
+// before the first StepEnd, with nothing recorded in between, ends the same
+// step, not one more). Not recording, it returns 0 and nil.
 func StepEnd() (int64, error) {
 	if !observing.Load() {
 		return 0, nil

@@ -20,9 +20,9 @@ func init() { roles["observe"] = roleObserve }
 
 const (
 	observeSteps = 3
-	// the first Reducer.Wait ends step 1 before the program's first StepEnd (until
-	// then each iteration ends a step): the steps ended are one more than the loop's
-	observeEnded = observeSteps + 1
+	// the first Reducer.Wait's step is the one the first StepEnd ends: no more steps
+	// than the loop's
+	observeEnded = observeSteps
 )
 
 // observeLoss is the loss rank r logs at step s (from 0).
@@ -126,8 +126,8 @@ func roleObserve() error {
 		if err != nil {
 			return err
 		}
-		if n != int64(s+2) {
-			return fmt.Errorf("StepEnd after step %d = %d, want %d", s, n, s+2)
+		if n != int64(s+1) {
+			return fmt.Errorf("StepEnd after step %d = %d, want %d", s, n, s+1)
 		}
 	}
 	pybridge.LogScalarAt("accuracy", 0.875, 7)

@@ -16,7 +16,7 @@ from ranks import free_port
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
 
 STEPS = 3  # tests/c/observe.c's training steps
-ENDED = STEPS + 1  # the first reducer iteration ends a step before the program's first pb_step_end
+ENDED = STEPS  # the first reducer iteration's step is the one the first pb_step_end ends
 
 
 @pytest.fixture(scope="module")

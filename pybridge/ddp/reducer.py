@@ -395,8 +395,6 @@ class Reducer:
         """The iteration's buckets are reduced (under the lock and stream): count it, copy
         bound gradients back, do the one rebuild if due, start the next iteration."""
         self.iterations += 1
-        if _obs.REC is not None:
-            _obs.REC.end_step(False)
         if self._bound is not None:  # the reduced gradients back into the program's tensors
             for dst, view in zip(self._bound, it.views):
                 dst.copy_(view)
@@ -405,6 +403,8 @@ class Reducer:
             self._rebuild_pending = False
             self._rebuild(order)
         self._start_iteration()
+        if _obs.REC is not None:  # after the rebuild's broadcast: part of this iteration
+            _obs.REC.end_step(False)
 
     # The older name of wait(), kept: "finalize" is also pybridge.finalize(), leaving the group.
     finalize = wait

@@ -65,6 +65,7 @@ class Recorder:
         self._bucket_done = 0.0
         self._waiting = 0  # > 0 inside a wait whose time already counts as exposed
         self.explicit_steps = False
+        self._pending = None  # when a reducer iteration ended that is not yet a step (end_step)
         self.steps = 0
         self.clock_offset_us = 0.0  # this rank's clock minus rank 0's (sync.measure)
         self.clock_uncertainty_us = 0.0
@@ -97,6 +98,7 @@ class Recorder:
 
     def begin(self, name, cat="user", args=None):
         """Start a span; returns its id for end(). Spans may end on another thread."""
+        self._settle()
         t = clock.now_us()
         with self._lock:
             self._next_span += 1
@@ -128,6 +130,7 @@ class Recorder:
     def on_issue(self, g, seq, op):
         """Collective `seq` of group g is issued now: kept in the flight ring (flight.py)
         until it is done and after. Returns its entry for on_collective."""
+        self._settle()
         entry = [g, seq, op, clock.now_us(), time.time_ns(), None]
         self.flight.append(entry)
         return entry
@@ -155,6 +158,7 @@ class Recorder:
                                 max(done - start, 0.0), args))
 
     def on_grad_ready(self):
+        self._settle()
         s = self.step
         t = clock.now_us()
         if s.bwd_first is None:
@@ -190,6 +194,7 @@ class Recorder:
                                      "launched_us": round(b.launched, 3)}))
 
     def wait_begin(self):
+        self._settle()
         self._waiting += 1
         return clock.now_us()
 
@@ -205,6 +210,7 @@ class Recorder:
         return t
 
     def on_loader(self, start, records):
+        self._settle()
         t = clock.now_us()
         self.step.data += t - start
         self.step.records += records
@@ -212,6 +218,7 @@ class Recorder:
         self.complete(PROGRAM, "loader.next", "data", start, t - start, {"records": records})
 
     def on_forward(self, start):
+        self._settle()
         t = clock.now_us()
         self.step.forward += t - start
         self.complete(PROGRAM, "forward", "forward", start, t - start)
@@ -220,12 +227,27 @@ class Recorder:
 
     def end_step(self, explicit):
         """A step ends: at the program's call (explicit), or else at each reducer iteration's
-        end. Once the program has ended a step itself, only its calls end steps."""
+        end. Once the program has ended a step itself, only its calls end steps.
+
+        An iteration's end is held back (`_pending`) until the program does anything else
+        the recorder sees (`_settle`): a program that ends its steps itself right after the
+        reducer's wait then ends its first step once, not twice."""
+        now = clock.now_us()
         if explicit:
             self.explicit_steps = True
-        elif self.explicit_steps:
-            return
-        t = clock.now_us()
+            self._pending = None
+            self._close_step(now)
+        elif not self.explicit_steps:
+            self._settle()
+            self._pending = now
+
+    def _settle(self):
+        """A reducer iteration's end held back becomes the end of a step."""
+        if self._pending is not None:
+            t, self._pending = self._pending, None
+            self._close_step(t)
+
+    def _close_step(self, t):
         s, self.step = self.step, _Step(t)
         self.steps += 1
         dur = t - s.start
@@ -247,7 +269,9 @@ class Recorder:
         self.metrics.step(self.steps, args)
 
     def scalar(self, name, value, step=None):
-        self.metrics.scalar(name, value, self.steps if step is None else step)
+        if step is None:  # the step just ended counts, held back or not
+            step = self.steps + (self._pending is not None)
+        self.metrics.scalar(name, value, step)
         if self.tracing:
             self.events.append(("C", PROGRAM, name, "scalar", clock.now_us(), 0.0, {name: value}))
 
@@ -293,6 +317,7 @@ class Recorder:
         """Write the trace file (whole, replacing the last) and flush the metrics files.
         final: the rank is finishing (finalize, exit, a hang): libtorch's operations, if
         profiled, are collected now (the profiler stops)."""
+        self._settle()
         self.metrics.flush()
         if not self.tracing:
             return None
