@@ -178,11 +178,8 @@ def _numbered(g, op, start, async_op, buffers):
 
 
 def _observe_async(rec, entry, work):
-    """Record an asynchronous collective when the backend completes it (its future's
-    callback runs on the backend's thread)."""
-    def done(_):
-        rec.on_collective(entry, _clock.now_us(), False)
-    work.get_future().add_done_callback(done)
+    """Record an asynchronous collective once it is seen done (Recorder.poll)."""
+    rec.on_async(entry, work.get_future())
 
 
 def _verify(g, seq, op):

@@ -253,8 +253,11 @@ class Iteration:
         leave each hook's value in its bucket."""
         works, self.works = self.works, []
         try:
+            rec = _obs.REC
             for bucket, fut in works:
                 value = await_value(fut, deadline, f"bucket {bucket.index}")
+                if rec is not None:
+                    rec.on_bucket_value(bucket.index)
                 if value.data_ptr() != bucket.flat.data_ptr():
                     bucket.flat.copy_(value)  # e.g. decompress in place
         except Exception as exc:  # noqa: BLE001

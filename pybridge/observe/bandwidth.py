@@ -27,7 +27,4 @@ def busbw(op, nbytes, seconds, ranks):
 def size_bin(nbytes):
     """The power of two at or above `nbytes` (1 for 0): the message-size class of the
     bandwidth-against-size tables."""
-    b = 1
-    while b < nbytes:
-        b <<= 1
-    return b
+    return 1 << max(int(nbytes) - 1, 0).bit_length()

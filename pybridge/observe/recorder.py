@@ -23,6 +23,7 @@ PROGRAM, STEPS, BUCKETS = 1, 2, 3
 _COLLECTIVES = 10  # the first collectives track; one per group
 TRACKS = {PROGRAM: "program", STEPS: "steps", BUCKETS: "buckets (reducer)"}
 FORMAT = 1  # otherData.pybridge.format: bumped when the files change incompatibly
+_COLLECTIVE_ARGS = "collective"  # marks a collective's args kept as a tuple (_collective_args)
 FLIGHT_ENTRIES = 2000  # collectives kept for a hang dump (torch's TORCH_FR_BUFFER_SIZE, in spirit)
 
 
@@ -40,10 +41,22 @@ class _Step:
 
 
 class _Bucket:
-    __slots__ = ("index", "nbytes", "hook", "launched", "done")
+    __slots__ = ("index", "nbytes", "hook", "launched", "done", "fut")
 
-    def __init__(self, index, nbytes, hook, launched):
+    def __init__(self, index, nbytes, hook, launched, fut):
         self.index, self.nbytes, self.hook, self.launched, self.done = index, nbytes, hook, launched, None
+        self.fut = fut
+
+
+def _collective_args(name, dur, args):
+    _, uid, seq, nbytes, ranks, issued, synchronous = args
+    out = {"group": uid, "seq": seq, "bytes": nbytes, "ranks": ranks, "issued_us": round(issued, 3),
+           "sync": synchronous}
+    if nbytes:
+        secs = dur / 1e6
+        out["algbw_GBps"] = round(bandwidth.algbw(nbytes, secs) / 1e9, 6)
+        out["busbw_GBps"] = round(bandwidth.busbw(name, nbytes, secs, ranks) / 1e9, 6)
+    return out
 
 
 class Recorder:
@@ -62,6 +75,7 @@ class Recorder:
         self._next_span = 0
         self._last_done = {}  # group uid -> when its latest collective finished
         self._buckets = []
+        self._inflight = []  # (flight entry, future) of asynchronous collectives not yet seen done
         self._bucket_done = 0.0
         self._waiting = 0  # > 0 inside a wait whose time already counts as exposed
         self.explicit_steps = False
@@ -148,17 +162,39 @@ class Recorder:
         if synchronous and not self._waiting:
             self.step.exposed += done - issued
         if self.tracing:
-            secs = (done - start) / 1e6
-            args = {"group": uid, "seq": seq, "bytes": op.nbytes, "ranks": g.size,
-                    "issued_us": round(issued, 3), "sync": synchronous}
-            if op.nbytes:
-                args["algbw_GBps"] = round(bandwidth.algbw(op.nbytes, secs) / 1e9, 6)
-                args["busbw_GBps"] = round(bandwidth.busbw(name, op.nbytes, secs, g.size) / 1e9, 6)
+            # the args as a tuple: made into a dict (bandwidths too) only when written, off the hot path
+            args = (_COLLECTIVE_ARGS, uid, seq, op.nbytes, g.size, issued, synchronous)
             self.events.append(("X", self.collectives_track(uid, g.describe()), name, "comm", start,
                                 max(done - start, 0.0), args))
 
+    def poll(self):
+        """Look at what is in flight: an asynchronous collective or a bucket found done is
+        stamped done now. Completion is seen here, at the program's next call into the
+        library (each gradient marked ready, each collective issued, each wait), not by a
+        callback: a future's callback runs Python on the backend's thread, whose hand-over of
+        the interpreter lock cost about 0.2 ms per collective (bench/observe.py)."""
+        inflight, buckets = self._inflight, self._buckets
+        now = None
+        if inflight and inflight[0][1].done():  # they finish in order
+            now = clock.now_us()
+            left = []
+            for item in inflight:
+                if item[1].done():
+                    self.on_collective(item[0], now, False)
+                else:
+                    left.append(item)
+            self._inflight = left
+        for b in buckets:
+            if b.done is None and b.fut.done():
+                b.done = now = now or clock.now_us()
+
+    def on_async(self, entry, fut):
+        """The collective of `entry` goes on asynchronously as `fut` (poll() sees it end)."""
+        self._inflight.append((entry, fut))
+
     def on_grad_ready(self):
         self._settle()
+        self.poll()
         s = self.step
         t = clock.now_us()
         if s.bwd_first is None:
@@ -166,17 +202,19 @@ class Recorder:
         s.bwd_last = t
 
     def on_bucket_launched(self, index, nbytes, hook, fut):
-        b = _Bucket(index, nbytes, hook, clock.now_us())
-        self._buckets.append(b)
+        self._buckets.append(_Bucket(index, nbytes, hook, clock.now_us(), fut))
 
-        def done(_):
-            if b.done is None:
-                b.done = clock.now_us()
-        fut.add_done_callback(done)
+    def on_bucket_value(self, index):
+        """The reducer has bucket `index`'s value (it waited for it): done by now at the latest."""
+        now = None
+        for b in self._buckets:
+            if b.index == index and b.done is None:
+                b.done = now = now or clock.now_us()
 
     def on_buckets_finished(self):
-        """The reducer has every bucket's value: each bucket's time counts as communication
-        (a bucket whose callback has not run yet finished no later than now)."""
+        """The reducer has every bucket's value: each bucket's time counts as communication,
+        and its collectives are over."""
+        self.poll()
         buckets, self._buckets = self._buckets, []
         s = self.step
         now = clock.now_us()
@@ -191,10 +229,11 @@ class Recorder:
             if self.tracing:
                 self.events.append(("X", BUCKETS, f"bucket {b.index}", "comm", start, max(done - start, 0.0),
                                     {"bucket": b.index, "bytes": b.nbytes, "hook": b.hook,
-                                     "launched_us": round(b.launched, 3)}))
+                                     "launched_us": b.launched}))
 
     def wait_begin(self):
         self._settle()
+        self.poll()
         self._waiting += 1
         return clock.now_us()
 
@@ -254,13 +293,12 @@ class Recorder:
         backward = (s.bwd_last - s.bwd_first) if s.bwd_first is not None else 0.0
         compute = max(dur - s.data - s.exposed, 0.0)
         hidden = (1.0 - min(s.exposed, s.comm) / s.comm) if s.comm > 0 else None
-        args = {"step": self.steps, "step_us": round(dur, 3), "data_us": round(s.data, 3),
-                "compute_us": round(compute, 3), "exposed_comm_us": round(s.exposed, 3),
-                "comm_us": round(s.comm, 3), "forward_us": round(s.forward, 3),
-                "backward_us": round(backward, 3), "buckets": s.buckets, "bucket_bytes": s.bucket_bytes,
+        args = {"step": self.steps, "step_us": dur, "data_us": s.data, "compute_us": compute,
+                "exposed_comm_us": s.exposed, "comm_us": s.comm, "forward_us": s.forward,
+                "backward_us": backward, "buckets": s.buckets, "bucket_bytes": s.bucket_bytes,
                 "records": s.records}
         if hidden is not None:
-            args["hidden_share"] = round(hidden, 4)
+            args["hidden_share"] = hidden
         if self.tracing:
             self.events.append(("X", STEPS, "step", "step", s.start, dur, args))
             if s.bwd_first is not None:
@@ -305,7 +343,8 @@ class Recorder:
             elif ph == "i":
                 e["s"] = "t"
             if args:
-                e["args"] = args
+                e["args"] = _collective_args(name, dur, args) if type(args) is tuple else \
+                    {k: round(v, 4) if type(v) is float else v for k, v in args.items()}
             out.append(e)
         for tid in sorted(used):
             out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
@@ -318,6 +357,7 @@ class Recorder:
         final: the rank is finishing (finalize, exit, a hang): libtorch's operations, if
         profiled, are collected now (the profiler stops)."""
         self._settle()
+        self.poll()
         self.metrics.flush()
         if not self.tracing:
             return None
