@@ -1267,7 +1267,7 @@ int pb_fed_server_last_step(pb_fed_server *server, pb_fed_step *out, int32_t *ha
  * buckets and waits, the loader, steps split into data wait, compute and exposed
  * communication) and what the program marks with the calls below: into
  * trace_dir/rank<R>.trace.json (Chrome Trace Event JSON: chrome://tracing, Perfetto),
- * trace_dir/metrics/rank<R>.jsonl (a row every 10 steps), trace_dir/tensorboard/rank<R>/,
+ * trace_dir/metrics/rank<R>.jsonl (a row every 50 steps), trace_dir/tensorboard/rank<R>/,
  * and a Prometheus endpoint. Off by default: the calls below then do nothing and return
  * PB_OK. On by pb_observe_start, or PYBRIDGE_TRACE=DIR or PYBRIDGE_METRICS_PORT=PORT in the
  * environment; recording starts at pb_init (which then measures this rank's clock against

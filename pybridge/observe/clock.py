@@ -7,10 +7,12 @@ without correction; ranks on other machines are aligned to rank 0 by the offset
 
 import time
 
+_ns = time.perf_counter_ns
+
 
 def now_us():
     """Now, in microseconds of the monotonic clock (a float, as Chrome traces take)."""
-    return time.perf_counter_ns() / 1000.0
+    return _ns() / 1000.0
 
 
 def wall_anchor():

@@ -63,7 +63,7 @@ class Recorder:
     """Records for one rank into `out_dir` (None: metrics only, for a Prometheus endpoint).
     `trace`: keep trace events; `every`: steps per metrics row (JSON lines, TensorBoard)."""
 
-    def __init__(self, out_dir, *, rank, world_size, local_rank=0, trace=True, every=10):
+    def __init__(self, out_dir, *, rank, world_size, local_rank=0, trace=True, every=50):
         self.dir = out_dir
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
         self.tracing = bool(trace and out_dir)
@@ -144,7 +144,8 @@ class Recorder:
     def on_issue(self, g, seq, op):
         """Collective `seq` of group g is issued now: kept in the flight ring (flight.py)
         until it is done and after. Returns its entry for on_collective."""
-        self._settle()
+        if self._pending is not None:
+            self._settle()
         entry = [g, seq, op, clock.now_us(), time.time_ns(), None]
         self.flight.append(entry)
         return entry
@@ -193,8 +194,10 @@ class Recorder:
         self._inflight.append((entry, fut))
 
     def on_grad_ready(self):
-        self._settle()
-        self.poll()
+        if self._pending is not None:
+            self._settle()
+        if self._buckets or self._inflight:
+            self.poll()
         s = self.step
         t = clock.now_us()
         if s.bwd_first is None:

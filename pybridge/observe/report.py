@@ -142,9 +142,22 @@ def per_rank(steps, ranks):
     return rows
 
 
+def _last_arrivals(colls):
+    """(group, seq) -> the moment the last rank of the group issued it, for the collectives
+    every rank of their group recorded."""
+    by_key = {}
+    for c in colls:
+        by_key.setdefault((str(c["group"]), c["seq"]), []).append(c)
+    return {k: max(c["issued_us"] for c in calls) for k, calls in by_key.items() if len(calls) == calls[0]["ranks"]}
+
+
 def bandwidth_table(colls):
     """Bus bandwidth per (op, ranks, size class) as nccl-tests defines it: the bytes of all
-    the calls over their summed durations, times the op's bus factor. All ranks' calls count."""
+    the calls over their summed durations, times the op's bus factor. All ranks' calls count.
+    A call's duration starts when the last rank of the group arrived (where every rank
+    recorded it), as nccl-tests times a collective after a barrier: time spent waiting for a
+    late rank is the straggler's, not the link's."""
+    last = _last_arrivals(colls)
     acc = {}
     for c in colls:
         if c["bytes"] <= 0 or bandwidth.bus_factor(c["op"], c["ranks"]) == 0.0:
@@ -153,7 +166,9 @@ def bandwidth_table(colls):
         a = acc.setdefault(key, [0, 0, 0.0])
         a[0] += 1
         a[1] += c["bytes"]
-        a[2] += c["dur"] / 1e6
+        end = c["ts"] + c["dur"]
+        start = max(c["ts"], last.get((str(c["group"]), c["seq"]), c["ts"]))
+        a[2] += max(end - start, 0.0) / 1e6
     rows = []
     for (op, ranks, size), (count, nbytes, secs) in sorted(acc.items()):
         alg = bandwidth.algbw(nbytes, secs)
