@@ -105,12 +105,13 @@ class Metrics:
         hidden = [w["hidden_share"] for w in window if "hidden_share" in w]
         records = sum(w["records"] for w in window)
         secs = sum(w["step_us"] for w in window) / 1e6
+        mean = {f: round(v, 4) for f, v in mean.items()}
         row = {"rank": self.rank, "step": window[-1]["step"], "time": round(time.time(), 3), "steps": k,
                "step_ms": mean["step_us"], "data_ms": mean["data_us"], "compute_ms": mean["compute_us"],
                "exposed_comm_ms": mean["exposed_comm_us"], "comm_ms": mean["comm_us"],
                "forward_ms": mean["forward_us"], "backward_ms": mean["backward_us"],
-               "hidden_share": (sum(hidden) / len(hidden)) if hidden else None,
-               "records_per_s": records / secs if secs > 0 else 0.0,
+               "hidden_share": round(sum(hidden) / len(hidden), 4) if hidden else None,
+               "records_per_s": round(records / secs, 1) if secs > 0 else 0.0,
                "scalars": {name: v for name, (_, v) in self.scalars.items()},
                "collectives": self.collective_table()}
         self.jsonl.write(json.dumps(row, separators=(",", ":")) + "\n")
