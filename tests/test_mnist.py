@@ -285,7 +285,11 @@ def test_two_ranks_equal_one_process_on_the_same_global_batch(data, tmp_path, tr
     fmt.write_checkpoint(str(tmp_path / "init"), 0, 0, init)
     # 2000 records, global batch 48 -> 41 steps per epoch: 50 steps cross an epoch boundary.
     steps, batch, lr, momentum, seed = 50, 48, 0.05, 0.9, 7
-    rc, out, _ = launch(["--nproc-per-node", "2", *trainer, "--data", data, "--epochs", "2",
+    # The Go trainer runs traced (pybridge-launch --trace): recording must not change the arithmetic.
+    go = not trainer[0].endswith(".py")
+    trace = tmp_path / "trace"
+    rc, out, _ = launch([*(["--trace", str(trace)] if go else []), "--nproc-per-node", "2", *trainer,
+                         "--data", data, "--epochs", "2",
                          "--steps", str(steps), "--batch-size", str(batch), "--lr", str(lr),
                          "--momentum", str(momentum), "--seed", str(seed),
                          "--init-weights", str(tmp_path / "init"), "--save-weights", str(tmp_path / "w")])
@@ -297,6 +301,34 @@ def test_two_ranks_equal_one_process_on_the_same_global_batch(data, tmp_path, tr
         assert np.abs(got[name] - want[name]).max() < 1e-5, name
     # The run moved the weights: the comparison is not between two copies of the init.
     assert np.abs(got["w2"] - init["w2"]).max() > 1e-2
+    if go:
+        _check_go_trace(trace, steps, out)
+
+
+def _check_go_trace(trace, steps, out):
+    """The traced Go run: each rank's trace shows the Go program's forward, backward and
+    optimizer spans on the program track (categories forward and compute), its loss at every
+    step and the test accuracy of each epoch as counters; the metrics rows have their latest
+    values; the launcher merged the ranks' files, and the report reads them."""
+    assert "pybridge-launch: trace: " in out and "clock offsets measured at init" in out, out
+    for rank in (0, 1):
+        doc = json.load(open(trace / f"rank{rank}.trace.json"))
+        assert doc["otherData"]["pybridge"]["steps"] == steps
+        program = [e for e in doc["traceEvents"] if e.get("tid") == 1 and e["ph"] != "M"]
+        spans = [(e["name"], e["cat"]) for e in program if e["ph"] == "X"]
+        mine = [s for s in spans if s[0] in ("forward", "backward", "optimizer")]
+        assert mine == [("forward", "forward"), ("backward", "compute"), ("optimizer", "compute")] * steps, spans
+        assert ("loader.next", "data") in spans and ("reducer.wait", "comm") in spans  # the library's own
+        counters = [e["name"] for e in program if e["ph"] == "C"]
+        assert counters.count("loss") == steps and counters.count("test_accuracy") == 2, counters
+        rows = [json.loads(line) for line in open(trace / "metrics" / f"rank{rank}.jsonl")]
+        assert rows[-1]["step"] == steps and set(rows[-1]["scalars"]) == {"loss", "test_accuracy"}
+        if rank == 0:
+            assert f"{rows[-1]['scalars']['test_accuracy']:.4f}" == EPOCH_LINE.findall(out)[-1][3]
+    from pybridge.observe import report
+    rep = report.analyze(str(trace), skip=1)
+    assert [r["steps"] for r in rep["per_rank"]] == [steps - 1] * 2
+    assert rep["stragglers"]["collectives"] > steps and rep["verdict"]["text"]
 
 
 def test_end_to_end_two_ranks_reach_accuracy(data, tmp_path, trainer):
@@ -366,32 +398,6 @@ def test_go_trainer_with_gossip(data, tmp_path):
     p = subprocess.run([exe, "--data", data, "--reduce", "ring"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=60)
     assert p.returncode != 0 and "--reduce \"ring\": choose allreduce, gossip-cube or gossip-dissemination" in p.stdout
-
-
-def test_go_trainer_traced(data, tmp_path):
-    # PYBRIDGE_TRACE: each rank's trace shows the Go program's forward, backward and optimizer
-    # spans on the program track (categories forward and compute), its loss at every step and
-    # the test accuracy of the epoch as counters; the metrics row has their latest values.
-    exe = go_build(MNIST, tmp_path / "mnist")
-    trace = tmp_path / "trace"
-    steps = 5
-    rc, out, _ = launch(["--nproc-per-node", "2", exe, "--data", data, "--epochs", "1", "--steps", str(steps),
-                         "--batch-size", "32"], env={"PYBRIDGE_TRACE": str(trace)})
-    assert rc == 0, out
-    for rank in (0, 1):
-        doc = json.load(open(trace / f"rank{rank}.trace.json"))
-        assert doc["otherData"]["pybridge"]["steps"] == steps
-        program = [e for e in doc["traceEvents"] if e.get("tid") == 1 and e["ph"] != "M"]
-        spans = [(e["name"], e["cat"]) for e in program if e["ph"] == "X"]
-        mine = [s for s in spans if s[0] in ("forward", "backward", "optimizer")]
-        assert mine == [("forward", "forward"), ("backward", "compute"), ("optimizer", "compute")] * steps, spans
-        assert ("loader.next", "data") in spans and ("reducer.wait", "comm") in spans  # the library's own
-        counters = [e["name"] for e in program if e["ph"] == "C"]
-        assert counters == ["loss"] * steps + ["test_accuracy"], counters
-        [row] = [json.loads(line) for line in open(trace / "metrics" / f"rank{rank}.jsonl")]
-        assert set(row["scalars"]) == {"loss", "test_accuracy"}
-        if rank == 0:
-            assert f"{row['scalars']['test_accuracy']:.4f}" == EPOCH_LINE.findall(out)[-1][3]
 
 
 def test_killed_rank_stops_the_job_and_is_named(data, tmp_path, trainer):

@@ -152,7 +152,7 @@ def test_metrics_rows_and_tensorboard_read_the_same_figures(traced):
         assert rows[-1]["scalars"]["loss"] == pytest.approx(1.0 / STEPS)
         assert rows[-1]["collectives"]["all_reduce"]["count"] >= STEPS
         steps = _events(traced["files"][rank], name="step")
-        assert rows[0]["step_ms"] == pytest.approx(sum(s["args"]["step_us"] for s in steps[:5]) / 5 / 1000, rel=1e-6)
+        assert rows[0]["step_ms"] == pytest.approx(sum(s["args"]["step_us"] for s in steps[:5]) / 5 / 1000, abs=1e-4)
         acc = EventAccumulator(os.path.join(traced["dir"], "tensorboard", f"rank{rank}"))
         acc.Reload()
         loss = acc.Scalars("loss")

@@ -31,6 +31,7 @@ class Metrics:
         self.loader_records, self.loader_seconds = 0, 0.0
         self.scalars = {}  # name -> (step, value), the latest
         self._window = []
+        self._scalars_since_row = False  # a scalar was logged after the latest row
         self._scalar_log = []  # (step, name, value) not yet in TensorBoard
         self.jsonl = self.tb = None
         if out_dir:
@@ -68,6 +69,7 @@ class Metrics:
     def scalar(self, name, value, step):
         value = float(value)
         self.scalars[name] = (step, value)
+        self._scalars_since_row = True
         if self.tb is not None:
             self._scalar_log.append((step, name, value))
 
@@ -99,6 +101,7 @@ class Metrics:
                 for (op, size), (c, nb, s, r) in sorted(self.by_size.items())]
 
     def _row(self):
+        self._scalars_since_row = False
         window, self._window = self._window, []
         k = len(window)
         mean = {f: sum(w[f] for w in window) / k / 1000.0 for f in _STEP_FIELDS}
@@ -139,6 +142,11 @@ class Metrics:
         if self.jsonl is not None:
             if self._window:
                 self._row()
+            elif self._scalars_since_row:  # logged after the latest row (an epoch's accuracy): a row of its own
+                self._scalars_since_row = False
+                self.jsonl.write(json.dumps({"rank": self.rank, "step": self.steps, "time": round(time.time(), 3),
+                                             "steps": 0, "scalars": {n: v for n, (_, v) in self.scalars.items()},
+                                             "collectives": self.collective_table()}, separators=(",", ":")) + "\n")
             self.jsonl.flush()
         if self.tb is not None:
             self._flush_scalars()
