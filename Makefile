@@ -26,7 +26,7 @@ TORCH_CGO = CGO_CXXFLAGS="$(shell $(PYTHON) -m pybridge.capi --torch-cflags)" \
 
 LIB := $(BUILD)/libpybridge.so
 
-.PHONY: setup test test-clusters test-python test-go lint ruff go-lint go-test demo demo-real demo-gotorch demo-collectives bench clean gpu-bundle gpu-check
+.PHONY: setup test test-browser test-clusters test-python test-go lint ruff go-lint go-test demo demo-real demo-gotorch demo-collectives bench clean gpu-bundle gpu-check
 
 # Bytecode written once here: every rank, launcher and CLI a test starts imports pybridge,
 # and with PYTHONDONTWRITEBYTECODE set (as on CI's machines) each would compile it again.
@@ -69,6 +69,12 @@ test: setup ruff
 	[ $$py -eq 0 ] || echo "make test: pytest failed (exit status $$py)"; \
 	[ $$gt -eq 0 ] || echo "make test: go vet, gofmt or go test failed (exit status $$gt)"; \
 	[ $$py -eq 0 ] && [ $$gt -eq 0 ]
+
+# `make test-browser`: the report's HTML page rendered by headless Chromium (Debian's package,
+# installed first; needs root), which `make test` skips on a machine without a browser.
+test-browser: setup
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+	$(PYTHON) -m pytest -q -p no:benchmark tests/test_observe_report.py -k chromium
 
 # `make test-clusters`: jobs under a real SLURM (slurmctld, slurmd and munge on the simulated
 # cluster's namespaces) and Debian's Open MPI mpirun (docs/clusters.md). Needs root; installs

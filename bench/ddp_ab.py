@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples", "mnist"))
 import train  # noqa: E402
 
 import pybridge  # noqa: E402
-from pybridge import recordio as rio  # noqa: E402
+from observe_ab import train_batches  # noqa: E402
 
 
 def main():
@@ -39,17 +39,10 @@ def main():
         "pybridge": pybridge.DistributedDataParallel(train.build_model(1), bucket_cap_mb=0.004),
     }
     opts = {k: torch.optim.SGD(w.parameters(), lr=0.05, momentum=0.9) for k, w in wrappers.items()}
-    files = sorted(os.path.join(data, f) for f in os.listdir(data) if f.startswith("train-"))
-    loader = rio.Loader(files, 64 // world, shuffle=True, seed=1)
-    batches = iter(())
+    batches = train_batches(data, world)
 
     def batch():
-        nonlocal batches
-        b = next(batches, None)
-        if b is None:
-            batches = iter(loader)
-            b = next(batches)
-        return b
+        return next(batches)
 
     for k in wrappers:  # warm-up
         for _ in range(30):

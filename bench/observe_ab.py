@@ -16,9 +16,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples", "mnist"))
 import train  # noqa: E402
 
 import pybridge  # noqa: E402
-from pybridge import observe  # noqa: E402
 from pybridge import recordio as rio  # noqa: E402
+from pybridge import observe  # noqa: E402
 from pybridge.observe import state  # noqa: E402
+
+
+def train_batches(data, world, batch=64):
+    """The MNIST training shards' batches of this rank (global batch 64), epoch after epoch."""
+    files = sorted(os.path.join(data, f) for f in os.listdir(data) if f.startswith("train-"))
+    loader = rio.Loader(files, batch // world, shuffle=True, seed=1)
+    while True:
+        yield from loader
 
 
 def main():
@@ -28,17 +36,10 @@ def main():
     model = train.build_model(1)
     ddp = pybridge.DistributedDataParallel(model, bucket_cap_mb=0.004)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    files = sorted(os.path.join(data, f) for f in os.listdir(data) if f.startswith("train-"))
-    loader = rio.Loader(files, 64 // g.size, shuffle=True, seed=1)
-    batches = iter(())
+    batches = train_batches(data, g.size)
 
     def step():
-        nonlocal batches
-        batch = next(batches, None)
-        if batch is None:
-            batches = iter(loader)
-            batch = next(batches)
-        observe.scalar("loss", train.train_step(ddp, opt, batch, device))  # a no-op when off
+        observe.scalar("loss", train.train_step(ddp, opt, next(batches), device))  # a no-op when off
 
     for _ in range(50):  # warm-up
         step()

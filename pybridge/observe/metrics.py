@@ -18,6 +18,16 @@ from .tbevents import EventWriter
 _STEP_FIELDS = ("step_us", "data_us", "compute_us", "exposed_comm_us", "comm_us", "forward_us", "backward_us")
 
 
+def _add(table, key, nbytes, seconds, ranks):
+    """One call into table[key] = [count, bytes, seconds, ranks]."""
+    c = table.get(key)
+    if c is None:
+        c = table[key] = [0, 0, 0.0, ranks]
+    c[0] += 1
+    c[1] += nbytes
+    c[2] += seconds
+
+
 class Metrics:
     def __init__(self, rank, world_size, out_dir, every):
         self.rank, self.world_size = rank, world_size
@@ -42,19 +52,8 @@ class Metrics:
     # ---- recording ----------------------------------------------------------------------
 
     def collective(self, op, nbytes, seconds, ranks):
-        c = self.collectives.get(op)
-        if c is None:
-            c = self.collectives[op] = [0, 0, 0.0, ranks]
-        c[0] += 1
-        c[1] += nbytes
-        c[2] += seconds
-        key = (op, bandwidth.size_bin(nbytes))
-        b = self.by_size.get(key)
-        if b is None:
-            b = self.by_size[key] = [0, 0, 0.0, ranks]
-        b[0] += 1
-        b[1] += nbytes
-        b[2] += seconds
+        _add(self.collectives, op, nbytes, seconds, ranks)
+        _add(self.by_size, (op, bandwidth.size_bin(nbytes)), nbytes, seconds, ranks)
 
     def bucket(self, nbytes, seconds):
         b = self.buckets
