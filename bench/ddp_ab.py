@@ -4,10 +4,11 @@ in alternating blocks of steps, on one torch process group that pybridge adopts.
 runs of the two differ by up to 10-15% on this machine whatever they run; side by side in
 one run they see the same machine.
 
-    python -m pybridge.launch --nproc-per-node 2 bench/ddp_ab.py DATA [BLOCKS] [STEPS] [--trace DIR]
+    OMP_NUM_THREADS=1 python -m pybridge.launch --nproc-per-node 2 bench/ddp_ab.py DATA [BLOCKS] [STEPS]
 
 Prints one JSON line on rank 0 ("DDPAB {...}"): the median step time of each wrapper and
-the median ratio of pairs of neighbouring blocks. bench/gotorch.py --ab runs it.
+the median ratio of pairs of neighbouring blocks (docs/benchmarks.md quotes it beside
+bench/gotorch.py's separate runs).
 """
 
 import json
