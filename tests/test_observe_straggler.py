@@ -1,6 +1,6 @@
 """A straggler injected into one real rank of 4 is named by `pybridge report` with the right
 cause: first its data loading slowed (every chunk the loader reads takes 20 ms more, as on
-a slow disk), then its CPU throttled (a cgroup v1 cpu quota of 15% of one CPU, the way a
+a slow disk), then its CPU throttled (a cgroup v1 cpu quota of 5% of one CPU, the way a
 shared node steals time). The ranks train the DDP wrapper on a small MLP from a RecordIO
 shard, traced; nothing in the library knows it is being slowed."""
 
@@ -42,9 +42,6 @@ def _train(rank, world, out, shard, slow, cgroup):
             time.sleep(0.020)
             return raw(self, *args, **kwargs)
         reader.Reader._raw = slow_disk
-    if rank == SLOW and slow == "cpu":
-        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
     torch.manual_seed(0)
     torch.set_num_threads(1)
     observe.start(out)
@@ -54,6 +51,9 @@ def _train(rank, world, out, shard, slow, cgroup):
     ddp = pybridge.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     loader = rio.Loader([shard], BATCH, prefetch=0, shuffle=False)
+    if rank == SLOW and slow == "cpu":  # throttled for the steps only: start-up at a 5% quota takes seconds
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
     for _ in range(STEPS):
         batch = loader.next_batch()
         x = torch.frombuffer(bytearray(batch.data.tobytes()), dtype=torch.float32).view(len(batch), FEATURES)
@@ -95,9 +95,9 @@ def _cgroup():
     except OSError as exc:
         pytest.skip(f"cannot create a cpu cgroup: {exc}")
     with open(os.path.join(path, "cpu.cfs_period_us"), "w") as f:
-        f.write("10000")
+        f.write("20000")
     with open(os.path.join(path, "cpu.cfs_quota_us"), "w") as f:
-        f.write("1500")  # 15% of one CPU, in 1.5 ms slices every 10 ms
+        f.write("1000")  # 5% of one CPU (1 ms every 20 ms; 1 ms is the least quota): far below the suite's load
     return path
 
 
