@@ -39,6 +39,7 @@ SLOW_FILES = (  # seconds in a clean-clone `make test` (--durations=0, summed pe
     "test_elastic_survive.py",  # 71
     "test_elastic_mnist.py",  # 39
     "test_elastic_lost.py",  # 36
+    "test_observe_straggler.py",  # 28 (two 4-rank runs, one at a 5% CPU quota; wall time, little CPU; 2026-11-28)
     "test_handles_cpp.py",  # 35 (two C++ programs compiled, then 4 launches; measured alone under load)
     "test_gossip.py",  # 33
     "test_join.py",  # 24
@@ -61,6 +62,8 @@ SLOW_FILES = (  # seconds in a clean-clone `make test` (--durations=0, summed pe
     "test_handles.py",  # 14
     "test_elastic.py",  # 13
     "test_local_sgd.py",  # 12
+    "test_observe.py",  # 10 (2026-11-28, alone)
+    "test_observe_report.py",  # 7
 )
 
 
