@@ -80,8 +80,10 @@ def test_a_rank_whose_data_loading_is_slowed_is_named_with_data_as_the_cause(tmp
     v = rep["verdict"]
     assert v["straggler"] == SLOW and v["cause"] == "data", v["text"]
     by_rank = {r["rank"]: r for r in rep["per_rank"]}
-    # a 20 ms sleep per step on the slow rank only (one chunk per batch, one batch per step)
-    assert by_rank[SLOW]["data_ms"] > 15 and all(by_rank[r]["data_ms"] < 10 for r in range(WORLD) if r != SLOW)
+    # a 20 ms sleep per step on the slow rank only (one chunk per batch, one batch per step); under
+    # the suite's load every rank's reads slow down too (seen: another rank at 10+ ms), not by 20 ms
+    others = max(by_rank[r]["data_ms"] for r in range(WORLD) if r != SLOW)
+    assert by_rank[SLOW]["data_ms"] > 15 and by_rank[SLOW]["data_ms"] - others > 8, by_rank
     row = next(r for r in rep["stragglers"]["per_rank"] if r["rank"] == SLOW)
     assert row["last_share"] > 0.5 and row["relative_score_latest"] < 0.8
 
