@@ -80,7 +80,7 @@ def write_run(directory, ranks=4, steps=40, slow=None, kind="data", extra_us=400
                        "dur": data, "args": {"records": RECORDS}})
             ev.append({"ph": "X", "name": "forward", "cat": "forward", "pid": r, "tid": 1,
                        "ts": local(r, t + data), "dur": compute_span / 3})
-            ev.append({"ph": "X", "name": "backward (grads ready)", "cat": "compute", "pid": r, "tid": 102,
+            ev.append({"ph": "X", "name": "backward (grads ready)", "cat": "compute", "pid": r, "tid": 4,
                        "ts": local(r, t + data + compute_span / 2), "dur": compute_span / 2})
             ev.append({"ph": "X", "name": "reducer.wait", "cat": "comm", "pid": r, "tid": 1,
                        "ts": local(r, issue[r]), "dur": exposed})

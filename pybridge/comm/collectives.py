@@ -162,8 +162,8 @@ def _numbered(g, op, start, async_op, buffers):
                 if rec is not None:
                     rec.on_collective(entry, _clock.now_us(), True)
                 return None
-            if rec is not None:
-                _observe_async(rec, entry, work)
+            if rec is not None:  # seen done by Recorder.poll
+                rec.on_async(entry, work.get_future())
     except InvalidArgument:
         progress.end(seq)
         raise
@@ -175,11 +175,6 @@ def _numbered(g, op, start, async_op, buffers):
     return Work(work, *buffers, explain=lambda exc: _watchdog.explain(g, seq, op, exc),
                 finish=(lambda: progress.end(seq)) if progress.watched else None,
                 stream=_streams.issued_on(g, buffers))
-
-
-def _observe_async(rec, entry, work):
-    """Record an asynchronous collective once it is seen done (Recorder.poll)."""
-    rec.on_async(entry, work.get_future())
 
 
 def _verify(g, seq, op):

@@ -252,8 +252,8 @@ class Iteration:
         """Wait for every launched bucket (within `deadline`, time.monotonic() or None) and
         leave each hook's value in its bucket."""
         works, self.works = self.works, []
+        rec = _obs.REC
         try:
-            rec = _obs.REC
             for bucket, fut in works:
                 value = await_value(fut, deadline, f"bucket {bucket.index}")
                 if rec is not None:
@@ -262,7 +262,6 @@ class Iteration:
                     bucket.flat.copy_(value)  # e.g. decompress in place
         except Exception as exc:  # noqa: BLE001
             raise bucket_error(exc, bucket, self.group) from exc
-        rec = _obs.REC
         if rec is not None:
             rec.on_buckets_finished()
 

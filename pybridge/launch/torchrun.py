@@ -560,8 +560,10 @@ def _observe_settings(opts):
         addr = opts.metrics_addr
         endpoint = _endpoint(opts)
         if addr is None and endpoint is not None and _max_nodes(opts) > 1:
-            addr = _local_addr(endpoint[0])[1:] or ["127.0.0.1"]
-            addr = addr[0]
+            try:  # the address this node talks to the rendezvous host on, as _local_addr gives the stores
+                addr = netif.local_address_towards(endpoint[0])
+            except OSError:
+                addr = None
         os.environ["PYBRIDGE_METRICS_ADDR"] = addr or "127.0.0.1"
         print(f"{PROG}: metrics of local rank L at http://{os.environ['PYBRIDGE_METRICS_ADDR']}:"
               f"{opts.metrics_port}+L/metrics", file=sys.stderr, flush=True)

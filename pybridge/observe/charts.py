@@ -17,6 +17,7 @@ import os
 
 from ..errors import InvalidArgument
 from . import report as _report
+from . import tracks
 
 COLORS = {"compute": "#dbe9f6", "forward": "#3a7dc9", "user": "#7fb2e5", "backward": "#1f4e8c",
           "data": "#f28e2b", "comm": "#e15759", "bucket": "#b07aa1", "collective": "#59a14f",
@@ -68,7 +69,7 @@ def timeline_data(events, ranks, steps=3):
     spans that overlap them (ms from the window's start)."""
     per = {r: {} for r in ranks}
     for e in events:
-        if e.get("ph") == "X" and e.get("tid") == _report.STEPS_TRACK and e.get("name") == "step" \
+        if e.get("ph") == "X" and e.get("tid") == tracks.STEPS and e.get("name") == "step" \
                 and e.get("pid") in per:
             per[e["pid"]][int((e.get("args") or {}).get("step", 0))] = (e["ts"], e["ts"] + e["dur"])
     common = sorted(set.intersection(*(set(v) for v in per.values()))) if per else []
@@ -80,20 +81,20 @@ def timeline_data(events, ranks, steps=3):
     lanes = {r: {"steps": [(n, (per[r][n][0] - t0) / 1e3, (per[r][n][1] - per[r][n][0]) / 1e3) for n in chosen],
                  "program": [], "backward": [], "buckets": [], "collectives": []} for r in ranks}
     for e in events:
-        if e.get("ph") != "X" or e.get("pid") not in lanes or e.get("tid") == _report.STEPS_TRACK:
+        if e.get("ph") != "X" or e.get("pid") not in lanes or e.get("tid") == tracks.STEPS:
             continue
         start, dur = e.get("ts", 0.0), e.get("dur", 0.0)
         if start + dur < t0 or start > t1:
             continue
         bar = ((start - t0) / 1e3, dur / 1e3)
         tid, lane = e.get("tid"), lanes[e["pid"]]
-        if tid == _report.PROGRAM_TRACK:
+        if tid == tracks.PROGRAM:
             lane["program"].append((bar, _category(e), e.get("name")))
-        elif tid == _report.STEPS_TRACK + 100:
+        elif tid == tracks.BACKWARD:
             lane["backward"].append(bar)
-        elif tid == _report.BUCKETS_TRACK:
+        elif tid == tracks.BUCKETS:
             lane["buckets"].append(bar)
-        elif isinstance(tid, int) and tid >= _report.FIRST_COLLECTIVES_TRACK:
+        elif isinstance(tid, int) and tid >= tracks.FIRST_COLLECTIVES:
             lane["collectives"].append((bar, e.get("name")))
     return {"steps": chosen, "span_ms": (t1 - t0) / 1e3, "lanes": lanes}
 

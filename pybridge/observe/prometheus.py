@@ -4,6 +4,10 @@ nothing extra. Counters are totals since start; gauges the latest step and scala
 
 from ..errors import InvalidArgument
 
+# the step's parts as the `part` label, and the breakdown field each is read from
+_PARTS = (("total", "step_us"), ("data", "data_us"), ("compute", "compute_us"), ("exposed_comm", "exposed_comm_us"),
+          ("comm", "comm_us"))
+
 
 def serve(metrics, port, addr):
     """Serve `metrics` on http://addr:port/metrics; returns (server, thread)."""
@@ -25,8 +29,7 @@ def serve(metrics, port, addr):
             yield steps
             spent = CounterMetricFamily("pybridge_step_seconds", "Seconds of steps, split by what they spent",
                                         labels=labels + ["part"])
-            for part, key in (("total", "step_us"), ("data", "data_us"), ("compute", "compute_us"),
-                              ("exposed_comm", "exposed_comm_us"), ("comm", "comm_us")):
+            for part, key in _PARTS:
                 spent.add_metric([rank, part], metrics.totals[key] / 1e6)
             yield spent
             last = GaugeMetricFamily("pybridge_last_step_seconds", "The latest step, split by what it spent",
@@ -34,8 +37,7 @@ def serve(metrics, port, addr):
             hidden = GaugeMetricFamily("pybridge_hidden_share", "Share of the latest step's reduction hidden "
                                        "behind compute (0 to 1)", labels=labels)
             if metrics.last_step is not None:
-                for part, key in (("total", "step_us"), ("data", "data_us"), ("compute", "compute_us"),
-                                  ("exposed_comm", "exposed_comm_us"), ("comm", "comm_us")):
+                for part, key in _PARTS:
                     last.add_metric([rank, part], metrics.last_step[key] / 1e6)
                 if "hidden_share" in metrics.last_step:
                     hidden.add_metric([rank], metrics.last_step["hidden_share"])

@@ -18,10 +18,7 @@ import time
 
 from . import bandwidth, clock
 from .metrics import Metrics
-
-PROGRAM, STEPS, BUCKETS = 1, 2, 3
-_COLLECTIVES = 10  # the first collectives track; one per group
-TRACKS = {PROGRAM: "program", STEPS: "steps", BUCKETS: "buckets (reducer)"}
+from .tracks import BACKWARD, BUCKETS, FIRST_COLLECTIVES, NAMES, PROGRAM, STEPS
 FORMAT = 1  # otherData.pybridge.format: bumped when the files change incompatibly
 _COLLECTIVE_ARGS = "collective"  # marks a collective's args kept as a tuple (_collective_args)
 FLIGHT_ENTRIES = 2000  # collectives kept for a hang dump (torch's TORCH_FR_BUFFER_SIZE, in spirit)
@@ -60,13 +57,13 @@ def _collective_args(name, dur, args):
 
 
 class Recorder:
-    """Records for one rank into `out_dir` (None: metrics only, for a Prometheus endpoint).
-    `trace`: keep trace events; `every`: steps per metrics row (JSON lines, TensorBoard)."""
+    """Records for one rank into `out_dir` (None: metrics only, for a Prometheus endpoint);
+    `every`: steps per metrics row (JSON lines, TensorBoard)."""
 
-    def __init__(self, out_dir, *, rank, world_size, local_rank=0, trace=True, every=50):
+    def __init__(self, out_dir, *, rank, world_size, local_rank=0, every=50):
         self.dir = out_dir
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
-        self.tracing = bool(trace and out_dir)
+        self.tracing = bool(out_dir)
         self.events = []
         self._lock = threading.Lock()
         self._tracks = {}  # group uid -> collectives track
@@ -81,7 +78,7 @@ class Recorder:
         self.explicit_steps = False
         self._pending = None  # when a reducer iteration ended that is not yet a step (end_step)
         self.steps = 0
-        self.clock_offset_us = 0.0  # this rank's clock minus rank 0's (sync.measure)
+        self.clock_offset_us = 0.0  # this rank's clock minus rank 0's (comm/clocksync.py)
         self.clock_uncertainty_us = 0.0
         self.clock_synced = False
         self.anchor = clock.wall_anchor()
@@ -96,7 +93,7 @@ class Recorder:
     def collectives_track(self, uid, label):
         tid = self._tracks.get(uid)
         if tid is None:
-            tid = self._tracks[uid] = _COLLECTIVES + len(self._tracks)
+            tid = self._tracks[uid] = FIRST_COLLECTIVES + len(self._tracks)
             self._labels[tid] = f"collectives ({label})"
         return tid
 
@@ -104,9 +101,9 @@ class Recorder:
         if self.tracing:
             self.events.append(("X", tid, name, cat, start, dur, args))
 
-    def instant(self, name, cat="user", args=None, tid=PROGRAM):
+    def instant(self, name, cat="user", args=None):
         if self.tracing:
-            self.events.append(("i", tid, name, cat, clock.now_us(), 0.0, args))
+            self.events.append(("i", PROGRAM, name, cat, clock.now_us(), 0.0, args))
 
     # ---- the program's spans ---------------------------------------------------------
 
@@ -130,7 +127,8 @@ class Recorder:
         return t - start
 
     def _account(self, cat, dur):
-        """A program span counts in the step's breakdown as its category says."""
+        """A span of the program's track counts in the step's breakdown as its category says
+        (communication once: not again inside a wait that already counts)."""
         s = self.step
         if cat == "data":
             s.data += dur
@@ -240,16 +238,11 @@ class Recorder:
         self._waiting += 1
         return clock.now_us()
 
-    def wait_end(self, start, name="reducer.wait", cat="comm"):
+    def wait_end(self, start, name="reducer.wait"):
         self._waiting -= 1
         t = clock.now_us()
-        if not self._waiting:
-            if cat == "data":
-                self.step.data += t - start
-            else:
-                self.step.exposed += t - start
-        self.complete(PROGRAM, name, cat, start, t - start)
-        return t
+        self._account("comm", t - start)
+        self.complete(PROGRAM, name, "comm", start, t - start)
 
     def on_loader(self, start, records):
         self._settle()
@@ -305,7 +298,7 @@ class Recorder:
         if self.tracing:
             self.events.append(("X", STEPS, "step", "step", s.start, dur, args))
             if s.bwd_first is not None:
-                self.events.append(("X", STEPS + 100, "backward (grads ready)", "compute", s.bwd_first,
+                self.events.append(("X", BACKWARD, "backward (grads ready)", "compute", s.bwd_first,
                                     backward, None))
         self.metrics.step(self.steps, args)
 
@@ -334,9 +327,7 @@ class Recorder:
         pid = self.rank
         out = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {pid}"}},
                {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
-        labels = dict(TRACKS)
-        labels.update(self._labels)
-        labels[STEPS + 100] = "backward"
+        labels = {**NAMES, **self._labels}
         used = set()
         for ph, tid, name, cat, ts, dur, args in list(self.events):
             used.add(tid)

@@ -25,9 +25,7 @@ import os
 import statistics
 
 from ..errors import InvalidArgument
-from . import bandwidth, merge
-
-STEPS_TRACK, PROGRAM_TRACK, BUCKETS_TRACK, FIRST_COLLECTIVES_TRACK = 2, 1, 3, 10
+from . import bandwidth, merge, tracks
 CAUSES = {"data": ("data_ms", "waiting for data"), "compute": ("compute_ms", "computing"),
           "communication": ("exposed_comm_ms", "in exposed communication")}
 MIN_LATENESS_MS = 1.0  # a straggler must keep the others waiting at least this long ...
@@ -90,17 +88,17 @@ def _split(events, path):
         tid, args = e.get("tid"), e.get("args") or {}
         if not isinstance(args, dict):
             raise InvalidArgument(f"{path} is corrupt: event {e.get('name')!r} has args that are not an object")
-        if tid == STEPS_TRACK and e.get("name") == "step":
+        if tid == tracks.STEPS and e.get("name") == "step":
             step = {k: float(v) for k, v in args.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             for k in ("step", "step_us", "compute_us", "data_us", "exposed_comm_us"):
                 if k not in step:
                     raise InvalidArgument(f"{path} is corrupt: a step event of rank {e.get('pid')} has no {k}")
             step["ts"], step["dur"] = _num(e, "ts", path), _num(e, "dur", path)
             steps.setdefault(e.get("pid"), []).append(step)
-        elif tid == BUCKETS_TRACK and e.get("cat") == "comm":
+        elif tid == tracks.BUCKETS and e.get("cat") == "comm":
             buckets.append((e.get("pid"), int(_num(args, "bytes", path)), str(args.get("hook", "?")),
                             _num(e, "dur", path)))
-        elif isinstance(tid, int) and tid >= FIRST_COLLECTIVES_TRACK and e.get("cat") == "comm" and "seq" in args:
+        elif isinstance(tid, int) and tid >= tracks.FIRST_COLLECTIVES and e.get("cat") == "comm" and "seq" in args:
             colls.append({"rank": e.get("pid"), "op": e.get("name"), "group": args.get("group"),
                           "seq": args.get("seq"), "bytes": int(_num(args, "bytes", path)),
                           "ranks": int(_num(args, "ranks", path)), "issued_us": _num(args, "issued_us", path),

@@ -14,9 +14,9 @@ import os
 import tempfile
 
 from . import clock
+from .tracks import FIRST_LIBTORCH
 
 _ANCHOR = "pybridge.clock_anchor"
-TRACK_BASE = 1000  # a profiled thread's track: TRACK_BASE + its index
 
 
 class TorchOps:
@@ -64,7 +64,7 @@ class TorchOps:
             if e.get("ph") != "X" or e.get("cat") not in ("cpu_op", "user_annotation") or \
                     str(e.get("name", "")).startswith(_ANCHOR):
                 continue
-            tid = tracks.setdefault(e.get("tid"), TRACK_BASE + len(tracks))
+            tid = tracks.setdefault(e.get("tid"), FIRST_LIBTORCH + len(tracks))
             out.append({"ph": "X", "name": e["name"], "cat": "libtorch", "pid": pid, "tid": tid,
                         "ts": round(e["ts"] + shift, 3), "dur": e.get("dur", 0)})
         for thread, tid in tracks.items():
