@@ -35,3 +35,21 @@ def pybridge_flags(pc_dir=os.path.dirname(LIB_PATH)):
     out = subprocess.run(["pkg-config", "--cflags", "--libs", "pybridge"], check=True, text=True,
                          capture_output=True, env={**os.environ, "PKG_CONFIG_PATH": pc_dir})
     return out.stdout.split()
+
+
+def run_two_ranks(exe, *args, timeout=90):
+    """Run the C program `exe` as ranks 0 and 1 (`exe RANK PORT ARGS...`, a fresh port), with
+    a bare environment (no PYBRIDGE_* or launcher variables); [(exit status, output)] by rank."""
+    from ranks import free_port
+    port = str(free_port())
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    procs = [subprocess.Popen([str(exe), str(r), port, *map(str, args)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    return [(p.returncode, out) for p, out in zip(procs, outs)]

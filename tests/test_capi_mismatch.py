@@ -6,8 +6,7 @@ import subprocess
 
 import pytest
 
-from capi_loader import LIB_PATH, ROOT, pybridge_flags
-from ranks import free_port
+from capi_loader import LIB_PATH, ROOT, pybridge_flags, run_two_ranks
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
 
@@ -21,23 +20,8 @@ def exe(tmp_path_factory):
     return path
 
 
-def _two_ranks(exe, mode):
-    port = str(free_port())
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
-    procs = [subprocess.Popen([str(exe), str(r), port, mode], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=90)[0])
-    finally:
-        for p in procs:
-            p.kill()
-    return [(p.returncode, out) for p, out in zip(procs, outs)]
-
-
 @pytest.mark.parametrize("mode", ["checked", "worldsize"])
 def test_mismatches_from_c(exe, mode):
-    for rank, (code, out) in enumerate(_two_ranks(exe, mode)):
+    for rank, (code, out) in enumerate(run_two_ranks(exe, mode)):
         assert code == 0, f"rank {rank} exited {code}:\n{out}"  # a signal would be negative
         assert "mismatch: 0 failed checks" in out, out

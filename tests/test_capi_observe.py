@@ -10,8 +10,7 @@ import subprocess
 
 import pytest
 
-from capi_loader import LIB_PATH, ROOT, pybridge_flags
-from ranks import free_port
+from capi_loader import LIB_PATH, ROOT, pybridge_flags, run_two_ranks
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
 
@@ -25,18 +24,7 @@ def run(tmp_path_factory):
     exe, trace = d / "observe", d / "trace"
     subprocess.run(["gcc", "-Wall", "-Werror", "-o", str(exe), os.path.join(ROOT, "tests/c/observe.c"),
                     *pybridge_flags()], check=True)
-    port = str(free_port())
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}  # no PYBRIDGE_TRACE
-    procs = [subprocess.Popen([str(exe), str(r), port, str(trace)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=90)[0])
-    finally:
-        for p in procs:
-            p.kill()
-    return trace, [(p.returncode, out) for p, out in zip(procs, outs)]
+    return trace, run_two_ranks(exe, trace)  # a bare environment: no PYBRIDGE_TRACE
 
 
 def test_calls_and_bad_input_from_c(run):

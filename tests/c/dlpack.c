@@ -6,18 +6,7 @@
 #include <string.h>
 #include "dlpack.h"
 #include "pybridge.h"
-
-static int failures = 0;
-
-static void expect(const char *what, int got, int want, const char *words) {
-    const char *msg = pb_last_error();
-    if (got != want || (words != NULL && strstr(msg, words) == NULL)) {
-        printf("FAIL %s: got %s want %s (%s)\n", what, pb_status_name(got), pb_status_name(want), msg);
-        failures++;
-    } else {
-        printf("ok   %s -> %s%s%s\n", what, pb_status_name(got), want ? ": " : "", want ? msg : "");
-    }
-}
+#include "expect.h"
 
 static void check(const char *what, int ok) {
     printf("%s %s\n", ok ? "ok  " : "FAIL", what);

@@ -8,19 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "pybridge.h"
-
-static int failures = 0;
-
-static void expect(const char *what, int got, int want, const char *text) {
-    const char *msg = pb_last_error();
-    if (got != want || (text && !strstr(msg, text))) {
-        printf("FAIL %s: got %s (%s), want %s containing \"%s\"\n", what, pb_status_name(got), msg,
-               pb_status_name(want), text ? text : "");
-        failures++;
-    } else {
-        printf("ok   %s -> %s%s%s\n", what, pb_status_name(got), want ? ": " : "", want ? msg : "");
-    }
-}
+#include "expect.h"
 
 int main(int argc, char **argv) {
     if (argc != 4) { fprintf(stderr, "usage: %s RANK PORT checked|worldsize\n", argv[0]); return 2; }

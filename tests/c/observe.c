@@ -9,21 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "pybridge.h"
+#include "expect.h"
 
 #define STEPS 3 /* training steps, each ended by pb_step_end */
-
-static int failures = 0;
-
-static void expect(const char *what, int got, int want, const char *text) {
-    const char *msg = pb_last_error();
-    if (got != want || (text && !strstr(msg, text))) {
-        printf("FAIL %s: got %s (%s), want %s containing \"%s\"\n", what, pb_status_name(got), msg,
-               pb_status_name(want), text ? text : "");
-        failures++;
-    } else {
-        printf("ok   %s -> %s%s%s\n", what, pb_status_name(got), want ? ": " : "", want ? msg : "");
-    }
-}
 
 static void expect_value(const char *what, long long got, long long want) {
     if (got != want) {
