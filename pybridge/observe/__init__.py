@@ -21,10 +21,14 @@ time line.
 import atexit
 import functools
 import os
+from typing import TYPE_CHECKING, ContextManager, Optional, Union
 
 from ..errors import InvalidArgument
 from . import state
 from .clock import now_us
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
 
 EVERY = 50  # steps per metrics row by default: a row (JSON line, TensorBoard) costs about 0.2 ms
 CATEGORIES = ("user", "compute", "forward", "data", "comm", "checkpoint", "elastic")
@@ -72,13 +76,16 @@ def _check(trace, port, addr, every, torch_ops=False, source="start()"):
             "every": every or EVERY, "torch_ops": bool(torch_ops)}
 
 
-def start(trace=None, *, metrics_port=None, metrics_addr=None, every=None, torch_ops=False):
+def start(trace: Union[str, os.PathLike, None] = None, *, metrics_port: Optional[int] = None,
+          metrics_addr: Optional[str] = None, every: Optional[int] = None,
+          torch_ops: bool = False) -> "Optional[Recorder]":
     """Record this rank: traces and metrics files into directory `trace`, and/or a Prometheus
     endpoint on `metrics_port` (bound to `metrics_addr`, default loopback; the port of local
     rank L is metrics_port + L). `every`: steps per metrics row (default 50). `torch_ops`:
     also libtorch's operations on every thread, from torch.profiler (torchops.py; short
     runs). Call before init() (the recording starts there, with the clocks aligned) or
-    after it (at once, clocks not aligned)."""
+    after it (at once, clocks not aligned). Returns the rank's recorder once it records
+    (after init), else None."""
     global _settings
     if trace is None and metrics_port is None:
         raise InvalidArgument("start() needs a trace directory, a metrics port or both")
@@ -127,7 +134,7 @@ def left():
         rec.flush(final=True)
 
 
-def stop():
+def stop() -> None:
     """Stop recording: write the files, close the endpoint. Runs at exit."""
     global _server, _settings
     rec, state.REC = state.REC, None
@@ -143,12 +150,12 @@ def stop():
 atexit.register(stop)
 
 
-def enabled():
+def enabled() -> bool:
     """Whether this rank records."""
     return state.REC is not None
 
 
-def flush():
+def flush() -> Optional[str]:
     """Write the trace file and the metrics files now (they are also written at finalize,
     at exit and when the watchdog reports a hang). Returns the trace file's path or None."""
     rec = state.REC
@@ -198,7 +205,7 @@ def _cat(cat):
     return cat
 
 
-def begin(name, cat="user", **args):
+def begin(name: str, cat: str = "user", **args) -> int:
     """Start the program's span `name` and return its id for end() (0 when not recording).
     A span may end on another thread than it began on (a goroutine's)."""
     rec = state.REC
@@ -207,7 +214,7 @@ def begin(name, cat="user", **args):
     return rec.begin(_name("span", name), _cat(cat), args or None)
 
 
-def end(span):
+def end(span: int) -> None:
     """End the span begin() returned."""
     rec = state.REC
     if rec is None or span == 0:
@@ -243,7 +250,7 @@ class _Nothing:
 _NOTHING = _Nothing()
 
 
-def span(name, cat="user", **args):
+def span(name: str, cat: str = "user", **args) -> ContextManager:
     """`with span("forward"):` the program's span (a no-op when not recording). `cat` puts its
     time in the step breakdown: data (waiting for data), comm (exposed communication),
     forward, or compute (user, compute and the rest)."""
@@ -252,14 +259,14 @@ def span(name, cat="user", **args):
     return _Span(_name("span", name), _cat(cat), args)
 
 
-def instant(name, cat="user", **args):
+def instant(name: str, cat: str = "user", **args) -> None:
     """Mark a moment on the program's track."""
     rec = state.REC
     if rec is not None:
         rec.instant(_name("instant", name), _cat(cat), args or None)
 
 
-def scalar(name, value, step=None):
+def scalar(name: str, value: float, step: Optional[int] = None) -> None:
     """Log the program's scalar (loss, accuracy) at `step` (default: the current step):
     into the trace (a counter track), the metrics rows, TensorBoard and Prometheus."""
     rec = state.REC
@@ -273,7 +280,7 @@ def scalar(name, value, step=None):
     rec.scalar(name, float(value), step)
 
 
-def step():
+def step() -> int:
     """End the current step (from then on only these calls end steps; without them, each
     reducer iteration is a step). Returns the number of steps ended."""
     rec = state.REC
