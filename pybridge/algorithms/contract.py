@@ -21,11 +21,17 @@ counter a checkpoint keeps). This module imports no hook: the hooks import it.
 
 import functools
 import warnings
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as _torch_hooks
 
 from ..errors import InvalidArgument
+
+# A comm hook: hook(state, bucket) -> a future of the communicated bucket (a tensor, or a
+# one-element list of it). torch's hooks (typed for torch's GradBucket) are hooks too.
+CommHook = Callable[[Any, Any], "torch.futures.Future[Any]"]
+_Hook = TypeVar("_Hook", bound=Callable[..., Any])
 
 
 class GradBucket:
@@ -33,7 +39,8 @@ class GradBucket:
 
     __slots__ = ("_index", "_buffer", "_grads", "_params", "_last", "scale")
 
-    def __init__(self, index, buffer, grads, params, last, scale=None):
+    def __init__(self, index: int, buffer: torch.Tensor, grads: Sequence[torch.Tensor],
+                 params: Optional[Sequence[torch.Tensor]], last: bool, scale: Optional[float] = None) -> None:
         self._index = index
         self._buffer = buffer
         self._grads = grads
@@ -43,25 +50,29 @@ class GradBucket:
         # first pass over the buffer (the 1/size of 'avg'), or None.
         self.scale = scale
 
-    def index(self):
+    def index(self) -> int:
+        """The bucket's place in launch order (0 first)."""
         return self._index
 
-    def buffer(self):
+    def buffer(self) -> torch.Tensor:
         """The bucket's flat gradients (one dtype, one device)."""
         return self._buffer
 
-    def set_buffer(self, tensor):
+    def set_buffer(self, tensor: torch.Tensor) -> None:
+        """Replace the flat gradients (torch's GradBucket.set_buffer)."""
         self._buffer = tensor
 
-    def is_last(self):
+    def is_last(self) -> bool:
         """True for the last bucket of the iteration (hooks that count steps use it)."""
         return self._last
 
-    def gradients(self):
+    def gradients(self) -> list[torch.Tensor]:
         """Each parameter's gradient: views into buffer(), in the bucket's layout order."""
         return list(self._grads)
 
-    def parameters(self):
+    def parameters(self) -> list[torch.Tensor]:
+        """The parameters of the bucket's gradients, in the same order (a reducer built from
+        tensors; one built from specs, as C and Go build them, has none)."""
         if self._params is None:
             raise InvalidArgument("this reducer was built from parameter specs (C, Go), not tensors: "
                                   "bucket.parameters() is unknown; use gradients()")
@@ -73,15 +84,15 @@ class HookContext:
     The wire type belongs to the hook (fp16_compress_hook sends float16 whatever the
     state says), as in torch."""
 
-    def __init__(self, group, dtype=None):
+    def __init__(self, group: Any, dtype: Optional[torch.dtype] = None) -> None:
         if dtype is not None:
             warnings.warn("HookContext(dtype=...) is ignored: the wire type is bound in the hook "
                           "(fp16_compress_hook, bf16_compress_hook); use HookContext(group)",
                           DeprecationWarning, stacklevel=2)
         self.group = group
-        self._scratch = {}
+        self._scratch: dict[int, torch.Tensor] = {}
 
-    def scratch(self, index, like, dtype=None):
+    def scratch(self, index: int, like: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """A reusable wire buffer of `dtype` (default: like's) for bucket `index`
         (allocated once per layout)."""
         dtype = like.dtype if dtype is None else dtype
@@ -93,11 +104,12 @@ class HookContext:
 
 # Hooks that issue every collective before returning: torch's simple ones, and pybridge's
 # (each declares itself where it is defined).
-_EAGER = {_torch_hooks.allreduce_hook, _torch_hooks.fp16_compress_hook, _torch_hooks.bf16_compress_hook}
-_SUMS = set()
+_EAGER: set[Callable[..., Any]] = {_torch_hooks.allreduce_hook, _torch_hooks.fp16_compress_hook,
+                                   _torch_hooks.bf16_compress_hook}
+_SUMS: set[Callable[..., Any]] = set()
 
 
-def declare_eager(hook):
+def declare_eager(hook: _Hook) -> _Hook:
     """Declare that `hook` issues all of its collectives before it returns, none from its
     future's callbacks (as torch's allreduce and fp16/bf16 hooks do). The reducer then
     starts each bucket's hook as soon as the bucket is ready, so buckets travel
@@ -108,14 +120,15 @@ def declare_eager(hook):
     return hook
 
 
-def is_eager(hook):
+def is_eager(hook: Callable[..., Any]) -> bool:
+    """Was `hook` declared eager (declare_eager)?"""
     try:
         return hook in _EAGER
     except TypeError:  # an unhashable callable: not declared
         return False
 
 
-def declare_sums(hook):
+def declare_sums(hook: _Hook) -> _Hook:
     """Declare that `hook` sums what it is given and applies `bucket.scale`: the reducer then
     folds the 1/size of 'avg' into its gradient copy instead of dividing afterwards. For
     pybridge's own hooks (torch's GradBucket has no scale). Returns `hook`."""
@@ -123,7 +136,7 @@ def declare_sums(hook):
     return hook
 
 
-def prescales(hook):
+def prescales(hook: Callable[..., Any]) -> bool:
     """Does `hook` sum what it is given (so the reducer may pre-divide for 'avg')?"""
     try:
         return hook in _SUMS
@@ -131,19 +144,19 @@ def prescales(hook):
         return False
 
 
-def _name(obj):
+def _name(obj: Any) -> str:
     if isinstance(obj, functools.partial):
         return f"partial({_name(obj.func)})"
     return f"{getattr(obj, '__module__', None) or '?'}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
 
 
-def _describe(hook, state_type, settings):
+def _describe(hook: Callable[..., Any], state_type: type, settings: dict[str, Any]) -> str:
     if state_type is type(None):
         return _name(hook)
     return f"{_name(hook)}({', '.join([f'state {_name(state_type)}'] + [f'{k} {v!r}' for k, v in settings.items()])})"
 
 
-def _settings(state):
+def _settings(state: Any) -> dict[str, Any]:
     """The settings of a known hook state that every rank must share ({} for others): a
     typed dispatch, so a renamed class is an error here and not a silently empty row."""
     from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
@@ -151,7 +164,8 @@ def _settings(state):
 
     own = getattr(state, "settings", None)
     if callable(own):  # pybridge's hook states (hierarchical, gossip)
-        return own()
+        mine: dict[str, Any] = own()
+        return mine
     if isinstance(state, PostLocalSGDState):
         return {"start_localSGD_iter": state.start_localSGD_iter,
                 "post_local_gradient_allreduce": state.post_local_gradient_allreduce}
@@ -163,38 +177,40 @@ def _settings(state):
     return {}
 
 
-def identity(state, hook):
+def identity(state: Any, hook: Callable[..., Any]) -> str:
     """What every rank must agree on about a hook, readable: the function by module and
     qualified name, the state's type and, for pybridge's and torch's known states, their
     settings. 'pybridge.algorithms.default_hooks.fp16_compress_hook(state pybridge.algorithms.contract.HookContext)'."""
     return _describe(hook, type(state), _settings(state))
 
 
-def _step_attr(state):
+def _step_attr(state: Any) -> Optional[str]:
     from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
     own = getattr(state, "STEP_ATTR", None)
     if own is not None:  # pybridge's hook states
-        return own
+        name: str = own
+        return name
     if isinstance(state, (PowerSGDState, PostLocalSGDState)):
         return "iter"
     return None
 
 
-def hook_step(state):
+def hook_step(state: Any) -> Optional[int]:
     """The step counter of a hook state that a checkpoint keeps (GossipGraD's step, PowerSGD's
     and post-local SGD's iteration), or None for states without one."""
     attr = _step_attr(state)
-    return None if attr is None else getattr(state, attr)
+    step: Optional[int] = None if attr is None else getattr(state, attr)
+    return step
 
 
-def set_hook_step(state, step):
+def set_hook_step(state: Any, step: int) -> None:
     """Restore hook_step()'s counter; a state without one ignores it."""
     attr = _step_attr(state)
     if attr is not None:
         setattr(state, attr, step)
 
 
-__all__ = ["GradBucket", "HookContext", "declare_eager", "is_eager", "declare_sums", "prescales", "identity",
+__all__ = ["CommHook", "GradBucket", "HookContext", "declare_eager", "is_eager", "declare_sums", "prescales", "identity",
            "hook_step", "set_hook_step"]

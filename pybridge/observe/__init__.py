@@ -21,7 +21,10 @@ time line.
 import atexit
 import functools
 import os
-from typing import TYPE_CHECKING, ContextManager, Optional, Union
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional, TypeVar, Union
+
+from typing_extensions import ParamSpec
 
 from ..errors import InvalidArgument
 from . import state
@@ -30,18 +33,22 @@ from .clock import now_us
 if TYPE_CHECKING:
     from .recorder import Recorder
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_Settings = dict[str, Any]
+
 EVERY = 50  # steps per metrics row by default: a row (JSON line, TensorBoard) costs about 0.2 ms
 CATEGORIES = ("user", "compute", "forward", "data", "comm", "checkpoint", "elastic")
 _ENV_TRACE, _ENV_PORT, _ENV_ADDR, _ENV_EVERY, _ENV_TORCH = (
     "PYBRIDGE_TRACE", "PYBRIDGE_METRICS_PORT", "PYBRIDGE_METRICS_ADDR", "PYBRIDGE_METRICS_EVERY",
     "PYBRIDGE_TRACE_TORCH")
 
-_settings = None  # what start() asked for, applied at init (or at once after it)
-_world = None  # (rank, world size, local rank) of the latest init
-_server = None  # the Prometheus endpoint's (server, thread)
+_settings: Optional[_Settings] = None  # what start() asked for, applied at init (or at once after it)
+_world: Optional[tuple[int, int, int]] = None  # (rank, world size, local rank) of the latest init
+_server: Optional[tuple[Any, Any]] = None  # the Prometheus endpoint's (server, thread)
 
 
-def _settings_from_env():
+def _settings_from_env() -> Optional[_Settings]:
     trace = os.environ.get(_ENV_TRACE, "").strip() or None
     port = os.environ.get(_ENV_PORT, "").strip() or None
     every = os.environ.get(_ENV_EVERY, "").strip() or None
@@ -54,7 +61,7 @@ def _settings_from_env():
                   _env_int(_ENV_EVERY, every), torch_ops in ("1", "true", "yes", "on"), source="environment")
 
 
-def _env_int(name, raw):
+def _env_int(name: str, raw: Optional[str]) -> Optional[int]:
     if raw is None:
         return None
     try:
@@ -63,7 +70,8 @@ def _env_int(name, raw):
         raise InvalidArgument(f"environment variable {name}={raw!r}: expected an integer") from None
 
 
-def _check(trace, port, addr, every, torch_ops=False, source="start()"):
+def _check(trace: Any, port: Any, addr: Optional[str], every: Any, torch_ops: bool = False,
+           source: str = "start()") -> _Settings:
     if trace is not None and (not isinstance(trace, (str, os.PathLike)) or not str(trace)):
         raise InvalidArgument(f"{source}: the trace directory must be a path, got {trace!r}")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
@@ -76,7 +84,7 @@ def _check(trace, port, addr, every, torch_ops=False, source="start()"):
             "every": every or EVERY, "torch_ops": bool(torch_ops)}
 
 
-def start(trace: Union[str, os.PathLike, None] = None, *, metrics_port: Optional[int] = None,
+def start(trace: Union[str, "os.PathLike[str]", None] = None, *, metrics_port: Optional[int] = None,
           metrics_addr: Optional[str] = None, every: Optional[int] = None,
           torch_ops: bool = False) -> "Optional[Recorder]":
     """Record this rank: traces and metrics files into directory `trace`, and/or a Prometheus
@@ -85,7 +93,18 @@ def start(trace: Union[str, os.PathLike, None] = None, *, metrics_port: Optional
     also libtorch's operations on every thread, from torch.profiler (torchops.py; short
     runs). Call before init() (the recording starts there, with the clocks aligned) or
     after it (at once, clocks not aligned). Returns the rank's recorder once it records
-    (after init), else None."""
+    (after init), else None.
+
+    Example::
+
+        >>> import pybridge
+        >>> from pybridge import observe
+        >>> rec = observe.start("trace")           # trace/ gets this rank's trace and metrics
+        >>> with observe.span("forward"):
+        ...     pass
+        >>> observe.scalar("loss", 0.25)
+        >>> observe.stop()                         # also at exit; `pybridge report trace` reads them
+    """
     global _settings
     if trace is None and metrics_port is None:
         raise InvalidArgument("start() needs a trace directory, a metrics port or both")
@@ -95,7 +114,7 @@ def start(trace: Union[str, os.PathLike, None] = None, *, metrics_port: Optional
     return state.REC
 
 
-def joined(rank, world_size, local_rank=0):
+def joined(rank: int, world_size: int, local_rank: int = 0) -> "Optional[Recorder]":
     """The process group was made (comm/group.py): start recording if asked to. Returns the
     recorder (new or kept from an earlier world), or None."""
     global _world, _server
@@ -127,7 +146,7 @@ def joined(rank, world_size, local_rank=0):
     return rec
 
 
-def left():
+def left() -> None:
     """The process group was finalized: write what was recorded (it goes on in a next world)."""
     rec = state.REC
     if rec is not None:
@@ -162,7 +181,7 @@ def flush() -> Optional[str]:
     return rec.flush() if rec is not None else None
 
 
-def hang_dump(reason):
+def hang_dump(reason: str) -> Optional[str]:
     """A collective is stuck or failed somewhere in the job (the watchdog): write this rank's
     trace and a Flight Recorder dump (flight.py) now, while the process still can."""
     rec = state.REC
@@ -171,15 +190,16 @@ def hang_dump(reason):
     from . import flight
     rec.instant("hang dump", "comm", {"reason": reason})
     rec.flush(final=True)
-    return flight.dump(rec, reason)
+    path: Optional[str] = flight.dump(rec, reason)
+    return path
 
 
-def recorded(name, cat):
+def recorded(name: str, cat: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Decorator for the library's rare, long operations (a checkpoint, an elastic reset):
     a span on the program's track while recording."""
-    def wrap(fn):
+    def wrap(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(fn)
-        def inner(*args, **kwargs):
+        def inner(*args: _P.args, **kwargs: _P.kwargs) -> _R:
             rec = state.REC
             if rec is None:
                 return fn(*args, **kwargs)
@@ -192,26 +212,27 @@ def recorded(name, cat):
     return wrap
 
 
-def _name(what, name):
+def _name(what: str, name: Any) -> str:
     if not isinstance(name, str) or not name:
         raise InvalidArgument(f"{what} name must be a non-empty string, got {name!r}")
     return name
 
 
-def _cat(cat):
+def _cat(cat: str) -> str:
     if cat not in CATEGORIES:
         raise InvalidArgument(f"unknown span category {cat!r}; valid: {', '.join(CATEGORIES)} (data counts as "
                               "waiting for data and comm as exposed communication in the step breakdown)")
     return cat
 
 
-def begin(name: str, cat: str = "user", **args) -> int:
+def begin(name: str, cat: str = "user", **args: Any) -> int:
     """Start the program's span `name` and return its id for end() (0 when not recording).
     A span may end on another thread than it began on (a goroutine's)."""
     rec = state.REC
     if rec is None:
         return 0
-    return rec.begin(_name("span", name), _cat(cat), args or None)
+    sid: int = rec.begin(_name("span", name), _cat(cat), args or None)
+    return sid
 
 
 def end(span: int) -> None:
@@ -228,38 +249,47 @@ def end(span: int) -> None:
 class _Span:
     __slots__ = ("name", "cat", "args", "id")
 
-    def __init__(self, name, cat, args):
+    def __init__(self, name: str, cat: str, args: dict[str, Any]) -> None:
         self.name, self.cat, self.args, self.id = name, cat, args, 0
 
-    def __enter__(self):
+    def __enter__(self) -> "_Span":
         self.id = begin(self.name, self.cat, **self.args)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         end(self.id)
 
 
 class _Nothing:
-    def __enter__(self):
+    def __enter__(self) -> "_Nothing":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         return None
 
 
 _NOTHING = _Nothing()
 
 
-def span(name: str, cat: str = "user", **args) -> ContextManager:
+def span(name: str, cat: str = "user", **args: Any) -> ContextManager[object]:
     """`with span("forward"):` the program's span (a no-op when not recording). `cat` puts its
     time in the step breakdown: data (waiting for data), comm (exposed communication),
-    forward, or compute (user, compute and the rest)."""
+    forward, or compute (user, compute and the rest); `args` go into the trace event.
+
+    Example::
+
+        >>> from pybridge import observe
+        >>> with observe.span("load", "data", shard=3):   # counts as waiting for data
+        ...     batch = list(range(8))
+    """
     if state.REC is None:
         return _NOTHING
     return _Span(_name("span", name), _cat(cat), args)
 
 
-def instant(name: str, cat: str = "user", **args) -> None:
+def instant(name: str, cat: str = "user", **args: Any) -> None:
     """Mark a moment on the program's track."""
     rec = state.REC
     if rec is not None:

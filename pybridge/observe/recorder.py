@@ -86,6 +86,7 @@ class Recorder:
         self.step = _Step(clock.now_us())
         self.flight = collections.deque(maxlen=FLIGHT_ENTRIES)  # [group, seq, op, issued, wall ns, done]
         self.torch_ops = None  # torchops.TorchOps when libtorch's operations are profiled too
+        self.metrics_address = None  # (host, port) of the Prometheus endpoint, when observe.start serves one
         self.closed = False
 
     # ---- tracks and raw events -------------------------------------------------------
