@@ -56,8 +56,7 @@ FIRST = (
     "pybridge.env",
     "pybridge.recordio.Writer", "pybridge.recordio.Reader", "pybridge.recordio.Loader",
     "pybridge.recordio.write_file", "pybridge.recordio.read_file",
-    "pybridge.runtime.checkpoint.Checkpoint", "pybridge.runtime.checkpoint.Checkpoint.save",
-    "pybridge.runtime.checkpoint.Checkpoint.restore",
+    "pybridge.runtime.checkpoint.save", "pybridge.runtime.checkpoint.restore",
     "pybridge.launch.main", "pybridge.observe.start", "pybridge.observe.span",
     "pybridge.algorithms.default_hooks.allreduce_hook", "pybridge.algorithms.default_hooks.fp16_compress_hook",
     "pybridge.algorithms.default_hooks.bf16_compress_hook", "pybridge.algorithms.default_hooks.powersgd_hook",
@@ -190,7 +189,7 @@ def _run_examples(rank, world, names, ports, workdir):
     assert pybridge.__file__.startswith(ROOT + os.sep), pybridge.__file__
     tests = {t.name: t for t in _doctests()}
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    failures, port = [], iter(ports)
+    failures, port, tried = [], iter(ports), 0
     for name in names:
         t = tests[name]
         own = any("pybridge.init(" in ex.source for ex in t.examples)
@@ -205,18 +204,22 @@ def _run_examples(rank, world, names, ports, workdir):
         t.globs = {"__name__": "__main__"}
         out = []
         result = runner.run(t, out=out.append, clear_globs=True)
+        tried += result.attempted
         if result.failed:
             failures.append("".join(out))
         if own and pybridge.is_initialized():
             pybridge.finalize(linger=0)
     if pybridge.is_initialized():
         pybridge.finalize(linger=0)
-    return failures
+    return tried, failures
 
 
 def test_docstring_examples_run_on_two_ranks(tmp_path):
-    names = [t.name for t in _doctests()]
+    tests = _doctests()
+    names = [t.name for t in tests]
     results = run_ranks(_run_examples, 2, names, [free_port() for _ in names], str(tmp_path), timeout=240,
                         env={"LOCAL_WORLD_SIZE": "2", "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])})
-    failed = {r: f for r, f in enumerate(results) if f}
+    failed = {r: f for r, (_, f) in enumerate(results) if f}
     assert not failed, "\n".join(f"--- rank {r}:\n" + "\n".join(f) for r, f in failed.items())
+    skipped = sum(1 for t in tests for ex in t.examples if ex.options.get(doctest.SKIP))
+    assert [tried for tried, _ in results] == [sum(len(t.examples) for t in tests) - skipped] * 2

@@ -21,7 +21,7 @@ counter a checkpoint keeps). This module imports no hook: the hooks import it.
 
 import functools
 import warnings
-from typing import Any, Callable, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as _torch_hooks

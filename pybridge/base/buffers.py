@@ -3,7 +3,7 @@ pointers into torch tensors that share the caller's memory."""
 
 import ctypes
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Optional, Protocol, Union, cast
+from typing import Any, Callable, Hashable, Optional, Protocol, Union
 
 import numpy as np
 import torch
@@ -78,7 +78,7 @@ def _format_dtype(view: memoryview) -> np.dtype[Any]:
 
 
 def _from_buffer(view: Union[Buffer, np.ndarray[Any, Any]], dtype: dtypes.DTypeLike) -> torch.Tensor:
-    mem = memoryview(cast(Buffer, view))  # numpy's stubs give ndarray __buffer__ only on Python 3.12
+    mem = memoryview(view)
     if mem.readonly:
         raise InvalidArgument("buffer is read-only; collectives write their result in place")
     if not mem.c_contiguous:

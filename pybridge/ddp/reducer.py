@@ -285,7 +285,7 @@ class Reducer:
 
         Example::
 
-            >>> import pybridge
+            >>> import torch, pybridge
             >>> from pybridge.algorithms.comm_hooks import HookContext, fp16_compress_hook
             >>> r = pybridge.Reducer([(1000, "float32")])
             >>> r.register_comm_hook(HookContext(r.group), fp16_compress_hook)
