@@ -18,6 +18,7 @@ compiled only.
 
 import doctest
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -64,6 +65,7 @@ FIRST = (
     "pybridge.algorithms.local_sgd.PeriodicModelAverager",
     "pybridge.runtime.elastic.State",
 )
+EXAMPLE = re.compile(r"^Example[^\n]*::$", re.M)  # "Example::", or "Example (how it is used)::"
 PENDING_FIRST = ("pybridge.init", "pybridge.finalize")  # comm/group.py: PENDING
 
 
@@ -139,8 +141,18 @@ def test_the_names_users_import_come_from_typed_modules():
     assert not done, f"typed now, so no longer pending: {done}"
 
 
+def test_the_package_re_exports_its_names_for_type_checkers():
+    """pybridge/__init__.py's TYPE_CHECKING imports are `X as X`: a user's checker in strict mode (no
+    implicit re-export) otherwise refuses `pybridge.all_reduce` (tests/typing/usage.py shows it)."""
+    import ast
+    tree = ast.parse(open(os.path.join(ROOT, "pybridge", "__init__.py")).read())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    bare = [a.name for imp in block.body for a in imp.names if a.asname != a.name]
+    assert not bare, f"imported without `as` (not re-exported): {bare}"
+
+
 def test_what_users_call_first_has_an_example():
-    bad = [name for name in FIRST if "Example::" not in (inspect.getdoc(_resolve(name)) or "")]
+    bad = [name for name in FIRST if not EXAMPLE.search(inspect.getdoc(_resolve(name)) or "")]
     assert not bad, "no `Example::` in the docstring of: " + ", ".join(bad)
     for name in PENDING_FIRST:
         assert _resolve(name).__module__ in PENDING, f"{name}: typed now, so it belongs in FIRST"
@@ -209,9 +221,16 @@ def _run_examples(rank, world, names, ports, workdir):
             failures.append("".join(out))
         if own and pybridge.is_initialized():
             pybridge.finalize(linger=0)
+    # The typed usage sample, as a program: a short training run on these ranks.
+    spec = importlib.util.spec_from_file_location("usage", os.path.join(ROOT, "tests", "typing", "usage.py"))
+    usage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(usage)
+    folder = os.path.join(workdir, f"rank{rank}", "usage")
+    os.makedirs(folder)
+    loss = usage.main(folder)
     if pybridge.is_initialized():
         pybridge.finalize(linger=0)
-    return tried, failures
+    return tried, failures, loss
 
 
 def test_docstring_examples_run_on_two_ranks(tmp_path):
@@ -219,7 +238,9 @@ def test_docstring_examples_run_on_two_ranks(tmp_path):
     names = [t.name for t in tests]
     results = run_ranks(_run_examples, 2, names, [free_port() for _ in names], str(tmp_path), timeout=240,
                         env={"LOCAL_WORLD_SIZE": "2", "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])})
-    failed = {r: f for r, (_, f) in enumerate(results) if f}
+    failed = {r: f for r, (_, f, _) in enumerate(results) if f}
     assert not failed, "\n".join(f"--- rank {r}:\n" + "\n".join(f) for r, f in failed.items())
     skipped = sum(1 for t in tests for ex in t.examples if ex.options.get(doctest.SKIP))
-    assert [tried for tried, _ in results] == [sum(len(t.examples) for t in tests) - skipped] * 2
+    assert [tried for tried, _, _ in results] == [sum(len(t.examples) for t in tests) - skipped] * 2
+    losses = [loss for _, _, loss in results]
+    assert losses[0] == losses[1] and 0 < losses[0] < 1, losses  # the usage sample trained, averaged over ranks

@@ -5,6 +5,7 @@ contract of contract.py and declares what the reducer may rely on."""
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
+from torch._C._distributed_c10d import GradBucket as TorchGradBucket  # torch.distributed.GradBucket
 
 from ..comm import collectives
 from ..comm.group import Group
@@ -103,9 +104,10 @@ def powersgd_state(group: Optional[Group], rank: int = 1, warm_start: bool = Tru
                               warm_start=bool(warm_start), random_seed=seed)
 
 
-def powersgd_hook(state: "PowerSGDState", bucket: GradBucket) -> "_Future[torch.Tensor]":
+def powersgd_hook(state: "PowerSGDState", bucket: TorchGradBucket) -> torch.futures.Future[torch.Tensor]:
     """torch's PowerSGD hook (low-rank gradient compression) with a state from powersgd_state:
-    plain allreduce for `start_iter` iterations, then rank-`rank` approximations.
+    plain allreduce for `start_iter` iterations, then rank-`rank` approximations. Annotated as
+    torch's hooks are, which torch's DDP checks: it runs there too.
 
     Example::
 

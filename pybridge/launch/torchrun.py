@@ -64,6 +64,7 @@ import signal
 import socket
 import sys
 import tempfile
+from typing import Any, Callable, Optional, Sequence, Union, cast
 
 from .._version import __version__
 from ..base import jobenv, netif
@@ -132,7 +133,7 @@ except OSError as exc:
 """
 
 
-def _parser():
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, allow_abbrev=False,
         description="Start one process per GPU (or N CPU processes) running TARGET, over torch's "
@@ -214,7 +215,7 @@ PET_OPTIONS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "master
                "rdzv_id", "standalone", "max_restarts", "monitor_interval", "log_dir", "no_python", "module"}
 
 
-def _from_slurm(opts):
+def _from_slurm(opts: argparse.Namespace) -> None:
     """Under srun (one launcher per node), the node count, node rank and rendezvous that
     the flags (and PET_* variables) leave unsaid; a warning in an allocation without srun."""
     job = jobenv.launcher_job()
@@ -237,7 +238,7 @@ def _from_slurm(opts):
         print(f"{PROG}: from srun: {', '.join(taken)}", file=sys.stderr, flush=True)
 
 
-def _gpu_count():
+def _gpu_count() -> int:
     try:
         import torch
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -245,7 +246,7 @@ def _gpu_count():
         return 0
 
 
-def _nproc(value, gpus):
+def _nproc(value: str, gpus: int) -> int:
     value = value or os.environ.get("PYBRIDGE_NPROC") or "auto"
     if value == "auto":
         return gpus or DEFAULT_CPU_NPROC
@@ -263,7 +264,7 @@ def _nproc(value, gpus):
     return n
 
 
-def _endpoint(opts):
+def _endpoint(opts: argparse.Namespace) -> Optional[tuple[str, int]]:
     """HOST:PORT from --rdzv-endpoint or --master-addr/--master-port, or None."""
     if opts.rdzv_endpoint:
         if opts.master_addr or opts.master_port:
@@ -279,7 +280,7 @@ def _endpoint(opts):
     return None
 
 
-def _check_port_free(host, port):
+def _check_port_free(host: str, port: int) -> None:
     """Refuse a rendezvous port that another program holds on this machine, before torchrun
     connects to that program and waits for ever (c10d) or fails seconds later (static)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
@@ -298,12 +299,12 @@ def _check_port_free(host, port):
                              "without one gets a free port)") from None
 
 
-def _max_nodes(opts):
+def _max_nodes(opts: argparse.Namespace) -> int:
     """The most nodes the job may have: --nnodes N, or MAX of --nnodes MIN:MAX."""
     return int(str(opts.nnodes).split(":")[-1])
 
 
-def torchrun_args(opts, log_dir, gpus):
+def torchrun_args(opts: argparse.Namespace, log_dir: str, gpus: Callable[[], int]) -> tuple[list[str], int]:
     """The torchrun argument list equivalent to our options (worker command included), and the
     number of processes on this node. gpus: a function returning the number of GPUs (it imports
     torch, so it is called after the cheap checks)."""
@@ -352,7 +353,7 @@ def torchrun_args(opts, log_dir, gpus):
     return args, nproc
 
 
-def _local_addr(host):
+def _local_addr(host: str) -> list[str]:
     """--local-addr: this node's address towards the rendezvous host, which the workers get
     as MASTER_ADDR where rank 0 hosts their store (and binds it), instead of the hostname."""
     try:
@@ -361,7 +362,7 @@ def _local_addr(host):
         return []
 
 
-def job_secret(multi_node):
+def job_secret(multi_node: bool) -> None:
     """The job secret for this launcher's workers, in the environment they inherit: the one
     given (PYBRIDGE_SECRET or PYBRIDGE_SECRET_FILE), else a new one for a single-node job.
     A multi-node job without one is told what it risks (the launchers of the nodes cannot
@@ -378,7 +379,7 @@ def job_secret(multi_node):
               "(docs/launcher.md, 'The job secret')", file=sys.stderr, flush=True)
 
 
-def worker_command(opts):
+def worker_command(opts: argparse.Namespace) -> list[str]:
     """The command each worker runs: the shim (per-rank device), then TARGET and its args."""
     if opts.module:
         mode = "module"
@@ -397,7 +398,7 @@ def worker_command(opts):
     return [sys.executable, "-c", _WORKER_SHIM, mode, target, *opts.args]
 
 
-def elastic_main(opts):
+def elastic_main(opts: argparse.Namespace) -> int:
     """--elastic: this launcher supervises its workers itself (launch_elastic.py)."""
     from .elastic import Supervisor  # imports torch.distributed: only for --elastic
     if ":" in str(opts.nnodes):
@@ -431,7 +432,8 @@ def elastic_main(opts):
         raise SystemExit(f"{PROG}: cannot host the elastic store at {endpoint[0]}:{endpoint[1]}: "
                          f"{exc.strerror or exc} (--rdzv-endpoint must name an address of node 0)") from None
     try:
-        return sup.run()
+        status: int = sup.run()
+        return status
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
         sup.stop()
@@ -440,7 +442,7 @@ def elastic_main(opts):
         _merge_trace(opts)
 
 
-def _tail(path, lines=STDERR_TAIL_LINES):
+def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> Optional[str]:
     try:
         with open(path, errors="replace") as f:
             text = f.read()
@@ -449,7 +451,7 @@ def _tail(path, lines=STDERR_TAIL_LINES):
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])
 
 
-def _stderr_log(log_dir, local_rank):
+def _stderr_log(log_dir: str, local_rank: int) -> Optional[str]:
     """The newest attempt's stderr log of a local rank under torchrun's log folder."""
     found = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), "stderr.log"))
     if not found:
@@ -461,15 +463,17 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "PB_ERR_C
               "remote worker crashing")
 
 
-def _lost_a_peer(stderr_tail):
-    return bool(stderr_tail) and any(words in stderr_tail for words in _PEER_LOST)
+def _lost_a_peer(stderr_tail: Optional[str]) -> bool:
+    return stderr_tail is not None and any(words in stderr_tail for words in _PEER_LOST)
 
 
-def _stopped_by_us(failure):
-    return failure.exitcode == -signal.SIGTERM
+def _stopped_by_us(failure: Any) -> bool:
+    stopped: bool = failure.exitcode == -signal.SIGTERM
+    return stopped
 
 
-def format_failure(exc, log_dir, node_rank, exit_time=None):
+def format_failure(exc: Any, log_dir: str, node_rank: Optional[int],
+                   exit_time: Optional[Callable[[Optional[int]], Optional[float]]] = None) -> tuple[str, int]:
     """A report of a torchrun ChildFailedError, and the exit status to leave with.
 
     The first rank that failed on its own is reported with its stderr tail; ranks that torchrun
@@ -498,7 +502,8 @@ def format_failure(exc, log_dir, node_rank, exit_time=None):
         f = failures[rank]
         where = f"local rank {f.local_rank}" + (f", node {node_rank}" if node_rank is not None else "")
         how = f"failed with exit code {f.exitcode}" if f.exitcode >= 0 else signal_exit(f.exitcode)
-        when = f" ({times[rank] - times[own[0]]:.3f} s after rank {own[0]})" if precise and i else ""
+        when = f" ({cast(float, times[rank]) - cast(float, times[own[0]]):.3f} s after rank {own[0]})" \
+            if precise and i else ""
         out.append(f"{PROG}: rank {rank} ({where}) {how}{when}")
         if i == 0:
             status = f.exitcode if 0 < f.exitcode < 256 else (128 - f.exitcode if f.exitcode < 0 else 1)
@@ -517,7 +522,7 @@ def format_failure(exc, log_dir, node_rank, exit_time=None):
     return "\n".join(out), min(max(status, 1), 255)
 
 
-def _kept(log_dir):
+def _kept(log_dir: str) -> bool:
     """Keep our temporary log folder after a failure, and say so, if any file in it holds
     something; ranks that wrote nothing leave only empty logs, not worth keeping."""
     for path in glob.glob(os.path.join(log_dir, "**"), recursive=True):
@@ -530,7 +535,7 @@ def _kept(log_dir):
     return False
 
 
-def _worker_settings(opts, gpus, nproc):
+def _worker_settings(opts: argparse.Namespace, gpus: int, nproc: int) -> None:
     """What the workers inherit from this launcher, with torchrun's agent or the elastic one:
     the GPU count and isolation the worker shim picks its device by, the CPUs it binds
     each process to, and the network interface of a multi-node job."""
@@ -540,7 +545,7 @@ def _worker_settings(opts, gpus, nproc):
     _choose_interface(opts)
 
 
-def _observe_settings(opts):
+def _observe_settings(opts: argparse.Namespace) -> None:
     """--trace and --metrics-port as the variables each worker's observe/ reads at init."""
     if opts.trace:
         path = os.path.abspath(opts.trace)
@@ -569,7 +574,7 @@ def _observe_settings(opts):
               f"{opts.metrics_port}+L/metrics", file=sys.stderr, flush=True)
 
 
-def _merge_trace(opts):
+def _merge_trace(opts: argparse.Namespace) -> None:
     """Merge the rank files this node can see into DIR/trace.json and say where it is. On
     several nodes each launcher merges the files in its DIR (all ranks' on shared storage)."""
     if not opts.trace:
@@ -584,7 +589,7 @@ def _merge_trace(opts):
           flush=True)
 
 
-def _bind_cpus(opts, nproc):
+def _bind_cpus(opts: argparse.Namespace, nproc: int) -> None:
     """Split this launcher's CPUs among its nproc processes (cpubind.py); the shim binds each."""
     cpus = cpubind.allowed()
     topo = cpubind.topology(cpus)
@@ -600,7 +605,7 @@ def _bind_cpus(opts, nproc):
     print(f"{PROG}: {cpubind.describe(mode, cpu_plan)}", file=sys.stderr, flush=True)
 
 
-def _prefix_node(opts):
+def _prefix_node(opts: argparse.Namespace) -> Union[int, str, None]:
     """The node in the ranks' line prefix: None on one node, else the node rank, or this
     host's name when a dynamic rendezvous gives the node its rank later."""
     if _max_nodes(opts) == 1:
@@ -608,7 +613,7 @@ def _prefix_node(opts):
     return opts.node_rank if opts.node_rank is not None else socket.gethostname()
 
 
-def _choose_interface(opts):
+def _choose_interface(opts: argparse.Namespace) -> None:
     """Multi-node: name the interface that reaches the rendezvous host for gloo and NCCL
     (pybridge/base/netif.py says why), unless the user named one."""
     endpoint = _endpoint(opts)
@@ -628,7 +633,18 @@ def _choose_interface(opts):
           file=sys.stderr, flush=True)
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """pybridge-launch: start this node's workers (one per GPU, or --nproc-per-node) running
+    a Python script, a module (-m) or any program (--no-python), restart them, and say which
+    rank failed and why. `argv`: the command line without the program name (default
+    sys.argv[1:]). Returns the exit status (0 when every rank finished). docs/launcher.md.
+
+    Example::
+
+        >>> from pybridge.launch import main
+        >>> main(["--nproc-per-node", "2", "train.py", "--epochs", "3"])  # doctest: +SKIP
+        0
+    """
     forward_signals()  # first: a scheduler's warning may come while the launcher starts
     opts = _parser().parse_args(argv)
     try:
