@@ -131,11 +131,15 @@ class Work:
         return None
 
 
+FUTURE = "future"  # _run's async_op for a caller that wants torch's future (all_reduce_future)
+
+
 def _run(g, op, start, async_op, *buffers):
     """Start collective `op` on g (`start()` returns torch's work object) and wait for it,
-    or wrap it in a Work that keeps `buffers` alive while it is in flight. Numbered by the
-    group's progress (the watchdog's, which sees it while it runs); checked mode verifies
-    its fingerprint first."""
+    or wrap it in a Work that keeps `buffers` alive while it is in flight (async_op=FUTURE:
+    return torch's future of it instead, what comm hooks hand back; the future holds the
+    buffers). Numbered by the group's progress (the watchdog's, which sees it while it
+    runs); checked mode verifies its fingerprint first."""
     if g.checks is None:
         return _numbered(g, op, start, async_op, buffers)
     # Checked mode numbers, verifies and posts a collective as one unit per group: calls
@@ -162,8 +166,9 @@ def _numbered(g, op, start, async_op, buffers):
                 if rec is not None:
                     rec.on_collective(entry, _clock.now_us(), True)
                 return None
+            fut = work.get_future() if async_op is FUTURE or rec is not None else None
             if rec is not None:  # seen done by Recorder.poll
-                rec.on_async(entry, work.get_future())
+                rec.on_async(entry, fut)
     except InvalidArgument:
         progress.end(seq)
         raise
@@ -172,6 +177,8 @@ def _numbered(g, op, start, async_op, buffers):
         progress.end(seq)
         raise err from exc
     progress.running(seq, work)
+    if async_op is FUTURE:  # a hook's future: no Work object made only to be dropped
+        return fut
     return Work(work, *buffers, explain=lambda exc: _watchdog.explain(g, seq, op, exc),
                 finish=(lambda: progress.end(seq)) if progress.watched else None,
                 stream=_streams.issued_on(g, buffers))
@@ -303,7 +310,7 @@ def all_reduce_future(buf, op=SUM, *, group=None, dtype=None):
     return). Argument errors raise at once; a failure of the operation raises from the
     future's wait()."""
     g, t, what, start = _all_reduce_call(buf, op, group, dtype)
-    return _run(g, what, start, True)._work.get_future()
+    return _run(g, what, start, FUTURE)
 
 
 def all_gather(input, output, *, group=None, async_op=False, dtype=None):

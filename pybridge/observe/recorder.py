@@ -90,11 +90,12 @@ class Recorder:
 
     # ---- tracks and raw events -------------------------------------------------------
 
-    def collectives_track(self, uid, label):
-        tid = self._tracks.get(uid)
+    def collectives_track(self, g):
+        """Group g's collectives track (named once, when first used)."""
+        tid = self._tracks.get(g.uid)
         if tid is None:
-            tid = self._tracks[uid] = FIRST_COLLECTIVES + len(self._tracks)
-            self._labels[tid] = f"collectives ({label})"
+            tid = self._tracks[g.uid] = FIRST_COLLECTIVES + len(self._tracks)
+            self._labels[tid] = f"collectives ({g.describe()})"
         return tid
 
     def complete(self, tid, name, cat, start, dur, args=None):
@@ -163,15 +164,16 @@ class Recorder:
         if self.tracing:
             # the args as a tuple: made into a dict (bandwidths too) only when written, off the hot path
             args = (_COLLECTIVE_ARGS, uid, seq, op.nbytes, g.size, issued, synchronous)
-            self.events.append(("X", self.collectives_track(uid, g.describe()), name, "comm", start,
+            self.events.append(("X", self.collectives_track(g), name, "comm", start,
                                 max(done - start, 0.0), args))
 
     def poll(self):
         """Look at what is in flight: an asynchronous collective or a bucket found done is
         stamped done now. Completion is seen here, at the program's next call into the
-        library (each gradient marked ready, each collective issued, each wait), not by a
-        callback: a future's callback runs Python on the backend's thread, whose hand-over of
-        the interpreter lock cost about 0.2 ms per collective (bench/observe.py)."""
+        library (the first gradient marked ready and each bucket's last, each collective
+        issued, each wait), not by a callback: a future's callback runs Python on the
+        backend's thread, whose hand-over of the interpreter lock cost about 0.2 ms per
+        collective (bench/observe.py)."""
         inflight, buckets = self._inflight, self._buckets
         now = None
         if inflight and inflight[0][1].done():  # they finish in order
