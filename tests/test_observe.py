@@ -214,7 +214,7 @@ def _quiet(rank, world):
 
 def test_off_by_default_records_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    for var in ("PYBRIDGE_TRACE", "PYBRIDGE_METRICS_PORT"):
+    for var in ("PYBRIDGE_TRACE", "PYBRIDGE_METRICS_PORT", "PYBRIDGE_OTEL"):
         monkeypatch.delenv(var, raising=False)
     assert run_ranks(_quiet, 1, timeout=60) == [[]]
 
@@ -222,7 +222,7 @@ def test_off_by_default_records_nothing(tmp_path, monkeypatch):
 def test_bad_settings_are_named():
     from pybridge import observe
     from pybridge.errors import InvalidArgument
-    with pytest.raises(InvalidArgument, match="needs a trace directory, a metrics port or both"):
+    with pytest.raises(InvalidArgument, match="needs a trace directory, a metrics port or otel=True"):
         observe.start()
     with pytest.raises(InvalidArgument, match="metrics port must be 0..65535, got 70000"):
         observe.start("x", metrics_port=70000)

@@ -196,6 +196,9 @@ def _parser():
                         "talks on (loopback on one node; --metrics-addr to choose)")
     p.add_argument("--metrics-addr", default=None, metavar="ADDR",
                    help="the address the metrics endpoints listen on (default: as the job's stores)")
+    p.add_argument("--otel", action="store_true",
+                   help="export each rank's metrics through OpenTelemetry (OTLP/HTTP to "
+                        "OTEL_EXPORTER_OTLP_ENDPOINT; docs/observability.md)")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-m", "--module", action="store_true", help="TARGET is a Python module")
     p.add_argument("--no-python", action="store_true",
@@ -541,7 +544,9 @@ def _worker_settings(opts, gpus, nproc):
 
 
 def _observe_settings(opts):
-    """--trace and --metrics-port as the variables each worker's observe/ reads at init."""
+    """--trace, --metrics-port and --otel as the variables each worker's observe/ reads at init."""
+    if opts.otel:
+        os.environ["PYBRIDGE_OTEL"] = "1"
     if opts.trace:
         path = os.path.abspath(opts.trace)
         try:

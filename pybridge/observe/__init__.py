@@ -4,8 +4,8 @@ tools that read them (`merge`, `report`). docs/observability.md.
 
 Off by default: nothing is recorded and the library's hot paths pay one comparison
 (`state.REC is None`). On by `PYBRIDGE_TRACE=DIR` (traces and metrics files in DIR),
-`PYBRIDGE_METRICS_PORT=PORT` (a Prometheus endpoint), `pybridge-launch --trace DIR
---metrics-port PORT`, or `start()` here; it starts when the process group is made (`init`),
+`PYBRIDGE_METRICS_PORT=PORT` (a Prometheus endpoint), `PYBRIDGE_OTEL=1` (OpenTelemetry
+metrics, otel.py), `pybridge-launch --trace DIR --metrics-port PORT --otel`, or `start()` here; it starts when the process group is made (`init`),
 which also measures this rank's clock against rank 0's, so the ranks' traces merge on one
 time line.
 
@@ -32,26 +32,32 @@ if TYPE_CHECKING:
 
 EVERY = 50  # steps per metrics row by default: a row (JSON line, TensorBoard) costs about 0.2 ms
 CATEGORIES = ("user", "compute", "forward", "data", "comm", "checkpoint", "elastic")
-_ENV_TRACE, _ENV_PORT, _ENV_ADDR, _ENV_EVERY, _ENV_TORCH = (
+_ENV_TRACE, _ENV_PORT, _ENV_ADDR, _ENV_EVERY, _ENV_TORCH, _ENV_OTEL = (
     "PYBRIDGE_TRACE", "PYBRIDGE_METRICS_PORT", "PYBRIDGE_METRICS_ADDR", "PYBRIDGE_METRICS_EVERY",
-    "PYBRIDGE_TRACE_TORCH")
+    "PYBRIDGE_TRACE_TORCH", "PYBRIDGE_OTEL")
 
 _settings = None  # what start() asked for, applied at init (or at once after it)
 _world = None  # (rank, world size, local rank) of the latest init
 _server = None  # the Prometheus endpoint's (server, thread)
+_otel = None  # the OpenTelemetry exporter (otel.Exporter)
 
 
 def _settings_from_env():
     trace = os.environ.get(_ENV_TRACE, "").strip() or None
     port = os.environ.get(_ENV_PORT, "").strip() or None
     every = os.environ.get(_ENV_EVERY, "").strip() or None
-    if trace is None and port is None:
+    otel = _env_flag(_ENV_OTEL)
+    if trace is None and port is None and not otel:
         return None
-    torch_ops = os.environ.get(_ENV_TORCH, "").strip().lower()
-    if torch_ops not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
-        raise InvalidArgument(f"environment variable {_ENV_TORCH}={torch_ops!r}: use 1 or 0")
     return _check(trace, _env_int(_ENV_PORT, port), os.environ.get(_ENV_ADDR, "").strip() or None,
-                  _env_int(_ENV_EVERY, every), torch_ops in ("1", "true", "yes", "on"), source="environment")
+                  _env_int(_ENV_EVERY, every), _env_flag(_ENV_TORCH), otel, source="environment")
+
+
+def _env_flag(name):
+    raw = os.environ.get(name, "").strip().lower()
+    if raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
+        raise InvalidArgument(f"environment variable {name}={raw!r}: use 1 or 0")
+    return raw in ("1", "true", "yes", "on")
 
 
 def _env_int(name, raw):
@@ -63,7 +69,7 @@ def _env_int(name, raw):
         raise InvalidArgument(f"environment variable {name}={raw!r}: expected an integer") from None
 
 
-def _check(trace, port, addr, every, torch_ops=False, source="start()"):
+def _check(trace, port, addr, every, torch_ops=False, otel=False, source="start()"):
     if trace is not None and (not isinstance(trace, (str, os.PathLike)) or not str(trace)):
         raise InvalidArgument(f"{source}: the trace directory must be a path, got {trace!r}")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
@@ -73,23 +79,26 @@ def _check(trace, port, addr, every, torch_ops=False, source="start()"):
     if torch_ops and trace is None:
         raise InvalidArgument(f"{source}: profiling libtorch's operations needs a trace directory")
     return {"trace": None if trace is None else os.fspath(trace), "port": port, "addr": addr or "127.0.0.1",
-            "every": every or EVERY, "torch_ops": bool(torch_ops)}
+            "every": every or EVERY, "torch_ops": bool(torch_ops), "otel": otel}
 
 
 def start(trace: Union[str, os.PathLike, None] = None, *, metrics_port: Optional[int] = None,
           metrics_addr: Optional[str] = None, every: Optional[int] = None,
-          torch_ops: bool = False) -> "Optional[Recorder]":
+          torch_ops: bool = False, otel: Optional[bool] = None) -> "Optional[Recorder]":
     """Record this rank: traces and metrics files into directory `trace`, and/or a Prometheus
     endpoint on `metrics_port` (bound to `metrics_addr`, default loopback; the port of local
-    rank L is metrics_port + L). `every`: steps per metrics row (default 50). `torch_ops`:
+    rank L is metrics_port + L), and/or OpenTelemetry metrics (`otel`; None: as
+    PYBRIDGE_OTEL says; otel.py). `every`: steps per metrics row (default 50). `torch_ops`:
     also libtorch's operations on every thread, from torch.profiler (torchops.py; short
     runs). Call before init() (the recording starts there, with the clocks aligned) or
     after it (at once, clocks not aligned). Returns the rank's recorder once it records
     (after init), else None."""
     global _settings
-    if trace is None and metrics_port is None:
-        raise InvalidArgument("start() needs a trace directory, a metrics port or both")
-    _settings = _check(trace, metrics_port, metrics_addr, every, torch_ops)
+    if otel is None:
+        otel = _env_flag(_ENV_OTEL)
+    if trace is None and metrics_port is None and not otel:
+        raise InvalidArgument("start() needs a trace directory, a metrics port or otel=True")
+    _settings = _check(trace, metrics_port, metrics_addr, every, torch_ops, bool(otel))
     if _world is not None and state.REC is None:
         joined(*_world)
     return state.REC
@@ -98,7 +107,7 @@ def start(trace: Union[str, os.PathLike, None] = None, *, metrics_port: Optional
 def joined(rank, world_size, local_rank=0):
     """The process group was made (comm/group.py): start recording if asked to. Returns the
     recorder (new or kept from an earlier world), or None."""
-    global _world, _server
+    global _world, _server, _otel
     _world = (rank, world_size, local_rank)
     rec = state.REC
     if rec is not None:
@@ -120,6 +129,9 @@ def joined(rank, world_size, local_rank=0):
         port = settings["port"] + local_rank if settings["port"] else 0
         _server = prometheus.serve(rec.metrics, port, settings["addr"])
         rec.metrics_address = _server[0].server_address[:2]
+    if settings["otel"]:
+        from . import otel
+        _otel = otel.register(rec.metrics)
     if settings["torch_ops"]:
         from .torchops import TorchOps
         rec.torch_ops = TorchOps()
@@ -132,16 +144,21 @@ def left():
     rec = state.REC
     if rec is not None:
         rec.flush(final=True)
+    if _otel is not None:
+        _otel.flush()
 
 
 def stop() -> None:
     """Stop recording: write the files, close the endpoint. Runs at exit."""
-    global _server, _settings
+    global _server, _settings, _otel
     rec, state.REC = state.REC, None
     server, _server = _server, None
+    exporter, _otel = _otel, None
     _settings = None
     if rec is not None:
         rec.close()
+    if exporter is not None:
+        exporter.close()
     if server is not None:
         server[0].shutdown()
         server[0].server_close()
