@@ -82,6 +82,19 @@ STDERR_TAIL_LINES = 30
 _WORKER_SHIM = r"""
 import os, sys
 mode, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+launcher = int(os.environ.get("PYBRIDGE_LAUNCHER_PID", "0"))
+if launcher:
+    # End with the launcher: SIGKILL when it dies, however it dies (kill -9, the OOM killer),
+    # so that a dead node is dead whole and its GPUs are freed. Kept across the exec of a
+    # C or Go target. Set after the fork, so a launcher that died before it is checked too.
+    import ctypes, signal
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != launcher:
+        sys.stderr.write("pybridge-launch: the launcher (pid %d) is gone; not starting\n" % launcher)
+        sys.exit(1)
 local_rank = int(os.environ.get("LOCAL_RANK", "0"))
 gpus = int(os.environ.get("PYBRIDGE_NUM_GPUS", "0"))
 if gpus > 0:
@@ -536,9 +549,11 @@ def _kept(log_dir):
 def _worker_settings(opts, gpus, nproc):
     """What the workers inherit from this launcher, with torchrun's agent or the elastic one:
     the GPU count and isolation the worker shim picks its device by, the CPUs it binds
-    each process to, and the network interface of a multi-node job."""
+    each process to, the network interface of a multi-node job, and this launcher's pid
+    (the shim ends the worker when the launcher dies)."""
     os.environ["PYBRIDGE_NUM_GPUS"] = str(gpus)
     os.environ["PYBRIDGE_ISOLATE_GPUS"] = "1" if opts.isolate_gpus else "0"
+    os.environ["PYBRIDGE_LAUNCHER_PID"] = str(os.getpid())  # the shim's parent: it dies with us
     _bind_cpus(opts, nproc)
     _choose_interface(opts)
 
