@@ -201,6 +201,9 @@ def _parser():
     p.add_argument("--trace", metavar="DIR", default=None,
                    help="record every rank: traces, metrics (JSON lines, TensorBoard) into DIR, merged into "
                         "DIR/trace.json when the ranks end (docs/observability.md; `pybridge report DIR`)")
+    p.add_argument("--trace-steps", type=int, default=None, metavar="N",
+                   help="with --trace: each rank's trace keeps the latest N steps' events (default 2000; "
+                        "0: every step); the metrics count every step")
     p.add_argument("--trace-torch", action="store_true",
                    help="with --trace: also libtorch's operations on every thread of each rank (torch.profiler; "
                         "a Go or C++ program's forward and backward), for short runs")
@@ -571,8 +574,12 @@ def _observe_settings(opts):
         os.environ["PYBRIDGE_TRACE"] = path
         if opts.trace_torch:
             os.environ["PYBRIDGE_TRACE_TORCH"] = "1"
-    elif opts.trace_torch:
-        raise SystemExit(f"{PROG}: --trace-torch needs --trace DIR")
+        if opts.trace_steps is not None:
+            if opts.trace_steps < 0:
+                raise SystemExit(f"{PROG}: --trace-steps must be >= 0 (0: every step), got {opts.trace_steps}")
+            os.environ["PYBRIDGE_TRACE_STEPS"] = str(opts.trace_steps)
+    elif opts.trace_torch or opts.trace_steps is not None:
+        raise SystemExit(f"{PROG}: --trace-torch and --trace-steps need --trace DIR")
     if opts.metrics_port is not None:
         if not 0 < opts.metrics_port < 65536:
             raise SystemExit(f"{PROG}: --metrics-port must be 1..65535, got {opts.metrics_port}")

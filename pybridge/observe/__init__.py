@@ -31,10 +31,11 @@ if TYPE_CHECKING:
     from .recorder import Recorder
 
 EVERY = 50  # steps per metrics row by default: a row (JSON line, TensorBoard) costs about 0.2 ms
+KEEP_STEPS = 2000  # the trace holds the latest this many steps' events by default (0: all): memory stays bounded
 CATEGORIES = ("user", "compute", "forward", "data", "comm", "checkpoint", "elastic")
-_ENV_TRACE, _ENV_PORT, _ENV_ADDR, _ENV_EVERY, _ENV_TORCH, _ENV_OTEL = (
+_ENV_TRACE, _ENV_PORT, _ENV_ADDR, _ENV_EVERY, _ENV_TORCH, _ENV_OTEL, _ENV_STEPS = (
     "PYBRIDGE_TRACE", "PYBRIDGE_METRICS_PORT", "PYBRIDGE_METRICS_ADDR", "PYBRIDGE_METRICS_EVERY",
-    "PYBRIDGE_TRACE_TORCH", "PYBRIDGE_OTEL")
+    "PYBRIDGE_TRACE_TORCH", "PYBRIDGE_OTEL", "PYBRIDGE_TRACE_STEPS")
 
 _settings = None  # what start() asked for, applied at init (or at once after it)
 _world = None  # (rank, world size, local rank) of the latest init
@@ -49,8 +50,10 @@ def _settings_from_env():
     otel = _env_flag(_ENV_OTEL)
     if trace is None and port is None and not otel:
         return None
+    keep = os.environ.get(_ENV_STEPS, "").strip() or None
     return _check(trace, _env_int(_ENV_PORT, port), os.environ.get(_ENV_ADDR, "").strip() or None,
-                  _env_int(_ENV_EVERY, every), _env_flag(_ENV_TORCH), otel, source="environment")
+                  _env_int(_ENV_EVERY, every), _env_flag(_ENV_TORCH), otel, _env_int(_ENV_STEPS, keep),
+                  source="environment")
 
 
 def _env_flag(name):
@@ -69,7 +72,7 @@ def _env_int(name, raw):
         raise InvalidArgument(f"environment variable {name}={raw!r}: expected an integer") from None
 
 
-def _check(trace, port, addr, every, torch_ops=False, otel=False, source="start()"):
+def _check(trace, port, addr, every, torch_ops=False, otel=False, keep_steps=None, source="start()"):
     if trace is not None and (not isinstance(trace, (str, os.PathLike)) or not str(trace)):
         raise InvalidArgument(f"{source}: the trace directory must be a path, got {trace!r}")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
@@ -78,17 +81,23 @@ def _check(trace, port, addr, every, torch_ops=False, otel=False, source="start(
         raise InvalidArgument(f"{source}: metrics every N steps needs N >= 1, got {every!r}")
     if torch_ops and trace is None:
         raise InvalidArgument(f"{source}: profiling libtorch's operations needs a trace directory")
+    if keep_steps is not None and (isinstance(keep_steps, bool) or not isinstance(keep_steps, int) or keep_steps < 0):
+        raise InvalidArgument(f"{source}: the steps a trace keeps must be >= 0 (0: all), got {keep_steps!r}")
     return {"trace": None if trace is None else os.fspath(trace), "port": port, "addr": addr or "127.0.0.1",
-            "every": every or EVERY, "torch_ops": bool(torch_ops), "otel": otel}
+            "every": every or EVERY, "torch_ops": bool(torch_ops), "otel": otel,
+            "keep_steps": KEEP_STEPS if keep_steps is None else keep_steps}
 
 
 def start(trace: Union[str, os.PathLike, None] = None, *, metrics_port: Optional[int] = None,
           metrics_addr: Optional[str] = None, every: Optional[int] = None,
-          torch_ops: bool = False, otel: Optional[bool] = None) -> "Optional[Recorder]":
+          torch_ops: bool = False, otel: Optional[bool] = None,
+          keep_steps: Optional[int] = None) -> "Optional[Recorder]":
     """Record this rank: traces and metrics files into directory `trace`, and/or a Prometheus
     endpoint on `metrics_port` (bound to `metrics_addr`, default loopback; the port of local
     rank L is metrics_port + L), and/or OpenTelemetry metrics (`otel`; None: as
-    PYBRIDGE_OTEL says; otel.py). `every`: steps per metrics row (default 50). `torch_ops`:
+    PYBRIDGE_OTEL says; otel.py). `every`: steps per metrics row (default 50). `keep_steps`:
+    the trace holds the events of the latest this many steps (default 2000, 0: all; the
+    metrics count every step). `torch_ops`:
     also libtorch's operations on every thread, from torch.profiler (torchops.py; short
     runs). Call before init() (the recording starts there, with the clocks aligned) or
     after it (at once, clocks not aligned). Returns the rank's recorder once it records
@@ -98,7 +107,7 @@ def start(trace: Union[str, os.PathLike, None] = None, *, metrics_port: Optional
         otel = _env_flag(_ENV_OTEL)
     if trace is None and metrics_port is None and not otel:
         raise InvalidArgument("start() needs a trace directory, a metrics port or otel=True")
-    _settings = _check(trace, metrics_port, metrics_addr, every, torch_ops, bool(otel))
+    _settings = _check(trace, metrics_port, metrics_addr, every, torch_ops, bool(otel), keep_steps)
     if _world is not None and state.REC is None:
         joined(*_world)
     return state.REC
@@ -123,7 +132,7 @@ def joined(rank, world_size, local_rank=0):
             raise InvalidArgument(f"cannot create the trace directory {settings['trace']!r}: "
                                   f"{exc.strerror or exc}") from None
     rec = Recorder(settings["trace"], rank=rank, world_size=world_size, local_rank=local_rank,
-                   every=settings["every"])
+                   every=settings["every"], keep_steps=settings["keep_steps"])
     if settings["port"] is not None:
         from . import prometheus
         port = settings["port"] + local_rank if settings["port"] else 0
