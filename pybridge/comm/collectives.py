@@ -12,7 +12,7 @@ own fingerprint exchange (_verify) and the agreement checks (agree, gather_rows)
 """
 
 import threading
-from typing import Any, Callable, Literal, Optional, Sequence, Union, overload
+from typing import Any, Callable, Final, Literal, Optional, Sequence, Union, overload
 
 import torch
 import torch.distributed as dist
@@ -148,11 +148,23 @@ class Work:
         return None
 
 
-def _run(g: Any, op: Op, start: Callable[[], Any], async_op: bool, *buffers: torch.Tensor) -> Optional[Work]:
+FUTURE: Final = "future"  # _run's async_op for a caller that wants torch's future (all_reduce_future)
+
+
+@overload
+def _run(g: Any, op: Op, start: Callable[[], Any], async_op: bool, *buffers: torch.Tensor) -> Optional[Work]: ...
+@overload
+def _run(g: Any, op: Op, start: Callable[[], Any], async_op: Literal["future"],
+         *buffers: torch.Tensor) -> "torch.futures.Future[list[torch.Tensor]]": ...
+
+
+def _run(g: Any, op: Op, start: Callable[[], Any], async_op: Union[bool, Literal["future"]],
+         *buffers: torch.Tensor) -> "Union[Work, torch.futures.Future[list[torch.Tensor]], None]":
     """Start collective `op` on g (`start()` returns torch's work object) and wait for it,
-    or wrap it in a Work that keeps `buffers` alive while it is in flight. Numbered by the
-    group's progress (the watchdog's, which sees it while it runs); checked mode verifies
-    its fingerprint first."""
+    or wrap it in a Work that keeps `buffers` alive while it is in flight (async_op=FUTURE:
+    return torch's future of it instead, what comm hooks hand back; the future holds the
+    buffers). Numbered by the group's progress (the watchdog's, which sees it while it
+    runs); checked mode verifies its fingerprint first."""
     if g.checks is None:
         return _numbered(g, op, start, async_op, buffers)
     # Checked mode numbers, verifies and posts a collective as one unit per group: calls
@@ -163,8 +175,8 @@ def _run(g: Any, op: Op, start: Callable[[], Any], async_op: bool, *buffers: tor
         return _numbered(g, op, start, async_op, buffers)
 
 
-def _numbered(g: Any, op: Op, start: Callable[[], Any], async_op: bool,
-              buffers: Sequence[torch.Tensor]) -> Optional[Work]:
+def _numbered(g: Any, op: Op, start: Callable[[], Any], async_op: Union[bool, Literal["future"]],
+              buffers: Sequence[torch.Tensor]) -> "Union[Work, torch.futures.Future[list[torch.Tensor]], None]":
     progress = g.progress
     seq = progress.begin(op)
     rec = _obs.REC
@@ -180,8 +192,9 @@ def _numbered(g: Any, op: Op, start: Callable[[], Any], async_op: bool,
                 if rec is not None:
                     rec.on_collective(entry, _clock.now_us(), True)
                 return None
+            fut = work.get_future() if async_op is FUTURE or rec is not None else None
             if rec is not None:  # seen done by Recorder.poll
-                rec.on_async(entry, work.get_future())
+                rec.on_async(entry, fut)
     except InvalidArgument:
         progress.end(seq)
         raise
@@ -190,6 +203,8 @@ def _numbered(g: Any, op: Op, start: Callable[[], Any], async_op: bool,
         progress.end(seq)
         raise err from exc
     progress.running(seq, work)
+    if async_op is FUTURE:  # a hook's future: no Work object made only to be dropped
+        return fut
     return Work(work, *buffers, explain=lambda exc: _watchdog.explain(g, seq, op, exc),
                 finish=(lambda: progress.end(seq)) if progress.watched else None,
                 stream=_streams.issued_on(g, buffers))
@@ -384,10 +399,7 @@ def all_reduce_future(buf: BufferLike, op: OpLike = SUM, *, group: Optional[_gro
         [1.0, 1.0]
     """
     g, t, what, start = _all_reduce_call(buf, op, group, dtype)
-    work = _run(g, what, start, True)
-    assert work is not None  # async: a Work
-    fut: torch.futures.Future[list[torch.Tensor]] = work._work.get_future()
-    return fut
+    return _run(g, what, start, FUTURE)
 
 
 @overload

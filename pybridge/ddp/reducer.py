@@ -317,8 +317,6 @@ class Reducer:
             self._check_mark(i)
             if self._bound is not None:
                 it.copy_in(i, self._bound[i])
-            if _obs.REC is not None:
-                _obs.REC.on_grad_ready()
             it.mark(i)
 
     def set_grad(self, i: int, grad: torch.Tensor) -> None:
@@ -335,8 +333,6 @@ class Reducer:
                 raise InvalidArgument(f"gradient {self.name(i)}: expected a tensor of {view.numel()} "
                                       f"elements, got {getattr(grad, 'shape', type(grad).__name__)}")
             it.copy_in(i, grad)
-            if _obs.REC is not None:
-                _obs.REC.on_grad_ready()
             it.mark(i)
 
     def bind_grads(self, grads: Optional[Iterable[torch.Tensor]]) -> None:

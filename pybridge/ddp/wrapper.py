@@ -120,6 +120,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self._pb_group.check_open()
         self.process_group = self._pb_group.pg
         self.module = module
+        # Whether there are buffers to sync, decided once as torch DDP does (modules_buffers):
+        # each forward would otherwise walk the module tree to find none.
+        self._has_buffers = bool(self._sync_buffers_list())
         self.dim = dim
         self.device = self._params[0].device
         self.device_type = self.device.type
@@ -243,8 +246,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         return [b for n, b in self.module.named_buffers() if n not in self.parameters_to_ignore]
 
     def _will_sync_buffers(self) -> bool:
-        return (torch.is_grad_enabled() and self._sync and self.forward_sync_buffers and self._pb_group.size > 1
-                and bool(self._sync_buffers_list()))
+        return (self._has_buffers and self.forward_sync_buffers and self._sync and self._pb_group.size > 1
+                and torch.is_grad_enabled())
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -83,6 +83,19 @@ STDERR_TAIL_LINES = 30
 _WORKER_SHIM = r"""
 import os, sys
 mode, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+launcher = int(os.environ.get("PYBRIDGE_LAUNCHER_PID", "0"))
+if launcher:
+    # End with the launcher: SIGKILL when it dies, however it dies (kill -9, the OOM killer),
+    # so that a dead node is dead whole and its GPUs are freed. Kept across the exec of a
+    # C or Go target. Set after the fork, so a launcher that died before it is checked too.
+    import ctypes, signal
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != launcher:
+        sys.stderr.write("pybridge-launch: the launcher (pid %d) is gone; not starting\n" % launcher)
+        sys.exit(1)
 local_rank = int(os.environ.get("LOCAL_RANK", "0"))
 gpus = int(os.environ.get("PYBRIDGE_NUM_GPUS", "0"))
 if gpus > 0:
@@ -189,6 +202,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="DIR", default=None,
                    help="record every rank: traces, metrics (JSON lines, TensorBoard) into DIR, merged into "
                         "DIR/trace.json when the ranks end (docs/observability.md; `pybridge report DIR`)")
+    p.add_argument("--trace-steps", type=int, default=None, metavar="N",
+                   help="with --trace: each rank's trace keeps the latest N steps' events (default 2000; "
+                        "0: every step); the metrics count every step")
     p.add_argument("--trace-torch", action="store_true",
                    help="with --trace: also libtorch's operations on every thread of each rank (torch.profiler; "
                         "a Go or C++ program's forward and backward), for short runs")
@@ -197,6 +213,9 @@ def _parser() -> argparse.ArgumentParser:
                         "talks on (loopback on one node; --metrics-addr to choose)")
     p.add_argument("--metrics-addr", default=None, metavar="ADDR",
                    help="the address the metrics endpoints listen on (default: as the job's stores)")
+    p.add_argument("--otel", action="store_true",
+                   help="export each rank's metrics through OpenTelemetry (OTLP/HTTP to "
+                        "OTEL_EXPORTER_OTLP_ENDPOINT; docs/observability.md)")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-m", "--module", action="store_true", help="TARGET is a Python module")
     p.add_argument("--no-python", action="store_true",
@@ -538,15 +557,19 @@ def _kept(log_dir: str) -> bool:
 def _worker_settings(opts: argparse.Namespace, gpus: int, nproc: int) -> None:
     """What the workers inherit from this launcher, with torchrun's agent or the elastic one:
     the GPU count and isolation the worker shim picks its device by, the CPUs it binds
-    each process to, and the network interface of a multi-node job."""
+    each process to, the network interface of a multi-node job, and this launcher's pid
+    (the shim ends the worker when the launcher dies)."""
     os.environ["PYBRIDGE_NUM_GPUS"] = str(gpus)
     os.environ["PYBRIDGE_ISOLATE_GPUS"] = "1" if opts.isolate_gpus else "0"
+    os.environ["PYBRIDGE_LAUNCHER_PID"] = str(os.getpid())  # the shim's parent: it dies with us
     _bind_cpus(opts, nproc)
     _choose_interface(opts)
 
 
 def _observe_settings(opts: argparse.Namespace) -> None:
-    """--trace and --metrics-port as the variables each worker's observe/ reads at init."""
+    """--trace, --metrics-port and --otel as the variables each worker's observe/ reads at init."""
+    if opts.otel:
+        os.environ["PYBRIDGE_OTEL"] = "1"
     if opts.trace:
         path = os.path.abspath(opts.trace)
         try:
@@ -556,8 +579,12 @@ def _observe_settings(opts: argparse.Namespace) -> None:
         os.environ["PYBRIDGE_TRACE"] = path
         if opts.trace_torch:
             os.environ["PYBRIDGE_TRACE_TORCH"] = "1"
-    elif opts.trace_torch:
-        raise SystemExit(f"{PROG}: --trace-torch needs --trace DIR")
+        if opts.trace_steps is not None:
+            if opts.trace_steps < 0:
+                raise SystemExit(f"{PROG}: --trace-steps must be >= 0 (0: every step), got {opts.trace_steps}")
+            os.environ["PYBRIDGE_TRACE_STEPS"] = str(opts.trace_steps)
+    elif opts.trace_torch or opts.trace_steps is not None:
+        raise SystemExit(f"{PROG}: --trace-torch and --trace-steps need --trace DIR")
     if opts.metrics_port is not None:
         if not 0 < opts.metrics_port < 65536:
             raise SystemExit(f"{PROG}: --metrics-port must be 1..65535, got {opts.metrics_port}")

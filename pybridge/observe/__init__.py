@@ -4,8 +4,8 @@ tools that read them (`merge`, `report`). docs/observability.md.
 
 Off by default: nothing is recorded and the library's hot paths pay one comparison
 (`state.REC is None`). On by `PYBRIDGE_TRACE=DIR` (traces and metrics files in DIR),
-`PYBRIDGE_METRICS_PORT=PORT` (a Prometheus endpoint), `pybridge-launch --trace DIR
---metrics-port PORT`, or `start()` here; it starts when the process group is made (`init`),
+`PYBRIDGE_METRICS_PORT=PORT` (a Prometheus endpoint), `PYBRIDGE_OTEL=1` (OpenTelemetry
+metrics, otel.py), `pybridge-launch --trace DIR --metrics-port PORT --otel`, or `start()` here; it starts when the process group is made (`init`),
 which also measures this rank's clock against rank 0's, so the ranks' traces merge on one
 time line.
 
@@ -38,27 +38,36 @@ _R = TypeVar("_R")
 _Settings = dict[str, Any]
 
 EVERY = 50  # steps per metrics row by default: a row (JSON line, TensorBoard) costs about 0.2 ms
+KEEP_STEPS = 2000  # the trace holds the latest this many steps' events by default (0: all): memory stays bounded
 CATEGORIES = ("user", "compute", "forward", "data", "comm", "checkpoint", "elastic")
-_ENV_TRACE, _ENV_PORT, _ENV_ADDR, _ENV_EVERY, _ENV_TORCH = (
+_ENV_TRACE, _ENV_PORT, _ENV_ADDR, _ENV_EVERY, _ENV_TORCH, _ENV_OTEL, _ENV_STEPS = (
     "PYBRIDGE_TRACE", "PYBRIDGE_METRICS_PORT", "PYBRIDGE_METRICS_ADDR", "PYBRIDGE_METRICS_EVERY",
-    "PYBRIDGE_TRACE_TORCH")
+    "PYBRIDGE_TRACE_TORCH", "PYBRIDGE_OTEL", "PYBRIDGE_TRACE_STEPS")
 
 _settings: Optional[_Settings] = None  # what start() asked for, applied at init (or at once after it)
 _world: Optional[tuple[int, int, int]] = None  # (rank, world size, local rank) of the latest init
 _server: Optional[tuple[Any, Any]] = None  # the Prometheus endpoint's (server, thread)
+_otel: Any = None  # the OpenTelemetry exporter (otel.Exporter)
 
 
 def _settings_from_env() -> Optional[_Settings]:
     trace = os.environ.get(_ENV_TRACE, "").strip() or None
     port = os.environ.get(_ENV_PORT, "").strip() or None
     every = os.environ.get(_ENV_EVERY, "").strip() or None
-    if trace is None and port is None:
+    otel = _env_flag(_ENV_OTEL)
+    if trace is None and port is None and not otel:
         return None
-    torch_ops = os.environ.get(_ENV_TORCH, "").strip().lower()
-    if torch_ops not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
-        raise InvalidArgument(f"environment variable {_ENV_TORCH}={torch_ops!r}: use 1 or 0")
+    keep = os.environ.get(_ENV_STEPS, "").strip() or None
     return _check(trace, _env_int(_ENV_PORT, port), os.environ.get(_ENV_ADDR, "").strip() or None,
-                  _env_int(_ENV_EVERY, every), torch_ops in ("1", "true", "yes", "on"), source="environment")
+                  _env_int(_ENV_EVERY, every), _env_flag(_ENV_TORCH), otel, _env_int(_ENV_STEPS, keep),
+                  source="environment")
+
+
+def _env_flag(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
+        raise InvalidArgument(f"environment variable {name}={raw!r}: use 1 or 0")
+    return raw in ("1", "true", "yes", "on")
 
 
 def _env_int(name: str, raw: Optional[str]) -> Optional[int]:
@@ -70,8 +79,8 @@ def _env_int(name: str, raw: Optional[str]) -> Optional[int]:
         raise InvalidArgument(f"environment variable {name}={raw!r}: expected an integer") from None
 
 
-def _check(trace: Any, port: Any, addr: Optional[str], every: Any, torch_ops: bool = False,
-           source: str = "start()") -> _Settings:
+def _check(trace: Any, port: Any, addr: Optional[str], every: Any, torch_ops: bool = False, otel: bool = False,
+           keep_steps: Any = None, source: str = "start()") -> _Settings:
     if trace is not None and (not isinstance(trace, (str, os.PathLike)) or not str(trace)):
         raise InvalidArgument(f"{source}: the trace directory must be a path, got {trace!r}")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
@@ -80,16 +89,23 @@ def _check(trace: Any, port: Any, addr: Optional[str], every: Any, torch_ops: bo
         raise InvalidArgument(f"{source}: metrics every N steps needs N >= 1, got {every!r}")
     if torch_ops and trace is None:
         raise InvalidArgument(f"{source}: profiling libtorch's operations needs a trace directory")
+    if keep_steps is not None and (isinstance(keep_steps, bool) or not isinstance(keep_steps, int) or keep_steps < 0):
+        raise InvalidArgument(f"{source}: the steps a trace keeps must be >= 0 (0: all), got {keep_steps!r}")
     return {"trace": None if trace is None else os.fspath(trace), "port": port, "addr": addr or "127.0.0.1",
-            "every": every or EVERY, "torch_ops": bool(torch_ops)}
+            "every": every or EVERY, "torch_ops": bool(torch_ops), "otel": otel,
+            "keep_steps": KEEP_STEPS if keep_steps is None else keep_steps}
 
 
 def start(trace: Union[str, "os.PathLike[str]", None] = None, *, metrics_port: Optional[int] = None,
           metrics_addr: Optional[str] = None, every: Optional[int] = None,
-          torch_ops: bool = False) -> "Optional[Recorder]":
+          torch_ops: bool = False, otel: Optional[bool] = None,
+          keep_steps: Optional[int] = None) -> "Optional[Recorder]":
     """Record this rank: traces and metrics files into directory `trace`, and/or a Prometheus
     endpoint on `metrics_port` (bound to `metrics_addr`, default loopback; the port of local
-    rank L is metrics_port + L). `every`: steps per metrics row (default 50). `torch_ops`:
+    rank L is metrics_port + L), and/or OpenTelemetry metrics (`otel`; None: as
+    PYBRIDGE_OTEL says; otel.py). `every`: steps per metrics row (default 50). `keep_steps`:
+    the trace holds the events of the latest this many steps (default 2000, 0: all; the
+    metrics count every step). `torch_ops`:
     also libtorch's operations on every thread, from torch.profiler (torchops.py; short
     runs). Call before init() (the recording starts there, with the clocks aligned) or
     after it (at once, clocks not aligned). Returns the rank's recorder once it records
@@ -106,9 +122,11 @@ def start(trace: Union[str, "os.PathLike[str]", None] = None, *, metrics_port: O
         >>> observe.stop()                         # also at exit; `pybridge report trace` reads them
     """
     global _settings
-    if trace is None and metrics_port is None:
-        raise InvalidArgument("start() needs a trace directory, a metrics port or both")
-    _settings = _check(trace, metrics_port, metrics_addr, every, torch_ops)
+    if otel is None:
+        otel = _env_flag(_ENV_OTEL)
+    if trace is None and metrics_port is None and not otel:
+        raise InvalidArgument("start() needs a trace directory, a metrics port or otel=True")
+    _settings = _check(trace, metrics_port, metrics_addr, every, torch_ops, bool(otel), keep_steps)
     if _world is not None and state.REC is None:
         joined(*_world)
     return state.REC
@@ -117,7 +135,7 @@ def start(trace: Union[str, "os.PathLike[str]", None] = None, *, metrics_port: O
 def joined(rank: int, world_size: int, local_rank: int = 0) -> "Optional[Recorder]":
     """The process group was made (comm/group.py): start recording if asked to. Returns the
     recorder (new or kept from an earlier world), or None."""
-    global _world, _server
+    global _world, _server, _otel
     _world = (rank, world_size, local_rank)
     rec = state.REC
     if rec is not None:
@@ -133,12 +151,15 @@ def joined(rank: int, world_size: int, local_rank: int = 0) -> "Optional[Recorde
             raise InvalidArgument(f"cannot create the trace directory {settings['trace']!r}: "
                                   f"{exc.strerror or exc}") from None
     rec = Recorder(settings["trace"], rank=rank, world_size=world_size, local_rank=local_rank,
-                   every=settings["every"])
+                   every=settings["every"], keep_steps=settings["keep_steps"])
     if settings["port"] is not None:
         from . import prometheus
         port = settings["port"] + local_rank if settings["port"] else 0
         _server = prometheus.serve(rec.metrics, port, settings["addr"])
         rec.metrics_address = _server[0].server_address[:2]
+    if settings["otel"]:
+        from . import otel
+        _otel = otel.register(rec.metrics)
     if settings["torch_ops"]:
         from .torchops import TorchOps
         rec.torch_ops = TorchOps()
@@ -151,16 +172,21 @@ def left() -> None:
     rec = state.REC
     if rec is not None:
         rec.flush(final=True)
+    if _otel is not None:
+        _otel.flush()
 
 
 def stop() -> None:
     """Stop recording: write the files, close the endpoint. Runs at exit."""
-    global _server, _settings
+    global _server, _settings, _otel
     rec, state.REC = state.REC, None
     server, _server = _server, None
+    exporter, _otel = _otel, None
     _settings = None
     if rec is not None:
         rec.close()
+    if exporter is not None:
+        exporter.close()
     if server is not None:
         server[0].shutdown()
         server[0].server_close()
