@@ -18,7 +18,7 @@ import io
 import os
 import re
 import tempfile
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional, Protocol, Union
+from typing import Any, Mapping, NamedTuple, Optional, Protocol, Union
 
 import torch
 
@@ -28,15 +28,12 @@ from .. import observe as _observe
 from ..base.checks import integer
 from ..errors import CorruptData, InvalidArgument, IOFailure
 
-if TYPE_CHECKING:
-    from ..ddp.reducer import Reducer
-    from ..recordio.loader import Loader
-
 _Path = Union[str, "os.PathLike[str]"]
 
 
 class Stateful(Protocol):
-    """What save() and restore() take as a model or optimizer: torch modules and optimizers."""
+    """What save() and restore() take: torch modules and optimizers, pybridge's Reducer and
+    recordio.Loader (layers above this one, so named here only by what they provide)."""
 
     def state_dict(self) -> Any: ...
 
@@ -99,7 +96,7 @@ def _check_tensors(tensors: Optional[Mapping[str, torch.Tensor]]) -> Mapping[str
 
 
 def state_of(step: int, *, model: Optional[Stateful] = None, optimizer: Optional[Stateful] = None,
-             reducer: "Optional[Reducer]" = None, loader: "Optional[Loader]" = None,
+             reducer: Optional[Stateful] = None, loader: Optional[Stateful] = None,
              tensors: Optional[Mapping[str, torch.Tensor]] = None, extra: Any = None) -> dict[str, Any]:
     """The checkpoint as a dict (what encode() serializes and apply() loads). Its tensors
     are the objects' own (state_dict() shares memory), except `tensors`, copied to the CPU."""
@@ -123,7 +120,7 @@ def to_bytes(state: dict[str, Any]) -> bytes:
 
 
 def encode(step: int, *, model: Optional[Stateful] = None, optimizer: Optional[Stateful] = None,
-           reducer: "Optional[Reducer]" = None, loader: "Optional[Loader]" = None,
+           reducer: Optional[Stateful] = None, loader: Optional[Stateful] = None,
            tensors: Optional[Mapping[str, torch.Tensor]] = None, extra: Any = None) -> bytes:
     """The checkpoint's bytes (what save() writes)."""
     return to_bytes(state_of(step, model=model, optimizer=optimizer, reducer=reducer, loader=loader,
@@ -158,7 +155,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 @_observe.recorded("checkpoint.save", "checkpoint")
 def save(directory: _Path, step: int, *, model: Optional[Stateful] = None, optimizer: Optional[Stateful] = None,
-         reducer: "Optional[Reducer]" = None, loader: "Optional[Loader]" = None,
+         reducer: Optional[Stateful] = None, loader: Optional[Stateful] = None,
          tensors: Optional[Mapping[str, torch.Tensor]] = None, extra: Any = None, keep: int = 2) -> str:
     """Write the state at `step` atomically to DIRECTORY/step-<step>.pt; return its path.
 
@@ -305,8 +302,8 @@ def _check_fit(tensors: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Te
 
 @_observe.recorded("checkpoint.restore", "checkpoint")
 def restore(directory: _Path, *, group: Optional[_group.Group] = None, model: Optional[Stateful] = None,
-            optimizer: Optional[Stateful] = None, reducer: "Optional[Reducer]" = None,
-            loader: "Optional[Loader]" = None, tensors: Optional[Mapping[str, torch.Tensor]] = None,
+            optimizer: Optional[Stateful] = None, reducer: Optional[Stateful] = None,
+            loader: Optional[Stateful] = None, tensors: Optional[Mapping[str, torch.Tensor]] = None,
             strict: bool = True, local: bool = False) -> Optional[Restored]:
     """Load the newest checkpoint any rank holds into the objects given, on every rank.
 
@@ -345,8 +342,8 @@ def restore(directory: _Path, *, group: Optional[_group.Group] = None, model: Op
 
 
 def apply(state: dict[str, Any], source: str, *, model: Optional[Stateful] = None,
-          optimizer: Optional[Stateful] = None, reducer: "Optional[Reducer]" = None,
-          loader: "Optional[Loader]" = None, tensors: Optional[Mapping[str, torch.Tensor]] = None,
+          optimizer: Optional[Stateful] = None, reducer: Optional[Stateful] = None,
+          loader: Optional[Stateful] = None, tensors: Optional[Mapping[str, torch.Tensor]] = None,
           strict: bool = True) -> None:
     """Load a decoded checkpoint `state` into the objects given (restore's last half; the
     elastic State's rollback). Tensors are checked to fit before anything is overwritten."""

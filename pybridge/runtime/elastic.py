@@ -24,7 +24,7 @@ import datetime
 import functools
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TypeVar, Union, cast
+from typing import Any, Callable, Mapping, Optional, TypeVar, Union, cast
 
 import torch
 import torch.distributed as dist
@@ -39,11 +39,6 @@ from . import membership as _membership
 from ..comm import sockets as _sockets
 from ..errors import InvalidArgument, MembershipChanged, NotInitialized
 from typing_extensions import Concatenate, ParamSpec
-
-if TYPE_CHECKING:
-    from ..ddp.reducer import Reducer
-    from ..recordio.loader import Loader
-    from .checkpoint import Stateful
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -271,8 +266,8 @@ class State:
     _synced: bool
     last_sync: Optional[dict[str, Any]]
 
-    def __init__(self, *, model: "Optional[Stateful]" = None, optimizer: "Optional[Stateful]" = None,
-                 reducer: "Optional[Reducer]" = None, loader: "Optional[Loader]" = None,
+    def __init__(self, *, model: Optional[checkpoint.Stateful] = None, optimizer: Optional[checkpoint.Stateful] = None,
+                 reducer: Optional[checkpoint.Stateful] = None, loader: Optional[checkpoint.Stateful] = None,
                  tensors: Optional[Mapping[str, torch.Tensor]] = None, **values: Any) -> None:
         for name in values:
             if name.startswith("_") or name in _OBJECTS or name in ("tensors", "values", "commits", "last_sync"):
@@ -301,8 +296,8 @@ class State:
         else:
             raise AttributeError(f"State has no value {name!r}: give it at construction (State({name}=...))")
 
-    def bind(self, *, model: "Optional[Stateful]" = None, optimizer: "Optional[Stateful]" = None,
-             reducer: "Optional[Reducer]" = None, loader: "Optional[Loader]" = None,
+    def bind(self, *, model: Optional[checkpoint.Stateful] = None, optimizer: Optional[checkpoint.Stateful] = None,
+             reducer: Optional[checkpoint.Stateful] = None, loader: Optional[checkpoint.Stateful] = None,
              tensors: Optional[Mapping[str, torch.Tensor]] = None) -> None:
         """Replace the objects the state commits and restores (the C ABI binds the caller's
         tensors for the length of each call). The commits made so far stay."""
