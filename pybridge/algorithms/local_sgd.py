@@ -184,9 +184,12 @@ class HierarchicalModelAverager(PeriodicModelAverager):
         return next((p for p in reversed(self.periods) if self.step % p == 0), None)
 
     def due(self) -> bool:
+        """Does the next average_parameters() call average (over which group: the class says)?"""
         return self._level() is not None
 
     def average_parameters(self, params: Params) -> bool:
+        """Average `params` over the subgroup this step is due for, if any; count the step.
+        Returns whether it averaged."""
         level = self._level()
         if level is not None:
             average_parameters(params, group=self.period_groups[level])

@@ -120,6 +120,7 @@ class PointerViews:
         self._address_of = address_of
 
     def get(self, address: Hashable, count: int, dtype: dtypes.DTypeLike, device: int = CPU) -> torch.Tensor:
+        """The tensor over `count` elements of `dtype` at `address` (from_pointer), cached."""
         key = (address, count, dtype, device)
         t = self._cache.get(key)
         if t is not None:

@@ -53,4 +53,5 @@ def torch_dtype(spec: DTypeLike) -> torch.dtype:
 
 
 def code(dtype: torch.dtype) -> int:
+    """The C ABI's code (PB_FLOAT32 ...) of a supported dtype."""
     return CODE_OF[torch_dtype(dtype)]

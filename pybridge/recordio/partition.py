@@ -211,7 +211,8 @@ def plan_remaining(plan: _Plan, num_replicas: int, batch_size: int, drop_last: b
 class Store(Protocol):
     """What a dynamic partition needs of a store: torch.distributed's Store.add."""
 
-    def add(self, key: str, amount: int, /) -> int: ...
+    def add(self, key: str, amount: int, /) -> int:
+        """Add `amount` to the counter `key` (0 at first) atomically; returns the new value."""
 
 
 class LocalStore:

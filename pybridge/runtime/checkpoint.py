@@ -35,9 +35,11 @@ class Stateful(Protocol):
     """What save() and restore() take: torch modules and optimizers, pybridge's Reducer and
     recordio.Loader (layers above this one, so named here only by what they provide)."""
 
-    def state_dict(self) -> Any: ...
+    def state_dict(self) -> Any:
+        """What to keep."""
 
-    def load_state_dict(self, state_dict: Any, /) -> Any: ...
+    def load_state_dict(self, state_dict: Any, /) -> Any:
+        """Take back what state_dict() gave."""
 
 
 FORMAT = "pybridge-checkpoint"
