@@ -37,12 +37,13 @@ def pybridge_flags(pc_dir=os.path.dirname(LIB_PATH)):
     return out.stdout.split()
 
 
-def run_two_ranks(exe, *args, timeout=90):
+def run_two_ranks(exe, *args, timeout=90, env=None):
     """Run the C program `exe` as ranks 0 and 1 (`exe RANK PORT ARGS...`, a fresh port), with
-    a bare environment (no PYBRIDGE_* or launcher variables); [(exit status, output)] by rank."""
+    a bare environment (no PYBRIDGE_* or launcher variables) plus `env`; [(exit status,
+    output)] by rank."""
     from ranks import free_port
     port = str(free_port())
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), **(env or {})}
     procs = [subprocess.Popen([str(exe), str(r), port, *map(str, args)], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
     outs = []

@@ -25,7 +25,7 @@ import gen_abi  # noqa: E402
 NOT_MODES = {"PB_FED_TRAIN", "PB_FED_EVALUATE", "PB_FED_MAX_METRICS"}
 FAMILIES = {  # registry, C prefix, Go type of its constants
     "mode": (modes.MODES, "PB_FED_", "FedMode"),
-    "strategy": (tuple(strategies.STRATEGIES), "PB_FED_STRATEGY_", "FedStrategy"),
+    "strategy": (strategies.BUILTIN, "PB_FED_STRATEGY_", "FedStrategy"),
     "staleness": (staleness.KINDS, "PB_FED_STALENESS_", "Staleness"),
 }
 
@@ -61,7 +61,8 @@ def test_the_c_adapter_derives_its_tables_from_the_registries():
     from pybridge.capi import fed_strategies, federated
     assert sorted(federated.MODES.values()) == sorted(modes.MODES)
     assert all(code == getattr(abi, "PB_FED_" + name.upper()) for code, name in federated.MODES.items())
-    assert sorted(fed_strategies.STRATEGIES.values()) == sorted(strategies.STRATEGIES)
+    assert sorted(fed_strategies.STRATEGIES.values()) == sorted(strategies.BUILTIN)
+    assert tuple(strategies.STRATEGIES)[:len(strategies.BUILTIN)] == strategies.BUILTIN  # then registered ones
     assert sorted(fed_strategies.STALENESS.values()) == sorted(staleness.KINDS)
     for code, name in fed_strategies.STRATEGIES.items():  # each C code builds the registered class
         made = fed_strategies._strategy(dict(fed_strategies._DEFAULTS, strategy=code))
@@ -72,7 +73,7 @@ def test_a_bad_c_code_names_the_codes_from_the_registry():
     from pybridge.capi import fed_strategies
     with pytest.raises(InvalidArgument) as err:
         fed_strategies._strategy(dict(fed_strategies._DEFAULTS, strategy=99))
-    for name in strategies.STRATEGIES:
+    for name in strategies.BUILTIN:
         assert f"PB_FED_STRATEGY_{name.upper()} ({getattr(abi, 'PB_FED_STRATEGY_' + name.upper())})" in str(err.value)
 
 
