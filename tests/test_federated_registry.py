@@ -100,3 +100,17 @@ def test_the_mnist_example_takes_the_registries():
         assert example.parse_args(["--server-opt", name]).server_opt == name
     source = open(example.__file__).read()
     assert not re.search(r"^[A-Z_]+ = \{", source, re.M), "a table of its own in examples/mnist/federated.py"
+
+
+def test_every_built_in_strategy_is_exported_and_in_the_docs_table():
+    # The recipe's two written lines for a built-in strategy (docs/design.md, "Adding a
+    # federated strategy"): its class in pybridge/federated/__init__.py (a static import, so
+    # type checkers see it) and its row in docs/federated.md's strategy table.
+    import pybridge.federated as fed
+    table = open(os.path.join(ROOT, "docs", "federated.md")).read().split("## Server strategies", 1)[1]
+    for name in strategies.BUILTIN:
+        cls = strategies.STRATEGIES[name]
+        assert getattr(fed, cls.__name__, None) is cls and cls.__name__ in fed.__all__, \
+            f"{cls.__name__} ({name!r}): import it in pybridge/federated/__init__.py and name it in __all__"
+        assert f"`PB_FED_STRATEGY_{name.upper()}`" in table, \
+            f"{name!r}: its row in docs/federated.md's strategy table (C column `PB_FED_STRATEGY_{name.upper()}`)"
