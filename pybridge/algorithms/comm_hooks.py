@@ -164,7 +164,8 @@ class Registered:
 
 # Every hook's name: a built-in's (its code, from BUILTIN: 'fp16' is PB_HOOK_FP16) or a
 # registered one's (Registered). by_name reads it; C's hook_name and Go's WithHookName too.
-HOOKS: Registry[Any] = Registry("comm hook", describe=str)
+HOOKS: Registry[Any] = Registry(
+    "comm hook", describe=lambda e: str(e) if isinstance(e, Registered) else f"the built-in hook {BUILTIN[e][0]}")
 for _code, (_c_name, _) in BUILTIN.items():
     HOOKS.register(_c_name[len("PB_HOOK_"):].lower(), _code)
 
