@@ -197,11 +197,17 @@ def test_c_names_are_the_headers():
     assert used and used <= header, used - header
 
 
-def _go_names():
-    """go/errors.go's goNames: C name -> Go name."""
-    text = open(os.path.join(ROOT, "go", "errors.go")).read()
-    body = re.search(r"var goNames = map\[string\]string\{(.*?)\n\}", text, re.S).group(1)
+def _go_map(path, var):
+    """A Go map[string]string literal of C name -> Go name."""
+    text = open(os.path.join(ROOT, "go", path)).read()
+    body = re.search(rf"var {var} = map\[string\]string\{{(.*?)\n\}}", text, re.S).group(1)
     return dict(re.findall(r'"(\w+)":\s*"([\w.]+)"', body))
+
+
+def _go_names():
+    """What goWords translates: go/errors.go's goNames (written) over go/names_gen.go's
+    goConstants (generated from Go's constants)."""
+    return {**_go_map("names_gen.go", "goConstants"), **_go_map("errors.go", "goNames")}
 
 
 def _go_calls():
@@ -230,12 +236,17 @@ def test_go_names_every_c_name_a_message_may_hold():
     assert {"pb_reducer_wait", "pb_finalize", "pb_state_reset"} <= calls
     wanted = {n for n in wanted if n.startswith("PB_") or n in names.HANDLE_TYPES.values() or n in calls}
     assert wanted <= set(go), wanted - set(go)
-    declared = {}
+    # Go's constants are in the generated table (gen_abi.go_constants); the flag options,
+    # written by hand, name the flag they set.
+    generated = _go_map("names_gen.go", "goConstants")
+    assert {"PB_SUM", "PB_HOOK_FP16", "PB_PARTITION_STATIC", "PB_FED_STRATEGY_FEDYOGI"} <= set(generated)
+    assert generated == gen_abi.go_constants()
+    written = _go_map("errors.go", "goNames")
+    assert not {c for c in written if generated.get(c) == written[c]}, "goNames repeats generated entries"
+    flags = {}
     for path in glob.glob(os.path.join(ROOT, "go", "*.go")):
-        text = open(path).read()
-        declared.update({c: g for g, c in re.findall(r"^\s*([A-Z]\w*)\s+\w+\s*=\s*C\.(PB_\w+)", text, re.M)})
-        declared.update({c: g for g, c in re.findall(
+        flags.update({c: g for g, c in re.findall(
             r"^func (With\w+)\(\) \w+ \{\s*return func\(c \*\w+\) \{ c\.flags \|= (?:C\.PB_\w+ \| )*C\.(PB_\w+) \}",
-            text, re.M)})
-    assert {"PB_SUM", "PB_HOOK_FP16", "PB_PARTITION_STATIC", "PB_REDUCER_JOIN"} <= set(declared)
-    assert {c: go.get(c) for c in declared} == declared
+            open(path).read(), re.M)})
+    assert "PB_REDUCER_JOIN" in flags
+    assert {c: go.get(c) for c in flags} == flags

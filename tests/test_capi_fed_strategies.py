@@ -39,6 +39,8 @@ def _options(ffi, lib, **fields):
     for name, value in _header_defaults().items():
         if name == "size":
             o.size = ffi.sizeof("pb_fed_options")
+        elif name == "strategy_name":
+            o.strategy_name = ffi.NULL
         else:
             setattr(o, name, getattr(lib, value) if value.startswith("PB_") else float(value)
                     if name not in ("buffer_size", "max_staleness", "dp_seed") else int(value))
@@ -53,7 +55,9 @@ def test_adapter_defaults_are_the_headers():
     header = _header_defaults()
     assert set(header) == {name for name, _ in ffi.typeof("pb_fed_options").fields}
     for name, value in header.items():
-        if name != "size":
+        if name == "strategy_name":  # a pointer: NULL
+            assert value == "0" and adapter._DEFAULTS[name] is None
+        elif name != "size":
             want = getattr(lib, value) if value.startswith("PB_") else float(value)
             assert adapter._DEFAULTS[name] == want, name
 

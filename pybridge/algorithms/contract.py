@@ -14,13 +14,16 @@ The bucket (GradBucket) offers what torch's GradBucket does: buffer(), index(), 
 gradients(), parameters(), set_buffer().
 
 Hooks declare what the reducer may rely on: `declare_eager` (all collectives issued before
-the hook returns) and `declare_sums` (the hook sums what it is given). A hook state may
-define `settings()` (what every rank must share, in `identity`) and `STEP_ATTR` (the
-counter a checkpoint keeps). This module imports no hook: the hooks import it.
+the hook returns) and `declare_sums` (the hook sums what it is given). What a hook and its
+state provide is stated by Protocols: `CommHook` (the call), `HookState` (`settings()`: what
+every rank must share, in `identity`; required of a registered hook's state),
+`StepCounting` (`STEP_ATTR`: the counter a checkpoint keeps) and `Closing` (`close()`: the
+reducer closes a state it releases). This module imports no hook: the hooks import it.
 """
 
 import functools
 import warnings
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as _torch_hooks
@@ -68,10 +71,38 @@ class GradBucket:
         return list(self._params)
 
 
+@runtime_checkable
+class CommHook(Protocol):
+    """hook(state, bucket) -> torch.futures.Future whose value is the communicated bucket."""
+
+    def __call__(self, state: Any, bucket: GradBucket) -> "torch.futures.Future[Any]": ...
+
+
+@runtime_checkable
+class HookState(Protocol):
+    """settings(): what every rank must share about the state ({} for nothing), compared in identity()."""
+
+    def settings(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class StepCounting(Protocol):
+    """STEP_ATTR: the name of the state's step counter, which a checkpoint keeps."""
+
+    STEP_ATTR: str
+
+
+@runtime_checkable
+class Closing(Protocol):
+    """close(): release what the state holds (threads, groups); the reducer calls it."""
+
+    def close(self) -> None: ...
+
+
 class HookContext:
     """The `state` of pybridge's built-in hooks: the group, and wire buffers per bucket.
     The wire type belongs to the hook (fp16_compress_hook sends float16 whatever the
-    state says), as in torch."""
+    state says), as in torch. A HookState with no settings."""
 
     def __init__(self, group, dtype=None):
         if dtype is not None:
@@ -89,6 +120,10 @@ class HookContext:
         if buf is None or buf.numel() != like.numel() or buf.device != like.device or buf.dtype != dtype:
             buf = self._scratch[index] = torch.empty(like.numel(), dtype=dtype, device=like.device)
         return buf
+
+    def settings(self):
+        """Nothing every rank must share beyond the hook itself."""
+        return {}
 
 
 # Hooks that issue every collective before returning: torch's simple ones, and pybridge's
@@ -149,9 +184,8 @@ def _settings(state):
     from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
-    own = getattr(state, "settings", None)
-    if callable(own):  # pybridge's hook states (hierarchical, gossip)
-        return own()
+    if isinstance(state, HookState) and callable(state.settings):  # pybridge's and registered hooks' states
+        return state.settings()
     if isinstance(state, PostLocalSGDState):
         return {"start_localSGD_iter": state.start_localSGD_iter,
                 "post_local_gradient_allreduce": state.post_local_gradient_allreduce}
@@ -174,9 +208,8 @@ def _step_attr(state):
     from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
-    own = getattr(state, "STEP_ATTR", None)
-    if own is not None:  # pybridge's hook states
-        return own
+    if isinstance(state, StepCounting) and state.STEP_ATTR is not None:  # pybridge's hook states
+        return state.STEP_ATTR
     if isinstance(state, (PowerSGDState, PostLocalSGDState)):
         return "iter"
     return None
@@ -196,5 +229,5 @@ def set_hook_step(state, step):
         setattr(state, attr, step)
 
 
-__all__ = ["GradBucket", "HookContext", "declare_eager", "is_eager", "declare_sums", "prescales", "identity",
+__all__ = ["GradBucket", "HookContext", "CommHook", "HookState", "StepCounting", "Closing", "declare_eager", "is_eager", "declare_sums", "prescales", "identity",
            "hook_step", "set_hook_step"]

@@ -30,7 +30,7 @@ _DEFAULTS = {"op": abi.PB_AVG, "bucket_cap_mb": 0.0, "first_bucket_cap_mb": 0.0,
              "hook": abi.PB_HOOK_ALLREDUCE, "hook_rank": 1, "hook_flags": 0,
              "gossip_topology": abi.PB_GOSSIP_NONE, "gossip_ranks_per_node": 0, "gossip_seed": 0,
              "gossip_sync_every": 0, "hook_start_iter": 2, "ndims": None, "dims": None,
-             "hook_ranks_per_node": 0}
+             "hook_ranks_per_node": 0, "hook_name": None}
 _WIRES = {0: None, abi.PB_HOOK_WIRE_FP16: "fp16", abi.PB_HOOK_WIRE_BF16: "bf16"}
 _HOOK_FLAGS = abi.PB_HOOK_NO_WARM_START | abi.PB_HOOK_WIRE_FP16 | abi.PB_HOOK_WIRE_BF16
 
@@ -110,7 +110,16 @@ def _shape(i, ndims, dims, at):
 
 
 def _hook(o):
-    """The built-in hook the options choose (comm_hooks.BuiltinHook or GossipHook)."""
+    """The hook the options choose (comm_hooks.BuiltinHook, GossipHook or NamedHook)."""
+    name = options.name(o["hook_name"], "pb_reducer_options.hook_name")
+    if name is not None:
+        if o["hook"] != _DEFAULTS["hook"] or o["gossip_topology"] != _DEFAULTS["gossip_topology"]:
+            raise InvalidArgument(f"pb_reducer_options.hook_name is {name!r} but hook or gossip_topology is set "
+                                  "too; choose the hook one way")
+        spec = comm_hooks.by_name(name)
+        if isinstance(spec, comm_hooks.NamedHook):
+            return spec
+        o = dict(o, hook=spec.code)  # a built-in by name: its code, with the hook_* settings
     flags = o["hook_flags"]
     if flags & ~_HOOK_FLAGS:
         raise InvalidArgument(f"unknown hook flags 0x{flags:x}; valid: PB_HOOK_NO_WARM_START (1), "

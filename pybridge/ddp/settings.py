@@ -48,20 +48,22 @@ def resolve_compression(c):
 
 
 def hook_choice(hook, state, compression):
-    """(a built-in hook chosen by settings, or None; (state, hook) of a callable, or None).
+    """(a hook chosen by settings or by name, or None; (state, hook) of a callable, or None).
     compression= is another name for a built-in hook: 'fp16' is hook=HOOK_FP16."""
     alias = _COMPRESSION_HOOK[compression]
     if hook is None:
         spec, pair = comm_hooks.BuiltinHook(alias), None
-    elif isinstance(hook, (comm_hooks.BuiltinHook, comm_hooks.GossipHook)):
+    elif isinstance(hook, (comm_hooks.BuiltinHook, comm_hooks.GossipHook, comm_hooks.NamedHook)):
         spec, pair = hook, None
+    elif isinstance(hook, str):  # a name of comm_hooks.HOOKS: a built-in's or a registered one
+        spec, pair = comm_hooks.by_name(hook), None
     elif isinstance(hook, int) and not isinstance(hook, bool):
         spec, pair = comm_hooks.BuiltinHook(hook), None
     elif callable(hook):
         spec, pair = None, (state, hook)
     else:
-        raise InvalidArgument(f"hook must be callable as hook(state, bucket), a PB_HOOK_* code, or a "
-                              f"comm_hooks.BuiltinHook or GossipHook, got {hook!r}")
+        raise InvalidArgument(f"hook must be callable as hook(state, bucket), a hook's name, a PB_HOOK_* code, "
+                              f"or a comm_hooks.BuiltinHook or GossipHook, got {hook!r}")
     if spec is not None and state is not None:
         raise InvalidArgument("hook_state goes with a callable hook; a built-in hook makes its own state")
     if compression != COMPRESS_NONE and not (isinstance(spec, comm_hooks.BuiltinHook) and spec.code == alias):
