@@ -226,11 +226,13 @@ def test_parameter_broadcast_is_not_the_reducers():
     assert "BroadcastParams" not in open(os.path.join(REPO, "go", "reducer.go")).read()
 
 
-def test_the_buffered_stream_drives_the_server_only_through_its_public_seam():
-    # stream.py (FedBuff/FedAsync hand-out) calls Server's hand-out methods; buffered.py is arithmetic
-    text = _source("federated/stream.py")
-    assert not re.search(r"\b(s|server)\._\w", text), re.search(r"\b(s|server)\._\w", text)
-    assert "pybridge.federated.server" not in _imports("pybridge.federated.stream")
+def test_both_loops_drive_the_server_only_through_its_public_seam():
+    # stream.py (FedBuff/FedAsync hand-out) and roundloop.py (the round modes') call Server's
+    # hand-out methods; buffered.py is arithmetic
+    for loop in ("stream", "roundloop"):
+        text = _source(f"federated/{loop}.py")
+        assert not re.search(r"\b(s|server)\._\w", text), (loop, re.search(r"\b(s|server)\._\w", text))
+        assert "pybridge.federated.server" not in _imports(f"pybridge.federated.{loop}"), loop
     assert "class Stream" not in _source("federated/buffered.py")
     assert "pybridge.federated.stream" not in _imports("pybridge.federated.buffered", anywhere=False)
 
