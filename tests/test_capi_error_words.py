@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from capi_loader import LIB_PATH, ROOT, load
+from capi_loader import LIB_PATH, ROOT, init_world, last_error, load
 from ranks import run_ranks
 
 sys.path.insert(0, os.path.join(ROOT, "capi"))
@@ -28,7 +28,7 @@ PYTHON = re.compile(r"\w\(\)|\b[a-z_]+=|torch\.|MembershipChanged|CReducer|Loade
 
 
 def _say(ffi, lib, rc):
-    return int(rc), ffi.string(lib.pb_last_error()).decode()
+    return int(rc), last_error(ffi, lib)
 
 
 def words_rank(rank, world, path, ckdir):
@@ -60,9 +60,7 @@ def words_rank(rank, world, path, ckdir):
                                            ffi.new("pb_group **"), ffi.new("int64_t *")))
     assert lib.pb_state_close(sp[0]) == 0
 
-    gp = ffi.new("pb_group **")
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0, ffi.string(lib.pb_last_error())
-    g = gp[0]
+    g = init_world(ffi, lib)
     call("second init", lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, ffi.new("pb_group **")))
     x = ffi.new("int32_t[2]")
     t = ffi.new("pb_tensor *", {"data": x, "count": 2, "dtype": lib.PB_INT32, "device": lib.PB_CPU})
@@ -70,17 +68,17 @@ def words_rank(rank, world, path, ckdir):
 
     rp = ffi.new("pb_reducer **")
     counts, dts = ffi.new("int64_t[]", [4, 2]), ffi.new("int32_t[]", [lib.PB_FLOAT32] * 2)
-    assert lib.pb_reducer_create(g, 2, counts, dts, ffi.NULL, rp) == 0, ffi.string(lib.pb_last_error())
+    assert lib.pb_reducer_create(g, 2, counts, dts, ffi.NULL, rp) == 0, last_error(ffi, lib)
     r = rp[0]
     w = ffi.new("float[4]", [1, 2, 3, 4])
     names = [ffi.new("char[]", b"w")]
     cnames = ffi.new("char *[]", names)
     tw = ffi.new("pb_tensor *", {"data": w, "count": 4, "dtype": lib.PB_FLOAT32, "device": lib.PB_CPU})
     dirname = ffi.new("char[]", ckdir.encode())
-    assert lib.pb_checkpoint_save(dirname, 1, 1, cnames, tw, ffi.NULL, r, 0) == 0, ffi.string(lib.pb_last_error())
+    assert lib.pb_checkpoint_save(dirname, 1, 1, cnames, tw, ffi.NULL, r, 0) == 0, last_error(ffi, lib)
     sp = ffi.new("pb_state **")
     assert lib.pb_state_create(sp) == 0
-    assert lib.pb_state_commit(sp[0], 1, 1, cnames, tw, ffi.NULL, r) == 0, ffi.string(lib.pb_last_error())
+    assert lib.pb_state_commit(sp[0], 1, 1, cnames, tw, ffi.NULL, r) == 0, last_error(ffi, lib)
     # An iteration under way: calls that belong between iterations name themselves.
     assert lib.pb_reducer_mark_ready(r, 0) == 0
     call("marked twice", lib.pb_reducer_mark_ready(r, 0))
@@ -101,7 +99,7 @@ def words_rank(rank, world, path, ckdir):
     files = ffi.new("char *[]", [name])
     lp = ffi.new("pb_loader **")
     rc = lib.pb_loader_open(g, files, 1, 4, lib.PB_PARTITION_DYNAMIC, 0, 0, 0, 0, lp)
-    assert rc == 0, ffi.string(lib.pb_last_error())
+    assert rc == 0, last_error(ffi, lib)
     call("dynamic checkpoint", lib.pb_checkpoint_save(dirname, 2, 1, cnames, tw, lp[0], ffi.NULL, 0))
     assert lib.pb_loader_close(lp[0]) == 0 and lib.pb_state_close(sp[0]) == 0 and lib.pb_reducer_close(r) == 0
     assert lib.pb_finalize(g) == 0

@@ -104,6 +104,9 @@ class Reducer:
         self.allow_unused = bool(allow_unused)
         self.join_enabled = bool(join)
         self.divide_by_initial_world_size = bool(divide_by_initial_world_size)
+        if not self.divide_by_initial_world_size and not self.join_enabled:
+            raise InvalidArgument("divide_by_initial_world_size=False goes with join=True (it divides by the "
+                                  "ranks still training, which only join counts)")
         self.rebuild = self._rebuild_pending = bool(rebuild)
         self._params = params if params and all(isinstance(p, torch.Tensor) for p in params) else None
         self._lock = threading.Lock()
