@@ -10,6 +10,7 @@ import math
 
 from .. import abi, capi
 from ..base import dtypes
+from ..algorithms import comm_hooks
 from ..ddp import reducer as _reducer
 from ..ddp import settings as _settings
 from ..base.buffers import CPU
