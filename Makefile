@@ -31,12 +31,13 @@ TORCH_CGO = CGO_CXXFLAGS="$(shell $(PYTHON) -m pybridge.capi --torch-cflags)" \
 	CGO_LDFLAGS="$(shell $(PYTHON) -m pybridge.capi --torch-libs)"
 
 LIB := $(BUILD)/libpybridge.so
+GO_NAMES := $(BUILD)/.go-names
 
 .PHONY: setup test test-browser test-clusters test-python test-go lint ruff typecheck go-lint go-test demo demo-real demo-gotorch demo-collectives bench clean gpu-bundle gpu-check
 
 # Bytecode written once here: every rank, launcher and CLI a test starts imports pybridge,
 # and with PYTHONDONTWRITEBYTECODE set (as on CI's machines) each would compile it again.
-setup: $(LIB)
+setup: $(LIB) $(GO_NAMES)
 	@$(PYTHON) -m compileall -q -j 0 pybridge tests examples bench capi >/dev/null
 
 # The checkout's own environment. --system-site-packages: the machine's torch (a large
@@ -56,11 +57,17 @@ $(DEPS_STAMP): pyproject.toml $(if $(filter $(VENV)/bin/python,$(PYTHON)),| $(PY
 	@touch $@
 
 # The header is the one source of the ABI: Python's constants (pybridge/abi.py) and Go's
-# trampolines (go/pbgo_gen.h) are generated from it, and committed; gen_abi.py rewrites
-# only a file that changed.
+# trampolines (go/pbgo_gen.h) are generated from it, and Go's table of constant names
+# (go/names_gen.go) from Go's constants; all committed; gen_abi.py rewrites only a file
+# that changed.
 GENERATED := $(BUILD)/.generated
 $(GENERATED): capi/pybridge.h capi/gen_abi.py pybridge/cbuild/gen.py
 	@mkdir -p $(BUILD)
+	$(PYTHON) capi/gen_abi.py
+	@touch $@
+
+# Go's own sources change only go/names_gen.go: regenerated without rebuilding the library.
+$(GO_NAMES): $(GENERATED) $(filter-out %_test.go go/names_gen.go,$(wildcard go/*.go))
 	$(PYTHON) capi/gen_abi.py
 	@touch $@
 

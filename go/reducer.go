@@ -107,6 +107,7 @@ type reducerConfig struct {
 	wire       Compression // WithHierarchicalCompression's wire type
 	gossip     *gossipConfig
 	badComp    *Compression // WithCompression got an unknown value
+	hookName   *string      // WithHookName: a hook chosen by name (registry.go)
 }
 
 // ReducerOption configures NewReducer. Hooks, compression, PowerSGD and gossip
@@ -210,6 +211,7 @@ func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, 
 	if err := c.fill(op, &o); err != nil {
 		return nil, err
 	}
+	defer C.free(unsafe.Pointer(o.hook_name))
 	if err := fillShapes(op, params, &o); err != nil {
 		return nil, err
 	}
@@ -294,6 +296,7 @@ func AttachReducer(g *Group, params []TensorSource, opts ...ReducerOption) (*Red
 	if err := c.fill(op, &o); err != nil {
 		return nil, err
 	}
+	defer C.free(unsafe.Pointer(o.hook_name))
 	var h *C.pb_reducer
 	var msg *C.char
 	if err := check(op, C.pbgo_reducer_attach(gh, n, pd, &o, &h, &msg), msg); err != nil {
@@ -320,7 +323,7 @@ func WithGradAsBucketView() ReducerOption {
 }
 
 // fill sets every field of o from c (so o does not depend on the library's
-// defaults).
+// defaults). o.hook_name is C memory (or nil) that the caller frees.
 func (c *reducerConfig) fill(op string, o *C.pb_reducer_options) error {
 	rank, err := toInt32(op, "PowerSGD rank", c.hookRank)
 	if err != nil {
@@ -363,6 +366,10 @@ func (c *reducerConfig) fill(op string, o *C.pb_reducer_options) error {
 		}
 		o.gossip_topology, o.gossip_ranks_per_node = C.int32_t(gc.topology), per
 		o.gossip_seed, o.gossip_sync_every = C.int64_t(gc.seed), sync
+	}
+	o.hook_name = nil
+	if c.hookName != nil { // last: nothing after it can fail and leave it unfreed
+		o.hook_name = C.CString(*c.hookName)
 	}
 	return nil
 }
@@ -727,7 +734,7 @@ func WithHook(h Hook) ReducerOption {
 
 // setHook makes h how buckets travel, in place of gossip or an earlier hook.
 func (c *reducerConfig) setHook(h Hook) {
-	c.hook, c.gossip, c.badComp = h, nil, nil
+	c.hook, c.gossip, c.badComp, c.hookName = h, nil, nil, nil
 }
 
 // WithPowerSGD compresses gradients with torch's PowerSGD: matrices are sent as

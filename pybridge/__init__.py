@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; _EXPORTS below must name t
     from .ddp.reducer import Reducer as Reducer
     from .comm.params import broadcast_parameters as broadcast_parameters
     from .base.jobenv import env as env
+    from .algorithms.comm_hooks import register_comm_hook as register_comm_hook
 
 # The names exported here, by the module that defines them. They load on first use (PEP 562):
 # the command-line tools (pybridge-launch, pybridge-capi, pybridge-recordio) import this
@@ -52,6 +53,7 @@ _EXPORTS = {
     "ddp.reducer": ("Reducer",),
     "comm.params": ("broadcast_parameters",),
     "base.jobenv": ("env",),
+    "algorithms.comm_hooks": ("register_comm_hook",),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 

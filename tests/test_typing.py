@@ -47,6 +47,7 @@ _FEDERATED = "federated training: annotated with the server's split and the stra
 PENDING = {
     "pybridge.comm.group": _SPLIT + " (init, finalize, Group and the queries)",
     "pybridge.federated.server": _SPLIT,
+    "pybridge.algorithms.comm_hooks": "the hook registry (register_comm_hook), annotated once its work settles",
     "pybridge.federated.strategies": "the strategy registry and its Protocol (issue 43, item 5)",
     **{f"pybridge.federated.{m}": _FEDERATED for m in ("aggregate", "buffered", "fedprox", "protocol", "rounds",
                                                          "sampling", "results", "staleness", "worker")},

@@ -14,23 +14,22 @@ The bucket (GradBucket) offers what torch's GradBucket does: buffer(), index(), 
 gradients(), parameters(), set_buffer().
 
 Hooks declare what the reducer may rely on: `declare_eager` (all collectives issued before
-the hook returns) and `declare_sums` (the hook sums what it is given). A hook state may
-define `settings()` (what every rank must share, in `identity`) and `STEP_ATTR` (the
-counter a checkpoint keeps). This module imports no hook: the hooks import it.
+the hook returns) and `declare_sums` (the hook sums what it is given). What a hook and its
+state provide is stated by Protocols: `CommHook` (the call), `HookState` (`settings()`: what
+every rank must share, in `identity`; required of a registered hook's state),
+`StepCounting` (`STEP_ATTR`: the counter a checkpoint keeps) and `Closing` (`close()`: the
+reducer closes a state it releases). This module imports no hook: the hooks import it.
 """
 
 import functools
 import warnings
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, runtime_checkable
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as _torch_hooks
 
 from ..errors import InvalidArgument
 
-# A comm hook: hook(state, bucket) -> a future of the communicated bucket (a tensor, or a
-# one-element list of it). torch's hooks (typed for torch's GradBucket) are hooks too.
-CommHook = Callable[[Any, Any], "torch.futures.Future[Any]"]
 _Hook = TypeVar("_Hook", bound=Callable[..., Any])
 
 
@@ -79,10 +78,42 @@ class GradBucket:
         return list(self._params)
 
 
+@runtime_checkable
+class CommHook(Protocol):
+    """hook(state, bucket) -> torch.futures.Future whose value is the communicated bucket.
+
+    Positional and with `bucket: Any`, so that torch's hooks, whose parameters are named
+    otherwise (`process_group`) and typed for torch's GradBucket, are CommHooks to a type
+    checker too (pybridge's GradBucket has torch's methods, not its type)."""
+
+    def __call__(self, state: Any, bucket: Any, /) -> "torch.futures.Future[Any]": ...
+
+
+@runtime_checkable
+class HookState(Protocol):
+    """settings(): what every rank must share about the state ({} for nothing), compared in identity()."""
+
+    def settings(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class StepCounting(Protocol):
+    """STEP_ATTR: the name of the state's step counter, which a checkpoint keeps."""
+
+    STEP_ATTR: str
+
+
+@runtime_checkable
+class Closing(Protocol):
+    """close(): release what the state holds (threads, groups); the reducer calls it."""
+
+    def close(self) -> None: ...
+
+
 class HookContext:
     """The `state` of pybridge's built-in hooks: the group, and wire buffers per bucket.
     The wire type belongs to the hook (fp16_compress_hook sends float16 whatever the
-    state says), as in torch."""
+    state says), as in torch. A HookState with no settings."""
 
     def __init__(self, group: Any, dtype: Optional[torch.dtype] = None) -> None:
         if dtype is not None:
@@ -100,6 +131,10 @@ class HookContext:
         if buf is None or buf.numel() != like.numel() or buf.device != like.device or buf.dtype != dtype:
             buf = self._scratch[index] = torch.empty(like.numel(), dtype=dtype, device=like.device)
         return buf
+
+    def settings(self) -> dict[str, Any]:
+        """Nothing every rank must share beyond the hook itself."""
+        return {}
 
 
 # Hooks that issue every collective before returning: torch's simple ones, and pybridge's
@@ -162,10 +197,8 @@ def _settings(state: Any) -> dict[str, Any]:
     from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
-    own = getattr(state, "settings", None)
-    if callable(own):  # pybridge's hook states (hierarchical, gossip)
-        mine: dict[str, Any] = own()
-        return mine
+    if isinstance(state, HookState) and callable(state.settings):  # pybridge's and registered hooks' states
+        return state.settings()
     if isinstance(state, PostLocalSGDState):
         return {"start_localSGD_iter": state.start_localSGD_iter,
                 "post_local_gradient_allreduce": state.post_local_gradient_allreduce}
@@ -188,10 +221,8 @@ def _step_attr(state: Any) -> Optional[str]:
     from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
-    own = getattr(state, "STEP_ATTR", None)
-    if own is not None:  # pybridge's hook states
-        name: str = own
-        return name
+    if isinstance(state, StepCounting) and state.STEP_ATTR is not None:  # pybridge's hook states
+        return state.STEP_ATTR
     if isinstance(state, (PowerSGDState, PostLocalSGDState)):
         return "iter"
     return None
@@ -212,5 +243,5 @@ def set_hook_step(state: Any, step: int) -> None:
         setattr(state, attr, step)
 
 
-__all__ = ["CommHook", "GradBucket", "HookContext", "declare_eager", "is_eager", "declare_sums", "prescales", "identity",
+__all__ = ["GradBucket", "HookContext", "CommHook", "HookState", "StepCounting", "Closing", "declare_eager", "is_eager", "declare_sums", "prescales", "identity",
            "hook_step", "set_hook_step"]

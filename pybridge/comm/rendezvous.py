@@ -61,6 +61,14 @@ def tcp_address(method):
     return host, port
 
 
+def tcp_host(store):
+    """The host of `store` when it is a TCPStore, under any prefixes; None for another store
+    (a FileStore, or a store sealed with the job secret)."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store.host if isinstance(store, dist.TCPStore) else None
+
+
 def agent_hosts_store():
     """Under torchrun's agent store, the agent (not rank 0) hosts the store."""
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"

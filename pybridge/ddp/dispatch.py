@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from ..algorithms import comm_hooks
+from ..algorithms import comm_hooks, contract
 from ..comm import watchdog
 from ..errors import InvalidState, Timeout, classify
 from ..observe import state as _obs
@@ -77,9 +77,8 @@ class Hook:
 
 def close_state(state):
     """Close a hook state that owns resources (GossipState: a thread and groups)."""
-    close = getattr(state, "close", None)
-    if callable(close):
-        close()
+    if isinstance(state, contract.Closing) and callable(state.close):
+        state.close()
 
 
 def exchanged(bucket, hook, world):

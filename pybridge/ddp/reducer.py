@@ -72,8 +72,10 @@ class Reducer:
     pybridge dtype code, name or torch dtype (floating point only); device defaults to the
     group's (CPU for gloo). `op`: 'avg' (default) or 'sum'. `hook`: how a full bucket
     travels (torch's DDP comm-hook contract, see pybridge/algorithms/comm_hooks.py): a callable
-    hook(state, bucket) with its `hook_state`, a PB_HOOK_* code, or a comm_hooks.BuiltinHook
-    (e.g. PowerSGD with its rank) or comm_hooks.GossipHook; default: allreduce.
+    hook(state, bucket) with its `hook_state`, a hook's name (a built-in's, 'fp16', or one
+    registered with comm_hooks.register_comm_hook), a PB_HOOK_* code, or a
+    comm_hooks.BuiltinHook (e.g. PowerSGD with its rank) or comm_hooks.GossipHook; default:
+    allreduce.
     `compression`: None, 'fp16' or 'bf16', another name for hook=HOOK_FP16 or HOOK_BF16:
     float32 buckets travel in that type and are decompressed in place (other dtypes are sent
     as they are). The reducer owns its hook's state: close() closes a state that has a
@@ -132,6 +134,9 @@ class Reducer:
         self.allow_unused = bool(allow_unused)
         self.join_enabled = bool(join)
         self.divide_by_initial_world_size = bool(divide_by_initial_world_size)
+        if not self.divide_by_initial_world_size and not self.join_enabled:
+            raise InvalidArgument("divide_by_initial_world_size=False goes with join=True (it divides by the "
+                                  "ranks still training, which only join counts)")
         self.rebuild = self._rebuild_pending = bool(rebuild)
         self._params = (cast(list[torch.Tensor], params)
                         if params and all(isinstance(p, torch.Tensor) for p in params) else None)
