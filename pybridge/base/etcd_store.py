@@ -132,6 +132,11 @@ def settings(endpoint, conf=None, environ=None):
     return Settings(endpoints, protocol, **got)
 
 
+def conf(conf):
+    """rdzv_conf as a dict of known keys (InvalidArgument naming a bad one)."""
+    return _conf(conf)
+
+
 def _conf(conf):
     if conf is None or conf == "":
         return {}
@@ -388,6 +393,11 @@ def _store_class():
     return EtcdStore
 
 
+def store(client, prefix, timeout):
+    """An EtcdStore at `prefix` (a folder of its own) through `client`."""
+    return _store_class()(client, prefix, timeout)
+
+
 class World:
     """One attempt of one job in etcd: its store (unsealed; rendezvous.py seals it), a second
     store for the watchdog's thread, and leave() for finalize."""
@@ -400,7 +410,7 @@ class World:
         self.store = self._store(self.client)
 
     def _store(self, client):
-        return _store_class()(client, f"{self.root}/kv", self.timeout)
+        return store(client, f"{self.root}/kv", self.timeout)
 
     def another(self):
         """The same store through a client of its own (a thread that must not queue behind
@@ -435,6 +445,9 @@ class World:
             left = self.store.add("pybridge/left", 1)
             if left >= self.world_size:
                 self.client.delete(self.root, recursive=True, dir=True)
+                self.client.delete(self.root.rsplit("/", 1)[0], dir=True)  # the job's, once no attempt is left
+        except etcd.EtcdDirNotEmpty:
+            pass  # a folder of another attempt (one that crashed) is still there
         except (etcd.EtcdException, PyBridgeError, OSError):
             pass
 
