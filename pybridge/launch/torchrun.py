@@ -235,7 +235,8 @@ def _parser():
 
 # The options torchrun also reads from PET_* variables (Kubernetes' PyTorchJob sets them).
 PET_OPTIONS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "master_addr", "master_port",
-               "rdzv_id", "rdzv_backend", "rdzv_conf", "standalone", "max_restarts", "monitor_interval", "log_dir", "no_python", "module"}
+               "rdzv_id", "rdzv_backend", "rdzv_conf", "standalone", "max_restarts", "monitor_interval", "log_dir",
+               "no_python", "module"}
 
 
 def _from_slurm(opts):
@@ -297,7 +298,8 @@ def etcd_settings(opts):
     this launcher's own rendezvous) as PYBRIDGE_RDZV_* and PYBRIDGE_ETCD_*, which init reads."""
     from ..base import etcd_store
     if opts.master_addr or opts.master_port:
-        raise SystemExit(f"{PROG}: --rdzv-backend etcd takes the members in --rdzv-endpoint, not --master-addr/--master-port")
+        raise SystemExit(f"{PROG}: --rdzv-backend etcd takes the members in --rdzv-endpoint, "
+                         "not --master-addr/--master-port")
     try:
         conf = etcd_store.conf(opts.rdzv_conf)
         if "password" in conf:
