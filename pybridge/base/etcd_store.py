@@ -342,6 +342,25 @@ def _store_class():
         def _path(self, key):
             return self.prefix + self._encode(key)
 
+        # torch's get, check and wait read the job's whole folder on each call (then watch
+        # it): a key that is there is read alone first, so a call costs one small read.
+        def _present(self, keys):
+            try:
+                return [self._decode(self.client.get(self._path(k)).value) for k in keys]
+            except etcd.EtcdKeyNotFound:
+                return None
+
+        def get(self, key):
+            found = self._present([key])
+            return found[0] if found is not None else super().get(key)
+
+        def check(self, keys):
+            return self._present(keys) is not None
+
+        def wait(self, keys, override_timeout=None):
+            if self._present(keys) is None:
+                super().wait(keys, override_timeout)
+
         def add(self, key, amount):
             if int(amount) == 0:  # a read: the watchdog polls this every quarter second
                 try:
