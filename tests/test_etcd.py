@@ -126,6 +126,37 @@ def test_two_ranks_through_etcd_with_sealed_values(cluster):
         _client(cluster).read(folder.rsplit("/", 2)[0])
 
 
+def _twice(rank, world, endpoints, job):
+    import torch
+    import pybridge
+    sums = []
+    for _ in range(2):  # init after finalize, with the same id: the second world's own folder
+        pybridge.init(backend="gloo", rdzv_backend="etcd", rdzv_endpoint=endpoints, rdzv_id=job, timeout=TIMEOUT)
+        x = torch.ones(2) * (rank + 1)
+        pybridge.all_reduce(x, "sum")
+        sums.append(x.tolist())
+        pybridge.finalize()
+    return sums
+
+
+def test_one_id_two_worlds_in_turn_but_never_two_jobs(cluster):
+    """A program's second world with the same id forms (its own folder); another job that
+    comes with an id in use is refused by name, before it reads anything of the first."""
+    job = _job()
+    assert run_ranks(_twice, 2, cluster.endpoints, job, timeout=90) == [[[3.0, 3.0]] * 2] * 2
+    from pybridge.base import etcd_store
+    s = etcd_store.settings(cluster.endpoints)
+    first = etcd_store.World(s, job, "7", 0, 2, 5.0)
+    with pytest.raises(etcd_store.InvalidArgument) as info:
+        etcd_store.World(s, job, "7", 0, 2, 5.0)
+    assert f"already holds rank 0 of this job (/pybridge/{job}/7" in str(info.value), str(info.value)
+    assert "another job runs with the same id" in str(info.value)
+    etcd_store.World(s, job, "7", 1, 2, 5.0).leave()
+    first.leave()
+    with pytest.raises(etcd.EtcdKeyNotFound):
+        _client(cluster).read(f"/pybridge/{job}")
+
+
 def test_c_and_go_programs_through_the_environment(cluster, cluster_c_program, tmp_path):
     """A C program (tests/c/cluster.c) and a Go one (go/cmd/pbdemo) init with no arguments:
     PYBRIDGE_RDZV_BACKEND, _ENDPOINT and _ID send them through etcd."""

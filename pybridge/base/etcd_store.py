@@ -451,7 +451,7 @@ class World:
             return
         raise InvalidArgument(
             f"{self.settings.describe()} already holds rank {self.rank} of this job ({self.root}, claimed "
-            f"by another process, token {held[:8]}): another job runs with the same id, or one with it ended without "
+            f"by another process): another job runs with the same id, or one with it ended without "
             f"finalize; give this job another id (rdzv_id=, {ENV_ID}, pybridge-launch --rdzv-id) or remove "
             f"{self.root} from etcd")
 
@@ -471,9 +471,18 @@ class World:
             pass
 
 
+_worlds = {}  # (job, attempt): the worlds this process has opened in it
+
+
 def open_world(s, run, attempt, rank, world_size, timeout):
     """The World of `rank` in attempt `attempt` of job `run` (already made unguessable by the
-    caller where there is a secret)."""
+    caller where there is a secret). A process's second world in the same attempt (init
+    after finalize, with the same id) gets the folder <attempt>.1, its third <attempt>.2:
+    every rank makes the same worlds in the same order, and the ranks still leaving the
+    previous world need not be waited for."""
     if not _ID.fullmatch(str(run)):
         raise InvalidArgument(f"etcd job id {run!r}: 1-128 letters, digits, '.', '_' or '-'")
-    return World(s, run, int(attempt), rank, world_size, timeout)
+    n = _worlds.get((run, int(attempt)), 0)
+    world = World(s, run, f"{int(attempt)}" + (f".{n}" if n else ""), rank, world_size, timeout)
+    _worlds[(run, int(attempt))] = n + 1
+    return world
