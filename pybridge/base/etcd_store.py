@@ -297,7 +297,7 @@ def error(s, exc):
 
 
 def _short(exc):
-    """'connection refused', 'no answer within 2 s', ...: one member's failure, for a message."""
+    """'connection refused', 'no answer in time', ...: one member's failure, for a message."""
     import urllib3
     reason = getattr(exc, "reason", None) or getattr(exc, "cause", None) or exc
     reason = getattr(reason, "reason", None) or reason

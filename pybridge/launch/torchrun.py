@@ -640,7 +640,7 @@ def _observe_settings(opts):
             raise SystemExit(f"{PROG}: --metrics-port must be 1..65535, got {opts.metrics_port}")
         os.environ["PYBRIDGE_METRICS_PORT"] = str(opts.metrics_port)
         addr = opts.metrics_addr
-        endpoint = _endpoint(opts)
+        endpoint = _towards(opts)
         if addr is None and endpoint is not None and _max_nodes(opts) > 1:
             try:  # the address this node talks to the rendezvous host on, as _local_addr gives the stores
                 addr = netif.local_address_towards(endpoint[0])
@@ -682,6 +682,15 @@ def _bind_cpus(opts, nproc):
     print(f"{PROG}: {cpubind.describe(mode, cpu_plan)}", file=sys.stderr, flush=True)
 
 
+def _towards(opts):
+    """(host, port) the job's traffic is told apart by: node 0's rendezvous, or with etcd
+    (which no node hosts) its first member."""
+    if _etcd(opts):
+        from ..base import etcd_store
+        return etcd_store.parse_endpoints(opts.rdzv_endpoint)[1][0]
+    return _endpoint(opts)
+
+
 def _prefix_node(opts):
     """The node in the ranks' line prefix: None on one node, else the node rank, or this
     host's name when a dynamic rendezvous gives the node its rank later."""
@@ -693,10 +702,7 @@ def _prefix_node(opts):
 def _choose_interface(opts):
     """Multi-node: name the interface that reaches the rendezvous host for gloo and NCCL
     (pybridge/base/netif.py says why), unless the user named one."""
-    endpoint = _endpoint(opts)
-    if endpoint is None and _etcd(opts):  # no node hosts it: the interface that reaches the first member
-        from ..base import etcd_store
-        endpoint = etcd_store.parse_endpoints(opts.rdzv_endpoint)[1][0]
+    endpoint = _towards(opts)
     if endpoint is None or _max_nodes(opts) == 1:
         return
     if "GLOO_SOCKET_IFNAME" in os.environ and "NCCL_SOCKET_IFNAME" in os.environ:
