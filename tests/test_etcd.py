@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from ranks import run_ranks
+from ranks import free_port, run_ranks
 
 from pybridge.testing import etcd as etcd_testing
 
@@ -37,7 +37,7 @@ TIMEOUT = 30.0
 
 @pytest.fixture(scope="module")
 def cluster():
-    with etcd_testing.EtcdCluster(3) as c:
+    with etcd_testing.EtcdCluster(3, pick_port=free_port) as c:
         yield c
 
 
@@ -243,7 +243,7 @@ def test_a_member_killed_before_the_world_forms_and_then_a_majority():
     """The first member of the endpoint list (the one every client asks first) SIGKILLed: a
     world still forms, on the other two. A second member killed (a majority gone): init
     fails within its timeout, naming the store, its members and what it waited for."""
-    with etcd_testing.EtcdCluster(3) as c:
+    with etcd_testing.EtcdCluster(3, pick_port=free_port) as c:
         c.kill(0)
         out = run_ranks(_world, 2, c.endpoints, _job(), timeout=90)
         assert [o["sum"] for o in out] == [[3.0] * 8] * 2
@@ -271,7 +271,7 @@ def _failing(rank, world, endpoints, job, timeout):
 def test_a_member_killed_while_the_world_forms():
     """The leader SIGKILLed between the ranks' arrivals (rank 1 comes 1.5 s after rank 0,
     the leader dies at 0.7 s): the world forms on the other two."""
-    with etcd_testing.EtcdCluster(3) as c:
+    with etcd_testing.EtcdCluster(3, pick_port=free_port) as c:
         leader = _leader(c)
         killer = threading.Timer(0.7, c.kill, (leader,))
         killer.start()
@@ -323,7 +323,6 @@ def test_bad_settings_are_named(monkeypatch):
 
 def test_no_member_listening_fails_within_the_timeout():
     import pybridge
-    from ranks import free_port
     endpoints = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
     t = time.monotonic()
     with pytest.raises(pybridge.Timeout) as info:
@@ -360,7 +359,7 @@ def test_tls_and_authentication(tmp_path):
     tls = _certs(tmp_path)
     extra = ["--cert-file", str(tmp_path / "server.pem"), "--key-file", str(tmp_path / "server.key"),
              "--client-cert-auth", "--trusted-ca-file", tls["cacert"]]
-    with etcd_testing.EtcdCluster(1, extra=extra, scheme="https") as c:
+    with etcd_testing.EtcdCluster(1, extra=extra, scheme="https", pick_port=free_port) as c:
         admin = etcd.Client(host="127.0.0.1", port=c.members[0].client_port, protocol="https", ca_cert=tls["cacert"],
                             cert=(tls["cert"], tls["key"]))
         from etcd import auth

@@ -50,8 +50,17 @@ def binary():
                   f"elsewhere `apt-get install etcd-server`, or set {ENV}")
 
 
-def _free_ports(n):
-    """n distinct free loopback ports (held open together while picked)."""
+def _free_ports(n, pick=None):
+    """n distinct free loopback ports: from pick() (the tests pass base/netif's free_port,
+    which keeps below the ephemeral range, where an outgoing connection may take a port
+    found free), else the kernel's choice, held open together while picked."""
+    if pick is not None:
+        ports = []
+        while len(ports) < n:
+            port = pick()
+            if port not in ports:
+                ports.append(port)
+        return ports
     socks = []
     try:
         for _ in range(n):
@@ -81,16 +90,16 @@ class Member:
 
 class EtcdCluster:
     """n etcd members on loopback. `extra`: more etcd flags for every member (TLS); `scheme`
-    of the client URLs ("https" with TLS flags)."""
+    of the client URLs ("https" with TLS flags); `pick_port()`: a free port (see _free_ports)."""
 
-    def __init__(self, n=3, *, extra=(), scheme="http", heartbeat_ms=50, election_ms=500):
+    def __init__(self, n=3, *, extra=(), scheme="http", heartbeat_ms=50, election_ms=500, pick_port=None):
         path, why = binary()
         if path is None:
             raise EtcdError(why)
         self.binary = path
         self.scheme = scheme
         self.dir = tempfile.mkdtemp(prefix="pybridge-etcd-")
-        ports = _free_ports(2 * n)
+        ports = _free_ports(2 * n, pick_port)
         self.members = [Member(f"m{i}", ports[2 * i], ports[2 * i + 1], os.path.join(self.dir, f"m{i}"))
                         for i in range(n)]
         cluster = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.members)
