@@ -375,15 +375,10 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
         method, etcd_world = None, None
         explicit = init_method is not None or master_addr is not None or master_port is not None
         etcd = rendezvous.etcd_selected(rdzv_backend, rdzv_endpoint, store is not None or explicit)
-        if etcd is not None:
-            store, etcd_world = rendezvous.etcd(etcd, rdzv_conf, rdzv_id, rank, world_size, timeout)
-            if etcd_world.on_loopback:
-                loopback_gloo("127.0.0.1")
-            jobenv.choose_interface(job)
-        elif store is None and not explicit:
+        if etcd is None and store is None and not explicit:
             method = jobenv.rendezvous_method(job)  # srun, mpirun: the address they imply
             jobenv.choose_interface(job)  # across nodes: the interface that reaches rank 0's host
-        if store is None and method is None:
+        if etcd is None and store is None and method is None:
             method = _rendezvous(init_method, master_addr, master_port)
         if method is not None and urllib.parse.urlparse(method).scheme in ("tcp", "env"):
             loopback_gloo(rendezvous.tcp_address(method)[0])
@@ -391,6 +386,11 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
         checked = _checked_setting(checked)
         watchdog = _watchdog.threshold(watchdog, timeout)
+        if etcd is not None:  # its ranks are claimed in etcd: once every argument is checked
+            store, etcd_world = rendezvous.etcd(etcd, rdzv_conf, rdzv_id, rank, world_size, timeout)
+            if etcd_world.on_loopback:
+                loopback_gloo("127.0.0.1")
+            jobenv.choose_interface(job)
         excepthook = sys.excepthook
         roster, joined = _join(backend, method, rank, world_size, timeout, checked, watchdog, store)
         if os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
