@@ -20,8 +20,8 @@ TOP = ("errors", "abi", "_version")  # modules that stay at the top: everything 
 # Each layer (a subpackage): the layers it may import besides TOP, and its modules (each
 # named in design.md's row too; a package's __init__ is the package). Lowest first.
 LAYERS = {
-    "base": ((), "agree at_tensor buffers checks dlpack dtypes jobenv netif progress registry sealed_store secret "
-                  "shuffle"),
+    "base": ((), "agree at_tensor buffers checks dlpack dtypes etcd_store jobenv netif progress registry sealed_store "
+                  "secret shuffle"),
     "observe": (("base",), "__main__ bandwidth charts cli clock families flight merge metrics otel prometheus "
                            "recorder report state tbevents torchops tracks"),
     "comm": (("observe", "base"), "checked clocksync collectives group params rendezvous roster sockets streams "
@@ -40,7 +40,7 @@ LAYERS = {
     "capi": (("cbuild", "federated", "recordio", "runtime", "ddp", "algorithms", "comm", "observe", "base"),
              "__main__ checkpoint core dlpack elastic fed_strategies federated groups libtorch local_sgd names "
              "modules observe options recordio reducer"),
-    "testing": ((), "cluster cpulimit slurm"),
+    "testing": ((), "cluster cpulimit etcd slurm"),
 }
 BELOW = {layer: below for layer, (below, _) in LAYERS.items()}
 HOLDS = {layer: set(modules.split()) for layer, (_, modules) in LAYERS.items()}

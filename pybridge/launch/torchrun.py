@@ -165,8 +165,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="same as the HOST of --rdzv-endpoint")
     p.add_argument("--master-port", "--master_port", type=int, default=None,
                    help="same as the PORT of --rdzv-endpoint")
-    p.add_argument("--rdzv-id", "--rdzv_id", default="pybridge",
-                   help="job id shared by all launchers of a dynamic (c10d) rendezvous")
+    p.add_argument("--rdzv-id", "--rdzv_id", default=None,
+                   help="job id shared by all launchers of a dynamic (c10d) rendezvous (default 'pybridge'), and "
+                        "the job's name in etcd with --rdzv-backend etcd (default on one node: a new one)")
+    p.add_argument("--rdzv-backend", "--rdzv_backend", default=None, choices=("c10d", "static", "etcd", "etcd-v2"),
+                   help="etcd: the ranks (and on several nodes the launchers) meet in etcd, at the members "
+                        "--rdzv-endpoint lists (HOST:PORT,HOST:PORT,...), so that no node hosts the store "
+                        "(docs/elastic.md); default: node 0 hosts it (c10d, or static with --node-rank)")
+    p.add_argument("--rdzv-conf", "--rdzv_conf", default=None, metavar="KEY=VALUE,...",
+                   help="etcd's TLS and users: cacert=FILE,cert=FILE,key=FILE,user=NAME (the password in "
+                        "PYBRIDGE_ETCD_PASSWORD, never on the command line)")
     p.add_argument("--standalone", action="store_true",
                    help="single node, private rendezvous on a free port (the default for --nnodes 1 "
                         "without an endpoint)")
@@ -231,7 +239,8 @@ def _parser() -> argparse.ArgumentParser:
 
 # The options torchrun also reads from PET_* variables (Kubernetes' PyTorchJob sets them).
 PET_OPTIONS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "master_addr", "master_port",
-               "rdzv_id", "standalone", "max_restarts", "monitor_interval", "log_dir", "no_python", "module"}
+               "rdzv_id", "rdzv_backend", "rdzv_conf", "standalone", "max_restarts", "monitor_interval", "log_dir",
+               "no_python", "module"}
 
 
 def _from_slurm(opts: argparse.Namespace) -> None:
@@ -250,7 +259,7 @@ def _from_slurm(opts: argparse.Namespace) -> None:
     if opts.node_rank is None:
         opts.node_rank = job.node_rank
         taken.append(f"--node-rank {job.node_rank} (SLURM_NODEID)")
-    if _endpoint(opts) is None and job.endpoint is not None:
+    if _endpoint(opts) is None and job.endpoint is not None and not _etcd(opts):
         opts.rdzv_endpoint = "%s:%d" % job.endpoint
         taken.append(f"--rdzv-endpoint {opts.rdzv_endpoint} ({job.sources['endpoint']})")
     if taken:
@@ -283,8 +292,53 @@ def _nproc(value: str, gpus: int) -> int:
     return n
 
 
+def _etcd(opts):
+    """--rdzv-backend etcd (or etcd-v2, torchrun's other name)."""
+    return opts.rdzv_backend in ("etcd", "etcd-v2")
+
+
+def etcd_settings(opts):
+    """--rdzv-backend etcd: check the members and settings, and hand them to the workers (and
+    this launcher's own rendezvous) as PYBRIDGE_RDZV_* and PYBRIDGE_ETCD_*, which init reads."""
+    from ..base import etcd_store
+    if opts.master_addr or opts.master_port:
+        raise SystemExit(f"{PROG}: --rdzv-backend etcd takes the members in --rdzv-endpoint, "
+                         "not --master-addr/--master-port")
+    try:
+        conf = etcd_store.conf(opts.rdzv_conf)
+        if "password" in conf:
+            raise InvalidArgument(f"--rdzv-conf password=: put the password in {etcd_store.CONF_ENV['password']} "
+                                  "(a command line is readable by every user of the machine)")
+        conf = {k: os.path.abspath(v) if k in ("cacert", "cert", "key") else v for k, v in conf.items()}
+        etcd_store.settings(opts.rdzv_endpoint or "", conf)  # the checks, with the environment's password
+    except InvalidArgument as exc:
+        raise SystemExit(f"{PROG}: --rdzv-endpoint/--rdzv-conf: {exc}") from None
+    job = opts.rdzv_id or jobenv_id()
+    if job is None:
+        if _max_nodes(opts) > 1:
+            raise SystemExit(f"{PROG}: --rdzv-backend etcd on several nodes needs --rdzv-id, the same on every "
+                             "node and another for every job (it names the job in etcd)")
+        job = f"pybridge-{secrets.token_hex(8)}"
+    os.environ.update({etcd_store.ENV_BACKEND: "etcd", etcd_store.ENV_ENDPOINT: opts.rdzv_endpoint,
+                       etcd_store.ENV_ID: job})
+    os.environ.update({etcd_store.CONF_ENV[k]: v for k, v in conf.items()})
+    return job
+
+
+def jobenv_id():
+    """The job's id from SLURM (the same on every node of a step), or None."""
+    from ..base import etcd_store
+    try:
+        return etcd_store.job_id(None, {k: v for k, v in os.environ.items() if k.startswith("SLURM_")})
+    except InvalidArgument:
+        return None
+
+
 def _endpoint(opts: argparse.Namespace) -> Optional[tuple[str, int]]:
-    """HOST:PORT from --rdzv-endpoint or --master-addr/--master-port, or None."""
+    """HOST:PORT from --rdzv-endpoint or --master-addr/--master-port, or None (also with etcd,
+    where no node hosts the rendezvous)."""
+    if _etcd(opts):
+        return None
     if opts.rdzv_endpoint:
         if opts.master_addr or opts.master_port:
             raise SystemExit(f"{PROG}: give --rdzv-endpoint or --master-addr/--master-port, not both")
@@ -334,7 +388,15 @@ def torchrun_args(opts: argparse.Namespace, log_dir: str, gpus: Callable[[], int
             "--monitor-interval", str(opts.monitor_interval),
             "--shutdown-timeout", str(opts.shutdown_timeout),
             "--log-dir", log_dir, "--tee", "3", "--no-python"]
-    if opts.standalone or (endpoint is None and max_nodes == 1):
+    if _etcd(opts) and max_nodes > 1:
+        # The launchers meet in etcd too: torch's dynamic rendezvous over the sealed store
+        # there (launch/rdzv.py), so that no node hosts it. Its state is a pickle: sealed.
+        if _secret.job_secret() is None:
+            raise SystemExit(f"{PROG}: --rdzv-backend etcd on several nodes needs the job secret: set {_secret.ENV} "
+                             f"(or {_secret.ENV_FILE}) to the same value on every node (docs/launcher.md)")
+        args += ["--rdzv-backend", "pybridge-etcd", "--rdzv-endpoint", opts.rdzv_endpoint,
+                 "--rdzv-id", _secret.run_id(_secret.job_secret(), os.environ["PYBRIDGE_RDZV_ID"] + "-launch")]
+    elif opts.standalone or (endpoint is None and max_nodes == 1):
         if opts.node_rank not in (None, 0):
             raise SystemExit(f"{PROG}: --node-rank {opts.node_rank} needs a multi-node job "
                              "(--nnodes and --rdzv-endpoint)")
@@ -365,7 +427,7 @@ def torchrun_args(opts: argparse.Namespace, log_dir: str, gpus: Callable[[], int
                              f"set {_secret.ENV} (or {_secret.ENV_FILE}) to the same value on every node, or "
                              "give --node-rank (docs/launcher.md, 'The job secret')")
         args += ["--rdzv-backend", "pybridge-c10d", "--rdzv-endpoint", f"{endpoint[0]}:{endpoint[1]}",
-                 "--rdzv-id", _secret.run_id(key, opts.rdzv_id), *_local_addr(endpoint[0])]
+                 "--rdzv-id", _secret.run_id(key, opts.rdzv_id or "pybridge"), *_local_addr(endpoint[0])]
     command = worker_command(opts)  # checks the target before gpus() imports torch
     nproc = _nproc(opts.nproc_per_node, gpus())
     args = ["--nproc-per-node", str(nproc), *args, *command]
@@ -590,7 +652,7 @@ def _observe_settings(opts: argparse.Namespace) -> None:
             raise SystemExit(f"{PROG}: --metrics-port must be 1..65535, got {opts.metrics_port}")
         os.environ["PYBRIDGE_METRICS_PORT"] = str(opts.metrics_port)
         addr = opts.metrics_addr
-        endpoint = _endpoint(opts)
+        endpoint = _towards(opts)
         if addr is None and endpoint is not None and _max_nodes(opts) > 1:
             try:  # the address this node talks to the rendezvous host on, as _local_addr gives the stores
                 addr = netif.local_address_towards(endpoint[0])
@@ -632,6 +694,15 @@ def _bind_cpus(opts: argparse.Namespace, nproc: int) -> None:
     print(f"{PROG}: {cpubind.describe(mode, cpu_plan)}", file=sys.stderr, flush=True)
 
 
+def _towards(opts):
+    """(host, port) the job's traffic is told apart by: node 0's rendezvous, or with etcd
+    (which no node hosts) its first member."""
+    if _etcd(opts):
+        from ..base import etcd_store
+        return etcd_store.parse_endpoints(opts.rdzv_endpoint)[1][0]
+    return _endpoint(opts)
+
+
 def _prefix_node(opts: argparse.Namespace) -> Union[int, str, None]:
     """The node in the ranks' line prefix: None on one node, else the node rank, or this
     host's name when a dynamic rendezvous gives the node its rank later."""
@@ -643,7 +714,7 @@ def _prefix_node(opts: argparse.Namespace) -> Union[int, str, None]:
 def _choose_interface(opts: argparse.Namespace) -> None:
     """Multi-node: name the interface that reaches the rendezvous host for gloo and NCCL
     (pybridge/base/netif.py says why), unless the user named one."""
-    endpoint = _endpoint(opts)
+    endpoint = _towards(opts)
     if endpoint is None or _max_nodes(opts) == 1:
         return
     if "GLOO_SOCKET_IFNAME" in os.environ and "NCCL_SOCKET_IFNAME" in os.environ:
@@ -681,6 +752,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if opts.max_restarts < 0:
         raise SystemExit(f"{PROG}: --max-restarts must be >= 0")
     job_secret(_max_nodes(opts) > 1)
+    if _etcd(opts):
+        if opts.elastic:
+            raise SystemExit(f"{PROG}: --elastic over etcd is not there yet: the elastic membership still lives in "
+                             "node 0's launcher (docs/elastic.md)")
+        etcd_settings(opts)
+    elif opts.rdzv_conf:
+        raise SystemExit(f"{PROG}: --rdzv-conf is for --rdzv-backend etcd")
     if opts.elastic:
         return elastic_main(opts)
     own_log_dir = opts.log_dir is None
