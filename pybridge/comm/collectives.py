@@ -330,6 +330,22 @@ def reduce_scatter(input, output, op=SUM, *, group=None, async_op=False, dtype=N
     return _run(g, what, lambda: g.pg._reduce_scatter_base(t_out, t_in, opts), async_op, t_in, t_out)
 
 
+def all_to_all(input, output, *, group=None, async_op=False, dtype=None):
+    """Split `input` into world-size equal blocks; block j goes to rank j, which keeps the
+    block from rank r as block r of its `output` (as large as `input`)."""
+    g, t_in = _prepare(input, group, dtype)
+    _, t_out = _prepare(output, g, dtype)
+    if t_in.dtype != t_out.dtype or t_in.numel() != t_out.numel():
+        raise InvalidArgument(f"all_to_all: output must be as large as input and of its type; got input "
+                              f"{t_in.numel()} {t_in.dtype}, output {t_out.numel()} {t_out.dtype}")
+    if t_in.numel() % g.size:
+        raise InvalidArgument(f"all_to_all: {t_in.numel()} elements do not split into {g.size} equal blocks "
+                              "(one per rank)")
+    opts = dist.AllToAllOptions()
+    op = Op(checked.ALL_TO_ALL, t_in, out=t_out)
+    return _run(g, op, lambda: g.pg.alltoall_base(t_out, t_in, [], [], opts), async_op, t_in, t_out)
+
+
 def barrier(*, group=None):
     """Block until every rank reaches the barrier."""
     g = group or _group.current()
@@ -397,4 +413,4 @@ def _group_size(group):
 
 __all__ = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "Work", "broadcast", "all_reduce",
            "prepare_broadcast", "prepare_all_reduce", "all_reduce_future",
-           "all_gather", "reduce_scatter", "barrier", "send", "recv", "isend", "irecv"]
+           "all_gather", "reduce_scatter", "all_to_all", "barrier", "send", "recv", "isend", "irecv"]
