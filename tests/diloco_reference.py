@@ -61,7 +61,8 @@ def _exchange(deltas, codec):
 def run(world, steps, sync_every, *, fragments=((0, 1, 2, 3),), delay=0, alpha=0.0, lr=0.7, momentum=0.9,
         codec=None, error_feedback=False, lost=None):
     """Every replica's flat parameters after `steps` inner steps. fragments: tensor indices.
-    lost: (rank, step): that replica stops after that inner step; later syncs average the others."""
+    lost: (rank, step): that replica stops after that inner step (and that step's sync); later
+    syncs average the others."""
     nets = [model() for _ in range(world)]
     opts = [inner_optimizer(n) for n in nets]
     params = [list(n.parameters()) for n in nets]
@@ -74,8 +75,6 @@ def run(world, steps, sync_every, *, fragments=((0, 1, 2, 3),), delay=0, alpha=0
     for t in range(1, steps + 1):
         for r in alive:
             inner_step(nets[r], opts[r], r, t)
-        if lost is not None and t == lost[1]:
-            alive.remove(lost[0])
         if (t + delay) % interval == 0:
             k = (t + delay) // interval - 1
             fi = k % len(fragments)
@@ -106,6 +105,8 @@ def run(world, steps, sync_every, *, fragments=((0, 1, 2, 3),), delay=0, alpha=0
                     with torch.no_grad():
                         local = params[r][i].detach().clone()
                         params[r][i].copy_(torch.lerp(anchor[i], local, alpha))
+        if lost is not None and t == lost[1]:
+            alive.remove(lost[0])
     return [torch.cat([p.detach().reshape(-1) for p in ps]) for ps in params]
 
 

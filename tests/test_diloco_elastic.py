@@ -64,6 +64,53 @@ def elastic_rank(rank, world, port, how):
     return out
 
 
+def state_rank(rank, world, port, how):
+    """The same through elastic.State (DiLoCo in its reducer slot, a commit after each sync)
+    and elastic.run: after the loss every survivor rolls back to the commit of step 5 and
+    redoes steps 6-10 in the new world."""
+    import pybridge
+    from pybridge.algorithms.diloco import DiLoCo
+    from pybridge.runtime import elastic
+    g = elastic.init(store_addr=f"127.0.0.1:{port}", timeout=20, lost_after=5)
+    net = ref.model()
+    opt = ref.inner_optimizer(net)
+    d = DiLoCo(list(net.parameters()), group=g, **how)
+    state = elastic.State(model=net, optimizer=opt, reducer=d, step=0)
+    resets = []
+    state.on_reset(lambda: resets.append(state.step))
+
+    @elastic.run
+    def train(state):
+        while state.step < STEPS:
+            t = state.step + 1
+            ref.inner_step(net, opt, rank, t)
+            if rank == LOST and t == LOST_AFTER:
+                os._exit(3)
+            state.step = t
+            if d.step():
+                state.commit()
+
+    train(state)
+    d.close()
+    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    out = {"params": flat.tolist(), "resets": resets, "syncs": d.syncs, "size": pybridge.size()}
+    pybridge.finalize()
+    return out
+
+
+def test_a_rank_lost_mid_period_with_elastic_state():
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=60), wait_for_workers=False)
+    try:
+        res = run_ranks(state_rank, 3, port, PLAIN, timeout=120, expect_fail={LOST})
+    finally:
+        del store
+    want = ref.run(3, STEPS, lost=(LOST, 5), **PLAIN)  # rolled back: rank 2's steps 6 and 7 never count
+    for r in (0, 1):
+        assert res[r]["resets"] == [5] and res[r]["size"] == 2 and res[r]["syncs"] == STEPS // 5
+        assert (torch.tensor(res[r]["params"]) - want[r]).abs().max().item() <= 1e-6
+
+
 @pytest.mark.parametrize("how", [PLAIN, STREAM], ids=["diloco", "streaming-int8"])
 def test_a_rank_lost_mid_period(how):
     port = free_port()

@@ -129,12 +129,14 @@ class Codec:
         |x| / qmax; NaN where the block holds a non-finite element."""
         n, b = x.numel(), self.block
         nb = self.nblocks(n)
-        blocks = x.new_zeros(nb * b)
-        blocks[:n] = x
-        blocks = blocks.view(nb, b)
-        finite = torch.isfinite(blocks).all(dim=1)
-        amax = blocks.abs().amax(dim=1) if nb else blocks.new_zeros(0)
-        scales = torch.where(finite, amax / self.qmax, torch.full_like(amax, math.nan))
+        if n == nb * b:
+            blocks = x.view(nb, b)
+        else:
+            blocks = x.new_zeros(nb * b)
+            blocks[:n] = x
+            blocks = blocks.view(nb, b)
+        amax = blocks.abs().amax(dim=1) if nb else blocks.new_zeros(0)  # inf or NaN where a value is
+        scales = torch.where(torch.isfinite(amax), amax / self.qmax, torch.full_like(amax, math.nan))
         return blocks, scales
 
     # -- decoding ---------------------------------------------------------------------
@@ -161,9 +163,10 @@ class Codec:
             packed = payload[:d]
             both = torch.stack([packed & 15, packed >> 4], dim=1).reshape(-1)[:n]
             out.copy_(both).sub_(8)
-        if n:
-            per = scales.repeat_interleave(self.block)[:n]
-            out.mul_(per)
+        whole = n // self.block * self.block  # scale block by block, the short last one apart
+        out[:whole].view(-1, self.block).mul_(scales[:whole // self.block, None])
+        if whole < n:
+            out[whole:].mul_(scales[-1])
         return out
 
     # -- what a round trip may lose ---------------------------------------------------
