@@ -217,6 +217,19 @@ def settings_mismatch_rank(rank, world):
         DiLoCo(list(net.parameters()), sync_every=4, quantization="int8" if rank else "int4")
     except InvalidArgument as exc:
         out["settings"] = str(exc)
+    # Replicas whose counts differ after a world change (one finished a sync the other did
+    # not): step() refuses until a state is loaded.
+    d = DiLoCo(list(net.parameters()), sync_every=4)
+    saved = d.state_dict()
+    if rank == 1:
+        d.step_count, d.syncs = 4, 1
+    d.rebind(pybridge.current())
+    try:
+        d.step()
+    except pybridge.InvalidState as exc:
+        out["diverged"] = str(exc)
+    d.load_state_dict(saved)
+    out["after_load"] = d.step()  # usable again: step 1, no sync
     with torch.no_grad():
         next(net.parameters()).add_(rank)  # replicas that were not broadcast
     try:
@@ -233,6 +246,8 @@ def test_ranks_with_other_settings_or_weights_are_refused():
         assert "rank 0 sync_every 4, 1 fragments, delay 0, alpha 0.0, int4" in out["settings"]
         assert "(quantization differs)" in out["settings"]
         assert "(initial weights differs)" in out["weights"] and "broadcast them first" in out["weights"]
+        assert "DiLoCo replicas disagree after the world changed (step, syncs applied by rank: " \
+               "[(0, 0), (4, 1)])" in out["diverged"] and out["after_load"] is False
 
 
 def torchft_rank(rank, world):

@@ -81,7 +81,7 @@ class _Fragment:
         if not isinstance(self.outer, torch.optim.Optimizer):
             raise InvalidArgument(f"outer_optimizer returned a {type(self.outer).__name__}; it must build a "
                                   "torch.optim.Optimizer over the tensors it is given")
-        self.feedback = ErrorFeedback(self.numel) if feedback else None
+        self.feedback = ErrorFeedback(self.numel, device=self.anchor[0].device) if feedback else None
 
     def pseudo_gradient(self, tensors):
         """last-sync weights - weights now, flat float32."""
