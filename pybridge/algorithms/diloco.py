@@ -203,18 +203,22 @@ class DiLoCo:
                                "call rebind(group) on the new world (elastic) or load_state_dict() first")
         tensors = self._bind(params)
         self.step_count += 1
-        if self._pending is not None and self._pending.future is None and self._pending.result is None:
-            self._start(self._pending)  # loaded from a checkpoint while under way: sent again
+        applied = False
+        late = self._pending
+        if late is not None and late.future is None and late.result is None:
+            self._start(late)  # loaded from a checkpoint while under way: sent again
+            if late.plan.apply < self.step_count:  # saved after its step had passed (a failed sync)
+                self._finish(late, tensors)
+                applied = True
         plan = self.schedule.launched_after(self.step_count)
         if plan is not None:
             f = self.fragments[plan.fragment]
             self._pending = _Sync(plan, f.pseudo_gradient(tensors))
             self._start(self._pending)
-        done = self.schedule.applied_after(self.step_count)
-        if done is not None:
+        if self.schedule.applied_after(self.step_count) is not None:
             self._finish(self._pending, tensors)
-            return True
-        return False
+            applied = True
+        return applied
 
     def _bind(self, params):
         if params is None:
