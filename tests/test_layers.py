@@ -26,8 +26,8 @@ LAYERS = {
                            "recorder report state tbevents torchops tracks"),
     "comm": (("observe", "base"), "checked clocksync collectives group params rendezvous roster sockets streams "
                                   "subgroups watchdog"),
-    "algorithms": (("comm", "base"), "comm_hooks contract default_hooks gossip gossip_schedule hierarchical "
-                                     "hook_thread local_sgd"),
+    "algorithms": (("comm", "base"), "comm_hooks contract default_hooks diloco diloco_schedule gossip "
+                                     "gossip_schedule hierarchical hook_thread local_sgd quantize quantized_average"),
     "ddp": (("algorithms", "comm", "observe", "base"), "attach dispatch join layout options reducer settings stats "
                                                        "wrapper"),
     "runtime": (("comm", "observe", "base"), "checkpoint elastic membership preempt"),

@@ -456,6 +456,34 @@ def reduce_scatter(input: BufferLike, output: BufferLike, op: OpLike = SUM, *,
     return _run(g, what, lambda: g.pg._reduce_scatter_base(t_out, t_in, opts), async_op, t_in, t_out)
 
 
+@overload
+def all_to_all(input: BufferLike, output: BufferLike, *, group: Optional[_group.Group] = None,
+               async_op: Literal[False] = False, dtype: Optional[DTypeLike] = None) -> None: ...
+@overload
+def all_to_all(input: BufferLike, output: BufferLike, *, group: Optional[_group.Group] = None,
+               async_op: Literal[True], dtype: Optional[DTypeLike] = None) -> Work: ...
+@overload
+def all_to_all(input: BufferLike, output: BufferLike, *, group: Optional[_group.Group] = None,
+               async_op: bool, dtype: Optional[DTypeLike] = None) -> Optional[Work]: ...
+
+
+def all_to_all(input: BufferLike, output: BufferLike, *, group: Optional[_group.Group] = None,
+               async_op: bool = False, dtype: Optional[DTypeLike] = None) -> Optional[Work]:
+    """Split `input` into world-size equal blocks; block j goes to rank j, which keeps the
+    block from rank r as block r of its `output` (as large as `input`)."""
+    g, t_in = _prepare(input, group, dtype)
+    _, t_out = _prepare(output, g, dtype)
+    if t_in.dtype != t_out.dtype or t_in.numel() != t_out.numel():
+        raise InvalidArgument(f"all_to_all: output must be as large as input and of its type; got input "
+                              f"{t_in.numel()} {t_in.dtype}, output {t_out.numel()} {t_out.dtype}")
+    if t_in.numel() % g.size:
+        raise InvalidArgument(f"all_to_all: {t_in.numel()} elements do not split into {g.size} equal blocks "
+                              "(one per rank)")
+    opts = dist.AllToAllOptions()
+    op = Op(checked.ALL_TO_ALL, t_in, out=t_out)
+    return _run(g, op, lambda: g.pg.alltoall_base(t_out, t_in, [], [], opts), async_op, t_in, t_out)
+
+
 def barrier(*, group: Optional[_group.Group] = None) -> None:
     """Block until every rank of `group` (default the world) reaches the barrier; bounded by
     the group's timeout (Timeout naming the ranks that never came).
@@ -536,4 +564,4 @@ def _group_size(group: Optional[_group.Group]) -> int:
 
 __all__ = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "Work", "broadcast", "all_reduce",
            "prepare_broadcast", "prepare_all_reduce", "all_reduce_future",
-           "all_gather", "reduce_scatter", "barrier", "send", "recv", "isend", "irecv"]
+           "all_gather", "reduce_scatter", "all_to_all", "barrier", "send", "recv", "isend", "irecv"]
