@@ -292,12 +292,12 @@ def _nproc(value: str, gpus: int) -> int:
     return n
 
 
-def _etcd(opts):
+def _etcd(opts: argparse.Namespace) -> bool:
     """--rdzv-backend etcd (or etcd-v2, torchrun's other name)."""
     return opts.rdzv_backend in ("etcd", "etcd-v2")
 
 
-def etcd_settings(opts):
+def etcd_settings(opts: argparse.Namespace) -> str:
     """--rdzv-backend etcd: check the members and settings, and hand them to the workers (and
     this launcher's own rendezvous) as PYBRIDGE_RDZV_* and PYBRIDGE_ETCD_*, which init reads."""
     from ..base import etcd_store
@@ -325,11 +325,12 @@ def etcd_settings(opts):
     return job
 
 
-def jobenv_id():
+def jobenv_id() -> Optional[str]:
     """The job's id from SLURM (the same on every node of a step), or None."""
     from ..base import etcd_store
     try:
-        return etcd_store.job_id(None, {k: v for k, v in os.environ.items() if k.startswith("SLURM_")})
+        job: Optional[str] = etcd_store.job_id(None, {k: v for k, v in os.environ.items() if k.startswith("SLURM_")})
+        return job
     except InvalidArgument:
         return None
 
@@ -694,12 +695,13 @@ def _bind_cpus(opts: argparse.Namespace, nproc: int) -> None:
     print(f"{PROG}: {cpubind.describe(mode, cpu_plan)}", file=sys.stderr, flush=True)
 
 
-def _towards(opts):
+def _towards(opts: argparse.Namespace) -> Optional[tuple[str, int]]:
     """(host, port) the job's traffic is told apart by: node 0's rendezvous, or with etcd
     (which no node hosts) its first member."""
     if _etcd(opts):
         from ..base import etcd_store
-        return etcd_store.parse_endpoints(opts.rdzv_endpoint)[1][0]
+        first: tuple[str, int] = etcd_store.parse_endpoints(opts.rdzv_endpoint)[1][0]
+        return first
     return _endpoint(opts)
 
 
