@@ -65,6 +65,10 @@ ParamLike = Union[torch.Tensor, tuple[_Size, DTypeLike], tuple[_Size, DTypeLike,
 HookLike = Union[CommHook, int, "BuiltinHook", "GossipHook"]
 
 
+# Why one class of this size: it is the public object every caller holds (Python, the C
+# adapter, Go through it), and each method is a short phase that calls into settings.py,
+# layout.py, dispatch.py and join.py, where the logic lives; splitting the methods across
+# more classes would spread one lock and one iteration's state over several objects.
 class Reducer:
     """Gradient buckets with an asynchronous allreduce per bucket.
 

@@ -45,6 +45,10 @@ _TRANSIENT = ("_pb_group", "process_group", "_reducer", "_views", "_generation",
               "_stats", "_queued")
 
 
+# Why one class of this size: it is torch's DistributedDataParallel drop-in, so it carries
+# torch's whole public surface (attributes, no_sync, join, comm hooks, logging data,
+# pickling); the reduction itself lives in the Reducer and attach.py, the keywords' checks in
+# options.py and the logging data in stats.py.
 class DistributedDataParallel(torch.nn.Module, Joinable):
     """Wrap `module` for data-parallel training: torch's DistributedDataParallel over a
     pybridge group (torch's keywords, same order; see docs/python-api.md for each one's status).
