@@ -437,3 +437,23 @@ def test_group_deprecated_attributes_still_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert g.checks is None and g.progress.issued == 0
+
+
+def test_no_class_over_400_lines_without_its_reason():
+    """A class may grow past 400 lines only with a comment right above it saying why
+    ("# Why one class of this size: ..."); otherwise it is split by concern."""
+    too_long = []
+    for name, path in MODULES.items():
+        with open(path) as f:
+            text = f.read()
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 400:
+                first = node.lineno - 1 - len(node.decorator_list)
+                above = []
+                while first > 0 and lines[first - 1].startswith("#"):
+                    first -= 1
+                    above.insert(0, lines[first])
+                if not (above and above[0].startswith("# Why one class of this size:")):
+                    too_long.append(f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not too_long, f"classes over 400 lines with no reason written above them: {too_long}"
