@@ -46,18 +46,23 @@ def main():
     observe.start(trace, metrics_port=0)  # after init: starts now
     rec, state.REC = state.REC, None
     times = {"off": [], "on": []}
+    cpu = {"off": [], "on": []}  # the main thread's CPU per step: steadier than wall time on a shared machine
     for i in range(2 * blocks):
         mode = "on" if i % 2 else "off"
         state.REC = rec if mode == "on" else None
         pybridge.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(block):
             step()
         times[mode].append((time.perf_counter() - t0) / block * 1e3)
+        cpu[mode].append((time.thread_time() - c0) / block * 1e3)
     state.REC = rec
     if g.rank == 0:
         med = {k: statistics.median(v) for k, v in times.items()}
-        print("AB " + json.dumps({"step_ms": med, "blocks_ms": times, "block": block}), flush=True)
+        paired = statistics.median(on / off for on, off in zip(times["on"], times["off"]))
+        print("AB " + json.dumps({"step_ms": med, "on_over_off": paired,
+                                  "main_thread_cpu_ms": {k: statistics.median(v) for k, v in cpu.items()},
+                                  "blocks_ms": times, "block": block}), flush=True)
     pybridge.finalize()
 
 
