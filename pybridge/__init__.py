@@ -17,11 +17,12 @@ from ._version import __version__
 if TYPE_CHECKING:  # what type checkers and IDEs see; _EXPORTS below must name the same (a test checks)
     from .comm.collectives import (AVG, MAX, MIN, PRODUCT, SUM, Work, all_gather, all_reduce, all_reduce_future,
                                    barrier, broadcast, irecv, isend, recv, reduce_scatter, send)
-    from .errors import (AlreadyInitialized, Closed, CommError, CorruptData, InvalidArgument, InvalidState,
+    from .errors import (AlreadyInitialized, Canceled, Closed, CommError, CorruptData, InvalidArgument, InvalidState,
                          IOFailure, MembershipChanged, NotSupported, NotInitialized, PyBridgeError, Timeout,
                          WorkerFailed, WorkerTimeout)
     from .ddp.wrapper import DistributedDataParallel
-    from .comm.group import Group, current, finalize, init, is_initialized, local_rank, new_group, rank, size
+    from .comm.group import Group
+    from .comm.world import current, finalize, init, is_initialized, local_rank, new_group, rank, size
     from .comm.subgroups import node_groups, split
     from .ddp.reducer import Reducer
     from .comm.params import broadcast_parameters
@@ -34,12 +35,12 @@ _EXPORTS = {
     "comm.collectives": ("AVG", "MAX", "MIN", "PRODUCT", "SUM", "Work", "all_gather", "all_reduce",
                          "all_reduce_future", "barrier", "broadcast", "irecv", "isend", "recv", "reduce_scatter",
                          "send"),
-    "errors": ("AlreadyInitialized", "Closed", "CommError", "CorruptData", "InvalidArgument", "InvalidState",
+    "errors": ("AlreadyInitialized", "Canceled", "Closed", "CommError", "CorruptData", "InvalidArgument", "InvalidState",
                "IOFailure", "MembershipChanged", "NotSupported", "NotInitialized", "PyBridgeError", "Timeout",
                "WorkerFailed", "WorkerTimeout"),
     "ddp.wrapper": ("DistributedDataParallel",),
-    "comm.group": ("Group", "current", "finalize", "init", "is_initialized", "local_rank", "new_group", "rank",
-                   "size"),
+    "comm.group": ("Group",),
+    "comm.world": ("current", "finalize", "init", "is_initialized", "local_rank", "new_group", "rank", "size"),
     "comm.subgroups": ("node_groups", "split"),
     "ddp.reducer": ("Reducer",),
     "comm.params": ("broadcast_parameters",),

@@ -34,8 +34,8 @@ def _err(ffi, lib):
 
 def _store():
     # The C ABI's world, seen from this interpreter (cffi embedding shares it).
-    import pybridge.comm.group
-    return pybridge.comm.group.current().store
+    import pybridge.comm.world
+    return pybridge.comm.world.current().store
 
 
 def _listeners():

@@ -24,7 +24,7 @@ import torch
 
 from ..comm import collectives, subgroups
 from .contract import declare_eager
-from ..comm import group as _group
+from ..comm import world as _world
 from ..base import jobenv
 from ..base.checks import integer
 from ..errors import InvalidArgument
@@ -57,7 +57,7 @@ class GossipState:
 
     def __init__(self, group=None, *, topology="cube", ranks_per_node=None, seed=0, rotate=True,
                  sync_every=0):
-        self.group = g = group or _group.current()
+        self.group = g = group or _world.current()
         self.topology = check_topology(topology)
         ranks_per_node = ranks_per_node_or_launchers(ranks_per_node)
         seed = integer("gossip seed", seed, low=0)
@@ -168,7 +168,7 @@ declare_eager(gossip_hook)
 def average_parameters(params, *, group=None):
     """Average tensors (a module's parameters, or any list) over `group`, in place: replicas
     trained with gossip drift apart; call this before evaluating or saving."""
-    g = group or _group.current()
+    g = group or _world.current()
     if isinstance(params, torch.nn.Module):
         params = list(params.parameters())
     with torch.no_grad():

@@ -21,7 +21,7 @@ gradient copy, or leaves the factor in bucket.scale, applied here.
 import torch
 
 from ..comm import collectives, subgroups
-from ..comm import group as _group
+from ..comm import world as _world
 from ..base import jobenv
 from ..base.checks import integer
 from ..errors import InvalidArgument
@@ -69,7 +69,7 @@ class HierarchicalState:
     the groups)."""
 
     def __init__(self, group=None, *, ranks_per_node=0, compression=None):
-        g = group or _group.current()
+        g = group or _world.current()
         self.group = g
         self.ranks_per_node = node_size(ranks_per_node, g.size)
         self.wire = wire_dtype(compression)

@@ -20,6 +20,7 @@ import torch
 
 from ..comm import collectives, subgroups
 from ..comm import group as _group
+from ..comm import world as _world
 from ..base.checks import integer
 from ..errors import InvalidArgument
 
@@ -56,7 +57,7 @@ def average_parameters(params, *, group=None):
     model_averaging.utils.average_parameters_or_parameter_groups does: one flat buffer,
     divided by the group's size, summed. A collective: every member calls it with the same
     shapes in the same order. Tensors keep their memory (torch rebinds p.data instead)."""
-    g = group or _group.current()
+    g = group or _world.current()
     params = params_to_average(params)
     if not params:
         return
@@ -73,7 +74,7 @@ def average_parameters(params, *, group=None):
 
 def _group_of(process_group):
     if process_group is None:
-        return _group.current()
+        return _world.current()
     if not isinstance(process_group, _group.Group):
         raise InvalidArgument(f"process_group must be a pybridge group (or None: the world), got "
                               f"{type(process_group).__name__}")

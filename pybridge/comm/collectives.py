@@ -20,6 +20,7 @@ from .. import abi
 from . import checked
 from ..base import agree as _agree
 from . import group as _group
+from . import world as _world
 from . import streams as _streams
 from . import watchdog as _watchdog
 from ..base.buffers import as_tensor
@@ -211,7 +212,7 @@ def gather_rows(row, *, group=None):
     """Every member's `row` (a few integers, as many on every rank: the length is not
     checked outside checked mode), by group rank: one all_gather. A collective: every
     member calls it, in order with the others."""
-    g = group or _group.current()
+    g = group or _world.current()
     g.check_open()
     return _gather_rows(g, [integer("row item", v) for v in row])
 
@@ -221,13 +222,13 @@ def agree(row, what, *, group=None, **how):
     rank; a list of any length can be folded into one with agree.signature): a collective
     (one all_gather); on any difference every member raises the same InvalidArgument,
     "{what}: ...", naming the ranks that differ and how (agree.check: describe, fields, hint)."""
-    g = group or _group.current()
+    g = group or _world.current()
     if g.size > 1:
         _agree.check(what, gather_rows(row, group=g), **how)
 
 
 def _prepare(buf, group, dtype=None):
-    g = group or _group.current()
+    g = group or _world.current()
     g.check_open()
     t = as_tensor(buf, dtype)
     if g.backend == "nccl" and not t.is_cuda:
@@ -325,7 +326,7 @@ def reduce_scatter(input, output, op=SUM, *, group=None, async_op=False, dtype=N
 
 def barrier(*, group=None):
     """Block until every rank reaches the barrier."""
-    g = group or _group.current()
+    g = group or _world.current()
     g.check_open()
     _run(g, Op(checked.BARRIER), lambda: g.pg.barrier(), False)
 
@@ -362,6 +363,8 @@ def _p2p(g, direction, peer, tag, t, post):
     where = "to" if direction == checked.SEND else "from"
 
     def explain(exc):
+        if g.aborted is not None:
+            return _watchdog.aborted(g, f"{op.name} {where} {g.who(peer)} (tag {tag})", exc)
         err = classify(exc)
         if isinstance(err, InvalidArgument):  # checked mode's message says it all
             return err
@@ -385,7 +388,7 @@ def _check_tag(tag):
 
 
 def _group_size(group):
-    return (group or _group.current()).size
+    return (group or _world.current()).size
 
 
 __all__ = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "Work", "broadcast", "all_reduce",

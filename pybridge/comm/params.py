@@ -9,7 +9,7 @@ import torch
 
 from ..base import agree
 from . import collectives
-from . import group as _group
+from . import world as _world
 from ..base.checks import positive_finite
 from ..errors import InvalidArgument
 
@@ -20,7 +20,7 @@ def broadcast_parameters(tensors, root=0, *, group=None, chunk_mb=64.0):
     """Copy `tensors` (parameters, buffers, or any writable tensors) from rank `root` to every
     rank, coalesced into a few broadcasts per dtype. Synchronous: nothing is kept afterwards,
     so it is safe on caller-owned memory."""
-    g = group or _group.current()
+    g = group or _world.current()
     g.check_open()
     g.check_rank("root", root)
     cap = max(1, int(min(positive_finite("chunk_mb", chunk_mb, " of MiB"), 1 << 30) * MiB))

@@ -38,7 +38,7 @@ import torch
 
 from ..base.checks import index, integer, positive_seconds
 from ..comm import collectives, streams
-from ..comm import group as _group
+from ..comm import world as _world
 from ..comm.collectives import AVG
 from ..errors import Closed, InvalidArgument
 from ..observe import state as _obs
@@ -82,7 +82,7 @@ class Reducer:
                  compression=None, hook=None, hook_state=None,
                  rebuild=True, allow_unused=False, names=None, join=False,
                  divide_by_initial_world_size=True):
-        self._group = group or _group.current()
+        self._group = group or _world.current()
         self._group.check_open()
         params = list(params)
         default_device = self._group.device

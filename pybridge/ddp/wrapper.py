@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
 from ..comm import collectives
 from . import options as _opts
-from ..comm import group as _group
+from ..comm import world as _world
 from . import join as _join
 from .stats import Stats
 from ..errors import Closed, InvalidArgument, InvalidState, PyBridgeError
@@ -374,7 +374,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         """As torch: rebuilt on the world group of the loading process; the reducer and its
         hooks are made at first use, so loading alone issues no collective."""
         super().__setstate__(state)
-        self._pb_group = _group.current()
+        self._pb_group = _world.current()
         self.process_group = self._pb_group.pg
         self._reducer = self._stats = self._hooks = None
         self._queued = False

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from ..base import dtypes
-from ..comm import group as _group
+from ..comm import world as _world
+from ..comm.group import ABORT_POLL_SECONDS
 from ..base.checks import integer, positive_seconds
 from ..errors import (Closed, CommError, InvalidArgument, PyBridgeError, Timeout, UpdateRefused, WorkerFailed,
                       WorkerTimeout, classify)
@@ -91,7 +92,7 @@ class Server:
 
     def __init__(self, group=None, *, mode="async", timeout=None, requeue=False, max_norm=None,
                  affinity=None, link_timeout=DEFAULT_LINK_TIMEOUT, max_samples=None):
-        g = group or _group.current()
+        g = group or _world.current()
         if mode not in MODES:
             raise InvalidArgument(f"unknown federated mode {mode!r}; choose one of {', '.join(MODES)}")
         if g.size < 2:
@@ -361,9 +362,12 @@ class Server:
         while True:
             w, due = min(self._busy.items(), key=lambda kv: kv[1].start)
             left = due.start + self.timeout - time.monotonic()
-            try:
-                event = self._events.get(timeout=max(left, 0.0))
+            try:  # in slices: an aborted group (Group.abort) ends the wait, which no socket does
+                event = self._events.get(timeout=min(max(left, 0.0), ABORT_POLL_SECONDS))
             except queue.Empty:
+                self._links.group.check_aborted("the federated server's wait for a result")
+                if left > ABORT_POLL_SECONDS:
+                    continue
                 return self._stall(w, due)
             outcome = self._handle(event)
             if outcome is not None:

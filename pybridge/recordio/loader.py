@@ -251,6 +251,7 @@ class Loader:
         try:
             agree.in_store(store, f"pybridge/loader-open/{next_instance('open:' + g.uid)}", g.rank, g.size, row,
                            timeout=g.timeout, what="dynamic loader open: ranks disagree",
+                           cancel=lambda: g.check_aborted("opening the dynamic loader"),
                            describe=_describe_open, fields=_OPEN_FIELDS)
         except BaseException:
             self.close()
@@ -492,5 +493,5 @@ def _describe_open(row):
 
 
 def _live_group():
-    from ..comm import group  # late: keeps `import pybridge.recordio` free of process-group state
-    return group.current() if group.is_initialized() else None
+    from ..comm import world  # late: keeps `import pybridge.recordio` free of process-group state
+    return world.current() if world.is_initialized() else None
