@@ -212,11 +212,18 @@ class Group:
         uid = f"{self.uid}.{seq}-{'_'.join(map(str, global_ranks))}"
         timeout = self.timeout if timeout is None else timeout
         backend = backend or self.backend
+        # Its rendezvous waits in the store over a connection of its own: a wait given up
+        # (a timeout, an abort) would otherwise hold the process's store client until the
+        # store's timeout, and that connection is shut when the wait is given up.
+        before = _sockets.open_sockets()
+        store = _own_connection(world_store())
+        connection = frozenset(_sockets.open_sockets() - before)
         pg, sockets = _backend_group(backend, members.index(self.rank), len(global_ranks),
-                                     dist.PrefixStore(f"pybridge/{uid}/pg/", world_store()), timeout, self)
+                                     dist.PrefixStore(f"pybridge/{uid}/pg/", store), timeout, self, connection)
         child = Group(pg, global_ranks, self.global_rank, self.local_rank, backend,
                       timeout, owned=True, parent=self, uid=uid)
         child.sockets = sockets
+        child._rendezvous_store = store  # torch holds a Python store only by a C++ pointer
         with _lock:
             self._children.append(child)
         return child
@@ -273,7 +280,16 @@ def world_store():
     return dist.distributed_c10d._get_default_store()
 
 
-def _backend_group(backend, rank, size, store, timeout, parent=None):
+def _own_connection(store):
+    """`store` over a connection of its own (Store.clone), or `store` itself where it has no
+    clone (a store of the program's own)."""
+    try:
+        return store.clone()
+    except Exception:  # noqa: BLE001 - "not implemented" in a Python store
+        return store
+
+
+def _backend_group(backend, rank, size, store, timeout, parent=None, connection=frozenset()):
     """The communication backend of a subgroup, built over its own store prefix.
 
     Not torch.distributed.new_group: with members-only creation it names groups after how
@@ -292,17 +308,18 @@ def _backend_group(backend, rank, size, store, timeout, parent=None):
         before = _sockets.open_sockets()
         pg = dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=timeout))
         return pg, frozenset(_sockets.open_sockets() - before)  # gloo connects its full mesh here
-    return _within(timeout + SUBGROUP_GRACE_SECONDS, "creating the subgroup's backend", make, parent)
+    return _within(timeout + SUBGROUP_GRACE_SECONDS, "creating the subgroup's backend", make, parent,
+                   give_up=lambda: _sockets.shut_down(connection))
 
 
 SUBGROUP_GRACE_SECONDS = 2.0  # beyond the timeout, which bounds the wait for the members
 
 
-def _within(seconds, what, fn, parent=None):
-    """fn(), given up after `seconds` with Timeout, or with Canceled once `parent` is aborted.
-    Its rendezvous can make several store round trips that each wait up to the timeout when
-    the store's host stops answering; the helper thread left behind ends with that round
-    trip's own timeout and its result is dropped."""
+def _within(seconds, what, fn, parent=None, give_up=None):
+    """fn(), given up after `seconds` with Timeout, or with Canceled once `parent` is aborted;
+    give_up() is called then, to end the helper thread's wait (shut its store connection).
+    Without it (or where it cannot), the helper thread left behind ends with its store
+    round trip's own timeout; its result is dropped."""
     box = {}
 
     def run():
@@ -313,10 +330,17 @@ def _within(seconds, what, fn, parent=None):
     worker = threading.Thread(target=run, name="pybridge-subgroup", daemon=True)
     worker.start()
     deadline = time.monotonic() + seconds
-    while worker.is_alive() and time.monotonic() < deadline:
-        worker.join(min(ABORT_POLL_SECONDS, max(deadline - time.monotonic(), 0.0)))
-        if parent is not None:
-            parent.check_aborted(what)
+    try:
+        while worker.is_alive() and time.monotonic() < deadline:
+            worker.join(min(ABORT_POLL_SECONDS, max(deadline - time.monotonic(), 0.0)))
+            if parent is not None:
+                parent.check_aborted(what)
+    except Canceled:
+        if give_up is not None:
+            give_up()
+        raise
+    if worker.is_alive() and give_up is not None:
+        give_up()
     if worker.is_alive():
         raise Timeout(f"{what} did not finish within {seconds:g} s: a member, or rank 0 (the "
                       "store's host), is not answering")

@@ -614,13 +614,16 @@ class Server:
         thread; such a worker gets an error naming the lost server (rank 0). The terminates
         sent to the others are given up to FAREWELL_SECONDS to leave before anyone is cut off
         (a cut closes every connection of the link), and retired workers' listeners as long
-        to end."""
+        to end. After the group was aborted (Group.abort) nobody is waited for."""
         if self.closed:
             return
         if timeout is not None:
             timeout = positive_seconds("timeout", timeout)
         self.closed = True
         links = self._links
+        aborted = links.group.aborted is not None  # its connections are shut: nobody is waited for
+        if aborted:
+            timeout = 0.0
         now = time.monotonic()
         try:
             self._drain()
@@ -640,7 +643,7 @@ class Server:
             # Workers still busy past their deadline are cut off; a cut closes every
             # connection of the down link, so the terminates of the others leave first.
             stuck = {w for w, t in self._listeners.items() if t.is_alive() and w not in self._gone}
-            until = time.monotonic() + FAREWELL_SECONDS
+            until = time.monotonic() + (0.0 if aborted else FAREWELL_SECONDS)
             self._send_farewells(until, skip=stuck)
             for w, t in self._listeners.items():
                 if w not in stuck:  # a retired worker's listener ends on its own, or with its acknowledgement
