@@ -29,6 +29,7 @@ where each value came from (pybridge.env()).
 import os
 import re
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import InvalidArgument
@@ -194,7 +195,7 @@ UNPLACED = ("rank and world size are unknown: set RANK and WORLD_SIZE (pybridge-
             "start the ranks with srun or mpirun, or pass them explicitly")
 
 
-def placed(environ=None):
+def placed(environ: Mapping[str, str] | None = None) -> JobEnv:
     """detect(), as init() reads it when it is given nothing (pb_job_env, Go's
     FromLaunchEnv): InvalidArgument when rank or world size is unknown, and the local rank
     is the rank when nothing says."""

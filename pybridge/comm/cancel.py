@@ -13,17 +13,26 @@ caller asks again if the join may not have begun yet (Go does, until the call re
 
 import contextlib
 import threading
+from collections.abc import Iterator
+from typing import Protocol
 
 from ..errors import Canceled
 
+
+class Abortable(Protocol):
+    """What a join forms (a Group): aborted with the join."""
+
+    def abort(self, reason: str | None = None) -> None: ...
+
+
 _lock = threading.Lock()
 _depth = 0  # joins in progress (nested: an elastic reset's init)
-_reason = None  # why the join in progress was aborted, once it was
-_worlds = []  # groups the joins in progress formed: aborted with them
+_reason: str | None = None  # why the join in progress was aborted, once it was
+_worlds: list[Abortable] = []  # groups the joins in progress formed: aborted with them
 
 
 @contextlib.contextmanager
-def joining():
+def joining() -> Iterator[None]:
     """The scope of a join: abort() ends it until the outermost one returns."""
     global _depth, _reason
     with _lock:
@@ -41,7 +50,7 @@ def joining():
                 _worlds.clear()
 
 
-def formed(group):
+def formed(group: Abortable) -> None:
     """The join in progress made `group`: aborting the join aborts it too (at once if the
     join was aborted already)."""
     with _lock:
@@ -53,7 +62,7 @@ def formed(group):
         group.abort(reason)
 
 
-def abort(reason=None):
+def abort(reason: str | None = None) -> bool:
     """End the join in progress, if any: its next check() raises Canceled and the worlds it
     formed are aborted. Returns whether a join was in progress."""
     global _reason
@@ -68,7 +77,7 @@ def abort(reason=None):
     return True
 
 
-def check(what):
+def check(what: str) -> None:
     """Raise Canceled, naming `what`, when the join in progress was aborted."""
     reason = _reason
     if reason is not None and _depth > 0:

@@ -114,7 +114,7 @@ class Group:
 
     # ---- aborting --------------------------------------------------------------------------
 
-    def abort(self, reason=None):
+    def abort(self, reason: str | None = None) -> None:
         """Abort this group and its subgroups from any thread, as torch's ProcessGroup abort:
         a call blocked on one of them (a collective, a message, a work's wait, a subgroup's
         creation) raises Canceled at once, and every later call raises Closed naming
@@ -137,7 +137,7 @@ class Group:
                     except Exception:  # noqa: BLE001 - a backend without abort: the sockets did it
                         pass
 
-    def check_aborted(self, what):
+    def check_aborted(self, what: str) -> None:
         """Raise Canceled for `what` (a wait that no socket ends) once this group is aborted."""
         if self.aborted is not None:
             raise Canceled(f"{what} was canceled: {self.describe()} was aborted ({self.aborted})")
@@ -216,7 +216,7 @@ class Group:
         # (a timeout, an abort) would otherwise hold the process's store client until the
         # store's timeout, and that connection is shut when the wait is given up.
         before = _sockets.open_sockets()
-        store = _own_connection(world_store())
+        store = _own_connection(self)
         connection = frozenset(_sockets.open_sockets() - before)
         pg, sockets = _backend_group(backend, members.index(self.rank), len(global_ranks),
                                      dist.PrefixStore(f"pybridge/{uid}/pg/", store), timeout, self, connection)
@@ -280,13 +280,20 @@ def world_store():
     return dist.distributed_c10d._get_default_store()
 
 
-def _own_connection(store):
-    """`store` over a connection of its own (Store.clone), or `store` itself where it has no
-    clone (a store of the program's own)."""
+def _own_connection(group):
+    """The world's store over a connection of its own (Store.clone), or the shared one where
+    it cannot be cloned. The clone is made from the store init() joined over (a Python
+    store's clone, as SealedStore's, is lost when reached through torch's wrapper of it)."""
+    root = group
+    while root.parent is not None:
+        root = root.parent
+    shared = world_store()
     try:
-        return store.clone()
-    except Exception:  # noqa: BLE001 - "not implemented" in a Python store
-        return store
+        own = (getattr(root, "rendezvous_store", None) or shared).clone()
+        own.check(["pybridge/own-connection"])  # a clone that cannot work fails when used
+        return own
+    except Exception:  # noqa: BLE001 - "not implemented": share the world's connection
+        return shared
 
 
 def _backend_group(backend, rank, size, store, timeout, parent=None, connection=frozenset()):
