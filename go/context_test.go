@@ -242,7 +242,30 @@ func roleContexts() error {
 			return fmt.Errorf("%s: %w", c.name, err)
 		}
 	}
-	return nil
+	return abortTheWorld(g)
+}
+
+// abortTheWorld: the world itself aborted by a deadline (rank 1's Barrier, rank 0 late):
+// its later calls say so, rank 0's Barrier fails at once, and both leave it cleanly.
+func abortTheWorld(g *pybridge.Group) error {
+	if g.Rank() == 1 {
+		ctx, cancel := context.WithTimeout(context.Background(), ctxDeadline)
+		defer cancel()
+		if err := g.BarrierContext(ctx); !canceledBy(err, context.DeadlineExceeded) {
+			return fmt.Errorf("the world's BarrierContext with rank 0 late: %v", err)
+		}
+		if err := g.Barrier(); !errors.Is(err, pybridge.ErrClosed) || !strings.Contains(err.Error(), "was aborted") {
+			return fmt.Errorf("a Barrier on the aborted world: %v, want ErrClosed saying it was aborted", err)
+		}
+	} else {
+		time.Sleep(2 * ctxDeadline)
+		start := time.Now()
+		if err := g.Barrier(); !errors.Is(err, pybridge.ErrComm) || time.Since(start) > ctxReturns {
+			return fmt.Errorf("rank 0's Barrier on the world rank 1 aborted: %v after %v, want ErrComm at once",
+				err, time.Since(start))
+		}
+	}
+	return g.Close() // and the process exits cleanly (the test checks its status)
 }
 
 func runCtxCase(g *pybridge.Group, c ctxCase) error {

@@ -212,14 +212,8 @@ class Group:
         uid = f"{self.uid}.{seq}-{'_'.join(map(str, global_ranks))}"
         timeout = self.timeout if timeout is None else timeout
         backend = backend or self.backend
-        # Its rendezvous waits in the store over a connection of its own: a wait given up
-        # (a timeout, an abort) would otherwise hold the process's store client until the
-        # store's timeout, and that connection is shut when the wait is given up.
-        before = _sockets.open_sockets()
-        store = _own_connection(self)
-        connection = frozenset(_sockets.open_sockets() - before)
-        pg, sockets = _backend_group(backend, members.index(self.rank), len(global_ranks),
-                                     dist.PrefixStore(f"pybridge/{uid}/pg/", store), timeout, self, connection)
+        pg, sockets, store = _backend_group(backend, members.index(self.rank), len(global_ranks),
+                                            f"pybridge/{uid}/pg/", timeout, self)
         child = Group(pg, global_ranks, self.global_rank, self.local_rank, backend,
                       timeout, owned=True, parent=self, uid=uid)
         child.sockets = sockets
@@ -296,27 +290,36 @@ def _own_connection(group):
         return shared
 
 
-def _backend_group(backend, rank, size, store, timeout, parent=None, connection=frozenset()):
-    """The communication backend of a subgroup, built over its own store prefix.
+def _backend_group(backend, rank, size, prefix, timeout, parent):
+    """The communication backend of a subgroup of `parent`, built over its own store prefix.
 
     Not torch.distributed.new_group: with members-only creation it names groups after how
     many groups each process made before, so ranks with different histories (nested splits,
     groups of some members only) wait on different keys for ever. The subgroup is therefore
     pybridge's: its collectives go through pybridge (torch.distributed's own functions take
-    the world group). Returns the backend and the connections it opened (Group.sockets)."""
+    the world group). Its rendezvous waits in the store over a connection of its own, made
+    on the helper thread (a store host that stopped answering holds it there): a wait given
+    up (a timeout, an abort) would otherwise hold the process's store client until the
+    store's timeout; that connection is shut when the wait is given up. Returns the backend,
+    the connections it opened (Group.sockets) and the store it was made over."""
     device = torch.cuda.current_device() if backend == "nccl" else None
+    made = {}  # the helper's own store connection, once it has one
 
     def make():
+        before = _sockets.open_sockets()
+        store = _own_connection(parent)
+        made["connection"] = frozenset(_sockets.open_sockets() - before)
+        prefixed = dist.PrefixStore(prefix, store)
         if backend == "nccl":
             torch.cuda.set_device(device)  # the current device is per thread
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = datetime.timedelta(seconds=timeout)
-            return dist.ProcessGroupNCCL(store, rank, size, opts), frozenset()
+            return dist.ProcessGroupNCCL(prefixed, rank, size, opts), frozenset(), store
         before = _sockets.open_sockets()
-        pg = dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=timeout))
-        return pg, frozenset(_sockets.open_sockets() - before)  # gloo connects its full mesh here
+        pg = dist.ProcessGroupGloo(prefixed, rank, size, datetime.timedelta(seconds=timeout))
+        return pg, frozenset(_sockets.open_sockets() - before), store  # gloo connects its full mesh here
     return _within(timeout + SUBGROUP_GRACE_SECONDS, "creating the subgroup's backend", make, parent,
-                   give_up=lambda: _sockets.shut_down(connection))
+                   give_up=lambda: _sockets.shut_down(made.get("connection", ())))
 
 
 SUBGROUP_GRACE_SECONDS = 2.0  # beyond the timeout, which bounds the wait for the members
