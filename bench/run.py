@@ -9,7 +9,7 @@ import sys
 sys.path.insert(0, os.path.dirname(HERE := os.path.dirname(os.path.abspath(__file__))))
 from pybridge._version import __version__  # noqa: E402
 
-ORDER = ["collectives", "reducer", "gossip", "hierarchical", "recordio", "mnist", "gotorch", "federated", "failures",
+ORDER = ["collectives", "reducer", "gossip", "hierarchical", "diloco_wire", "recordio", "mnist", "gotorch", "federated", "failures",
          "elastic", "elastic_cgo", "gpu"]
 
 

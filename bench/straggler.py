@@ -17,37 +17,25 @@ import shutil
 import stat
 import subprocess
 import sys
+import shlex
 import tempfile
-import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import ROOT, progress  # noqa: E402
 from mnist import GO_TRAINER, build_go_trainer, prepare  # noqa: E402
 
-CGROUP_ROOT = "/sys/fs/cgroup/cpu"
+from pybridge.testing import cpulimit  # noqa: E402
+
 SLOW_RANK = 3
 
 
-def cpu_cgroup(quota):
-    if not os.access(os.path.join(CGROUP_ROOT, "cpu.cfs_quota_us"), os.W_OK):
-        raise SystemExit(f"--slow cpu needs cgroup v1's cpu controller writable at {CGROUP_ROOT} (root)")
-    path = os.path.join(CGROUP_ROOT, f"pybridge-straggler-{uuid.uuid4().hex[:8]}")
-    os.mkdir(path)
-    period = 10000
-    with open(os.path.join(path, "cpu.cfs_period_us"), "w") as f:
-        f.write(str(period))
-    with open(os.path.join(path, "cpu.cfs_quota_us"), "w") as f:
-        f.write(str(int(quota * period)))
-    return path
-
-
-def wrapper(tmp, cgroup):
-    """The executable each rank runs: rank 3 moves itself into the cgroup, then execs the trainer."""
+def wrapper(tmp, budget):
+    """The executable each rank runs: rank 3 runs the trainer inside the CPU budget."""
     path = os.path.join(tmp, "rank.sh")
     with open(path, "w") as f:
         f.write("#!/bin/sh\n")
-        if cgroup:
-            f.write(f'[ "$RANK" = "{SLOW_RANK}" ] && echo $$ > {cgroup}/cgroup.procs\n')
+        if budget:
+            f.write(f'[ "$RANK" = "{SLOW_RANK}" ] && exec {shlex.join(budget.wrap([GO_TRAINER]))} "$@"\n')
         f.write(f'exec {GO_TRAINER} "$@"\n')
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
     return path
@@ -66,17 +54,23 @@ def main():
         prepare(data)
         progress("building the Go trainer")
         build_go_trainer()
-        cgroup = cpu_cgroup(opts.quota) if opts.slow == "cpu" else None
+        budget = None
+        if opts.slow == "cpu":
+            ok, why = cpulimit.available()
+            if not ok:
+                raise SystemExit(f"--slow cpu: {why}")
+            budget = cpulimit.CpuBudget(opts.quota, period_us=10000)
         out = os.path.abspath(opts.out or os.path.join(tmp, "trace"))
         shutil.rmtree(out, ignore_errors=True)
         try:
             cmd = [sys.executable, "-m", "pybridge.launch", "--nproc-per-node", "4", "--trace", out, "--no-python",
-                   wrapper(tmp, cgroup), "--data", data, "--epochs", str(opts.epochs)]
+                   wrapper(tmp, budget), "--data", data, "--epochs", str(opts.epochs)]
             progress(" ".join(cmd))
             subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         finally:
-            if cgroup:
-                os.rmdir(cgroup)
+            if budget:
+                progress(f"rank {SLOW_RANK}'s CPU budget: {budget.report()}")
+                budget.close()
         rep = os.path.join(out, "report")
         subprocess.run([sys.executable, "-m", "pybridge.observe", "report", out, "--skip-steps", "1", "--out", rep],
                        cwd=ROOT, check=True)

@@ -165,6 +165,19 @@ const char *pb_status_name(int status);
 /* The library version, e.g. "0.1.0". */
 const char *pb_version(void);
 
+/* ---- Python modules: hooks and strategies registered by name ---------------------- */
+
+/* Import the Python module `name` (e.g. "my_hooks", a dotted name for a submodule) into the
+ * library's interpreter: a module that registers comm hooks (pybridge.register_comm_hook)
+ * or server strategies (pybridge.federated.register_strategy), which
+ * pb_reducer_options.hook_name and pb_fed_options.strategy_name then choose by name. It
+ * is found on the interpreter's sys.path (PYBRIDGE_PYTHONPATH puts folders first); a
+ * module already imported is not run again. Every process that chooses a registered name
+ * imports its module first. Needs no pb_init.
+ * Errors: PB_ERR_INVALID_ARGUMENT when `name` is NULL or empty, the module is not found,
+ * or it raises while importing (its exception in the message). */
+int pb_import_module(const char *name);
+
 /* ---- Process group ------------------------------------------------------------ */
 
 /* Join the process group and store its handle in *out.
@@ -591,6 +604,13 @@ typedef struct pb_reducer_options {
     int32_t hook_ranks_per_node; /* PB_HOOK_HIERARCHICAL: ranks per node (consecutive ranks),
                                     dividing the group size; 0 (default): the launcher's
                                     LOCAL_WORLD_SIZE (the whole group when it is unset) */
+    const char *hook_name;       /* NULL (default): `hook` chooses. Else the hook of that name:
+                                    a built-in's (its PB_HOOK_ code in lower case: "fp16" is
+                                    PB_HOOK_FP16; the hook_* settings above apply) or one a
+                                    module registered (pb_import_module), which takes no
+                                    settings; `hook` and gossip_topology then stay at their
+                                    defaults. An unknown name is PB_ERR_INVALID_ARGUMENT
+                                    listing every name. Read during the call only */
 } pb_reducer_options;
 
 /* Fill *options with the defaults above (size included). Sets every field. */
@@ -611,6 +631,7 @@ static inline void pb_reducer_options_init(pb_reducer_options *options) {
     options->ndims = 0;
     options->dims = 0;
     options->hook_ranks_per_node = 0;
+    options->hook_name = 0;
 }
 
 /* Create a reducer over `nparams` gradients, configured by `options` (NULL: the
@@ -1250,6 +1271,12 @@ typedef struct pb_fed_options {
     double dp_clip_norm;         /* central DP: clip each client's delta to this L2 norm; 0 (default): no DP */
     double dp_noise_multiplier;  /* central DP: noise std = multiplier * clip / clients per step */
     int64_t dp_seed;             /* central DP: the noise generator's seed (default 0) */
+    const char *strategy_name;   /* NULL (default): `strategy` chooses. Else the strategy of that
+                                    name: a built-in's (its PB_FED_STRATEGY_ code in lower case:
+                                    "fedadam") or one a module registered (pb_import_module),
+                                    given the fields above that it takes; `strategy` then stays
+                                    at its default. An unknown name is PB_ERR_INVALID_ARGUMENT
+                                    listing every name. Read during the call only */
 } pb_fed_options;
 
 /* Fill *options with the defaults above (size included). Sets every field. */
@@ -1269,6 +1296,7 @@ static inline void pb_fed_options_init(pb_fed_options *options) {
     options->dp_clip_norm = 0;
     options->dp_noise_multiplier = 0;
     options->dp_seed = 0;
+    options->strategy_name = 0;
 }
 
 /* Set how `server` aggregates: before its first round (NULL: the defaults).

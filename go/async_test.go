@@ -9,9 +9,13 @@ import (
 	pybridge "github.com/pybridge/pybridge/go"
 )
 
+func init() { world2.share("async", "TestAsync2Ranks") }
+
 func TestAsync2Ranks(t *testing.T) {
 	expectRolePass(t, world2, "async")
 }
+
+func init() { world2.share("worktest", "TestWorkTestReportsDone") }
 
 // TestWorkTestReportsDone polls Work.Test on every kind of asynchronous
 // operation: each must report done without anyone calling Wait.

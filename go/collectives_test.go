@@ -13,9 +13,13 @@ import (
 type celsius float32
 type tick int64
 
+func init() { world2.share("collectives", "TestCollectives2Ranks") }
+
 func TestCollectives2Ranks(t *testing.T) {
 	expectRolePass(t, world2, "collectives")
 }
+
+func init() { world4.share("collectives", "TestCollectives4Ranks") }
 
 func TestCollectives4Ranks(t *testing.T) {
 	if testing.Short() {

@@ -11,7 +11,10 @@ import (
 	pybridge "github.com/pybridge/pybridge/go"
 )
 
-func init() { roles["elastic"] = roleElastic }
+func init() {
+	roles["elastic"] = roleElastic
+	world2.share("elastic", "TestElasticState2Ranks")
+}
 
 // An elastic state over a Checkpoint's slices: commit, roll back, and rank 0's
 // commit sent to rank 1 (a joiner with a fresh model) over the network.

@@ -161,10 +161,13 @@ func check(op string, st C.int, msg *C.char) error {
 	return &Error{Status: int(st), Op: op, Msg: text}
 }
 
-// goNames: the C names that library messages hold (functions, types, constants and
-// settings), and what Go calls them. The C library writes C's names
+// goNames: the C names that library messages hold (functions, types, statuses, flags
+// and settings), and what Go calls them. The C library writes C's names
 // (pybridge/capi/names.py turns the core's Python ones into these); goWords turns them
-// into Go's, once, where the error is built. A name missing here stays as it is.
+// into Go's, once, where the error is built. The constants that a Go constant stands
+// for (HookFP16 Hook = C.PB_HOOK_FP16) are not here: capi/gen_abi.py generates them
+// (goConstants, names_gen.go), and an entry here wins over one there. A name in
+// neither stays as it is.
 var goNames = map[string]string{
 	// functions
 	"pb_init":                   "Init",
@@ -228,38 +231,6 @@ var goNames = map[string]string{
 	"PB_ERR_CLOSED":              "ErrClosed",
 	"PB_ERR_MEMBERSHIP":          "ErrMembership",
 	"PB_ERR_CANCELED":            "ErrCanceled",
-	// constants
-	"PB_CPU":                      "CPU",
-	"PB_SUM":                      "Sum",
-	"PB_AVG":                      "Avg",
-	"PB_MIN":                      "Min",
-	"PB_MAX":                      "Max",
-	"PB_PRODUCT":                  "Product",
-	"PB_PARTITION_STATIC":         "StaticPartition",
-	"PB_PARTITION_DYNAMIC":        "DynamicPartition",
-	"PB_COMPRESS_NONE":            "NoCompression",
-	"PB_COMPRESS_FP16":            "CompressFP16",
-	"PB_COMPRESS_BF16":            "CompressBF16",
-	"PB_HOOK_ALLREDUCE":           "HookAllReduce",
-	"PB_HOOK_FP16":                "HookFP16",
-	"PB_HOOK_BF16":                "HookBF16",
-	"PB_HOOK_POWERSGD":            "HookPowerSGD",
-	"PB_HOOK_HIERARCHICAL":        "HookHierarchical",
-	"PB_GOSSIP_CUBE":              "GossipCube",
-	"PB_GOSSIP_DISSEMINATION":     "GossipDissemination",
-	"PB_FED_ASYNC":                "FedAsync",
-	"PB_FED_SYNC":                 "FedSync",
-	"PB_FED_FEDBUFF":              "FedBuff",
-	"PB_FED_FEDASYNC":             "FedAsyncUpdates",
-	"PB_FED_TRAIN":                "FedTrain",
-	"PB_FED_EVALUATE":             "FedEvaluate",
-	"PB_FED_STRATEGY_FEDAVG":      "FedAvgSGD",
-	"PB_FED_STRATEGY_FEDADAGRAD":  "FedAdagrad",
-	"PB_FED_STRATEGY_FEDADAM":     "FedAdam",
-	"PB_FED_STRATEGY_FEDYOGI":     "FedYogi",
-	"PB_FED_STALENESS_CONSTANT":   "StalenessConstant",
-	"PB_FED_STALENESS_POLYNOMIAL": "StalenessPolynomial",
-	"PB_FED_STALENESS_HINGE":      "StalenessHinge",
 	// settings: the options that set them
 	"bucket_cap_mb":       "WithBucketCapMB",
 	"first_bucket_cap_mb": "WithFirstBucketCapMB",
@@ -270,12 +241,13 @@ var goNames = map[string]string{
 	"PB_REDUCER_JOIN":                  "WithJoin",
 	"PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE": "WithJoinDivideByActive",
 	"PB_REDUCER_BUCKET_VIEW":           "WithGradAsBucketView",
-	"PB_TORCH_TENSOR":                  "TorchTensor",
+	// a message's PB_TORCH_TENSOR is a tensor handle: the TorchTensor source, not the DType
+	"PB_TORCH_TENSOR": "TorchTensor",
 }
 
 // goWords returns a library message in Go's names: the C function it starts with
-// goes (Error.Op names the Go one), and each word that is a C name of goNames becomes
-// Go's (whole words only: pb_reducer_wait is not pb_reducer's).
+// goes (Error.Op names the Go one), and each word that is a C name of goNames or
+// goConstants becomes Go's (whole words only: pb_reducer_wait is not pb_reducer's).
 func goWords(msg string) string {
 	if name, rest, ok := strings.Cut(msg, ": "); ok && strings.HasPrefix(name, "pb_") && cIdent(name) == len(name) {
 		msg = rest
@@ -285,6 +257,8 @@ func goWords(msg string) string {
 		if n := cIdent(msg[i:]); n > 0 {
 			name := msg[i : i+n]
 			if goName, ok := goNames[name]; ok {
+				b.WriteString(goName)
+			} else if goName, ok := goConstants[name]; ok {
 				b.WriteString(goName)
 			} else {
 				b.WriteString(name)

@@ -104,6 +104,8 @@ func TestNilGroup(t *testing.T) {
 	}
 }
 
+func init() { world2.share("errors", "TestErrors2Ranks") }
+
 func TestErrors2Ranks(t *testing.T) {
 	expectRolePass(t, world2, "errors")
 }

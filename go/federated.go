@@ -71,6 +71,7 @@ type fedConfig struct {
 	maxSamples    int64
 	maxSamplesSet bool
 	agg           *C.pb_fed_options // strategies, FedBuff, DP (federated_strategy.go); nil: the defaults
+	strategyName  *string           // WithServerOptimizerName (registry.go); nil: agg.strategy chooses
 }
 
 // FedOption configures NewFedServer.

@@ -5,7 +5,10 @@ package pybridge
 */
 import "C"
 
-import "math"
+import (
+	"math"
+	"unsafe"
+)
 
 // Server strategies, FedBuff / FedAsync and central differential privacy for a
 // FedServer (docs/federated.md "Modes" and "Strategies"): functional options
@@ -62,6 +65,7 @@ func WithServerOptimizer(s FedStrategy, eta float64) FedOption {
 	return func(c *fedConfig) {
 		o := c.options()
 		o.strategy, o.eta = C.int32_t(s), C.double(eta)
+		c.strategyName = nil
 	}
 }
 
@@ -115,6 +119,10 @@ func WithCentralDP(clipNorm, noiseMultiplier float64, seed int64) FedOption {
 func (c *fedConfig) configure(op string, h *C.pb_fed_server) error {
 	if c.agg == nil {
 		return nil
+	}
+	if c.strategyName != nil { // C memory for the call only
+		c.agg.strategy_name = C.CString(*c.strategyName)
+		defer func() { C.free(unsafe.Pointer(c.agg.strategy_name)); c.agg.strategy_name = nil }()
 	}
 	var msg *C.char
 	if err := check(op, C.pbgo_fed_server_configure(h, c.agg, &msg), msg); err != nil {

@@ -10,6 +10,8 @@ import (
 	pybridge "github.com/pybridge/pybridge/go"
 )
 
+func init() { world2.share("goroutines", "TestAnyGoroutine2Ranks") }
+
 func TestAnyGoroutine2Ranks(t *testing.T) {
 	expectRolePass(t, world2, "goroutines")
 }

@@ -22,6 +22,8 @@ func init() {
 	roles["powersgd"] = rolePowerSGD
 }
 
+func init() { world4.share("subgroups", "TestSubgroups4Ranks") }
+
 // Four ranks: two pairs reduce at once on their own subgroups, ranks within a
 // subgroup address roots and peers, nested groups, node groups, Close.
 func TestSubgroups4Ranks(t *testing.T) {
@@ -293,7 +295,10 @@ func rolePowerSGD() error {
 	return nil
 }
 
-func init() { roles["gossip"] = roleGossip }
+func init() {
+	roles["gossip"] = roleGossip
+	world4.share("gossip", "TestGossipReducer4Ranks")
+}
 
 // The Go reducer with GossipGraD on 4 ranks: mixing to the mean within a period,
 // nodes of two ranks, and sync_every's exact steps.

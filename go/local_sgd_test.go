@@ -11,7 +11,10 @@ import (
 	pybridge "github.com/pybridge/pybridge/go"
 )
 
-func init() { roles["local-sgd"] = roleLocalSGD }
+func init() {
+	roles["local-sgd"] = roleLocalSGD
+	world4.share("local-sgd", "TestHierarchicalAndLocalSGD4Ranks")
+}
 
 // On 4 ranks pretending to be 2 nodes of 2: the hierarchical hook gives the
 // mean (also on a half wire), another node size is refused on every rank, and

@@ -240,7 +240,7 @@ func startRanks(l *launch) ([]*rankProc, error) {
 type sharedWorld struct {
 	world int
 	limit time.Duration
-	roles []sharedRole // in the order every rank runs them
+	roles []sharedRole // in the order every rank runs them (share)
 	once  sync.Once
 	procs []*rankProc
 	err   error
@@ -251,18 +251,17 @@ type sharedWorld struct {
 type sharedRole struct{ role, test string }
 
 var (
-	world2 = &sharedWorld{world: 2, limit: 240 * time.Second, roles: []sharedRole{
-		{"collectives", "TestCollectives2Ranks"}, {"tensors", "TestTensors2Ranks"},
-		{"async", "TestAsync2Ranks"}, {"worktest", "TestWorkTestReportsDone"},
-		{"goroutines", "TestAnyGoroutine2Ranks"}, {"errors", "TestErrors2Ranks"},
-		{"reducer", "TestReducerTraining2Ranks"}, {"reducer-config", "TestReducerConfig2Ranks"},
-		{"elastic", "TestElasticState2Ranks"}, {"mismatch", "TestCheckedModeMismatches"},
-	}}
-	world4 = &sharedWorld{world: 4, limit: 300 * time.Second, roles: []sharedRole{
-		{"collectives", "TestCollectives4Ranks"}, {"subgroups", "TestSubgroups4Ranks"},
-		{"gossip", "TestGossipReducer4Ranks"}, {"local-sgd", "TestHierarchicalAndLocalSGD4Ranks"},
-	}}
+	world2 = &sharedWorld{world: 2, limit: 240 * time.Second}
+	world4 = &sharedWorld{world: 4, limit: 300 * time.Second}
 )
+
+// share adds role, whose pass the test named test reads (expectRolePass), to w's roles:
+// the file that defines a role shares it in its func init, beside roles[role], so no
+// list elsewhere names it. Every rank runs them in the order they were shared (Go runs
+// the files' init functions in file name order).
+func (w *sharedWorld) share(role, test string) {
+	w.roles = append(w.roles, sharedRole{role, test})
+}
 
 // expectRolePass runs the shared world once (the roles whose tests this run selects) and
 // fails t unless role passed on every rank.
@@ -270,8 +269,8 @@ func expectRolePass(t *testing.T, w *sharedWorld, role string) {
 	t.Helper()
 	w.once.Do(w.run)
 	if !slices.Contains(w.ran, role) {
-		t.Fatalf("role %s is not among the roles this %d-rank world ran (%v): is %s in its list?",
-			role, w.world, w.ran, t.Name())
+		t.Fatalf("role %s is not among the roles this %d-rank world ran (%v): does its file share it "+
+			"(world.share(%q, %q) in its func init)?", role, w.world, w.ran, role, t.Name())
 	}
 	if w.err != nil {
 		t.Fatalf("the shared %d-rank world (%s): %v", w.world, strings.Join(w.ran, ", "), w.err)

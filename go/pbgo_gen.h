@@ -18,6 +18,10 @@ static inline int pbgo_tensor_from_dlpack_versioned(const struct DLManagedTensor
 	return pbgo_status(pb_tensor_from_dlpack_versioned(src, out), msg);
 }
 
+static inline int pbgo_import_module(const char *name, char **msg) {
+	return pbgo_status(pb_import_module(name), msg);
+}
+
 static inline int pbgo_init(const char *init_method, const char *backend, int32_t rank,
                             int32_t world_size, int32_t local_rank, double timeout_seconds,
                             pb_group **out, char **msg) {

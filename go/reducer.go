@@ -98,6 +98,7 @@ func newReducer(ctx context.Context, op string, g *Group, params []ParamSpec, op
 	}
 	defer C.free(unsafe.Pointer(c.o.ndims))
 	defer C.free(unsafe.Pointer(c.o.dims))
+	defer c.withCStrings()()
 	var pc *C.int64_t
 	var pd *C.int32_t
 	if len(params) > 0 {
@@ -186,6 +187,7 @@ func attachReducer(ctx context.Context, op string, g *Group, params []TensorSour
 	if err != nil {
 		return nil, err
 	}
+	defer c.withCStrings()()
 	var h *C.pb_reducer
 	err = g.run(ctx, op, func() error {
 		var msg *C.char

@@ -12,14 +12,27 @@ import "C"
 import (
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // reducerConfig is what the options fill: the C options struct, and the first value an
 // option could not take (the constructor returns it as ErrInvalidArgument).
 type reducerConfig struct {
-	o       C.pb_reducer_options
-	bad     string // the first bad option value, named by its option
-	hookBad string // WithCompression's unknown value: a later choice of how buckets travel replaces it
+	o        C.pb_reducer_options
+	bad      string  // the first bad option value, named by its option
+	hookBad  string  // WithCompression's unknown value: a later choice of how buckets travel replaces it
+	hookName *string // WithHookName: a hook chosen by name (registry.go), C memory once passed
+}
+
+// withCStrings points the struct's strings at C copies for a call (the hook's name),
+// and returns what frees them after it.
+func (c *reducerConfig) withCStrings() (free func()) {
+	c.o.hook_name = nil
+	if c.hookName == nil {
+		return func() {}
+	}
+	c.o.hook_name = C.CString(*c.hookName)
+	return func() { C.free(unsafe.Pointer(c.o.hook_name)); c.o.hook_name = nil }
 }
 
 // newReducerConfig applies opts over pb_reducer_options_init's defaults.
@@ -162,7 +175,7 @@ func (c *reducerConfig) setHook(h Hook) {
 	c.o.hook = C.int32_t(h)
 	c.o.gossip_topology, c.o.gossip_ranks_per_node = d.gossip_topology, d.gossip_ranks_per_node
 	c.o.gossip_seed, c.o.gossip_sync_every = d.gossip_seed, d.gossip_sync_every
-	c.hookBad = ""
+	c.hookBad, c.hookName = "", nil
 }
 
 // WithCompression sends float32 buckets as half or bfloat16: the same as

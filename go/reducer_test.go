@@ -230,6 +230,8 @@ func roleReducerTraining() error {
 	return g.Close()
 }
 
+func init() { world2.share("reducer", "TestReducerTraining2Ranks") }
+
 func TestReducerTraining2Ranks(t *testing.T) {
 	expectRolePass(t, world2, "reducer")
 }
@@ -427,7 +429,10 @@ func ExampleNewReducer() {
 	// Output: [[0.45 -0.35 0.85] [0.05]]
 }
 
-func init() { roles["reducer-config"] = roleReducerConfig }
+func init() {
+	roles["reducer-config"] = roleReducerConfig
+	world2.share("reducer-config", "TestReducerConfig2Ranks")
+}
 
 // One configuration, agreed on across ranks (without checked mode): each
 // setting that differs on one rank makes NewReducer fail with

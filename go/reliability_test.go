@@ -18,6 +18,8 @@ func init() {
 	roles["late"] = roleLate
 }
 
+func init() { world2.share("mismatch", "TestCheckedModeMismatches") }
+
 // TestCheckedModeMismatches: in checked mode, ranks passing different dtypes, ops,
 // counts or roots (and a send and a recv of different counts) all get
 // ErrInvalidArgument naming the rank that differs; no rank aborts and the group stays

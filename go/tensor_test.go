@@ -11,7 +11,10 @@ import (
 	pybridge "github.com/pybridge/pybridge/go"
 )
 
-func init() { roles["tensors"] = roleTensors }
+func init() {
+	roles["tensors"] = roleTensors
+	world2.share("tensors", "TestTensors2Ranks")
+}
 
 // Tensors the program owns, in every collective, sync and async, on 2 ranks;
 // bad descriptors refused naming the field; a reducer's gradient as a Tensor.

@@ -1,5 +1,7 @@
 """Error types of the core. Each carries the status code the C ABI returns for it."""
 
+from typing import Any, Optional, Sequence
+
 from . import abi
 
 # Status codes: the header's PB_OK and PB_ERR_* (pybridge/abi.py is generated from it).
@@ -90,8 +92,8 @@ class MembershipChanged(CommError):
 
     code = MEMBERSHIP
 
-    def __init__(self, message, *, lost=(), lost_names=(), joined=0, old_size=0, new_size=0,
-                 generation=0, world=None):
+    def __init__(self, message: str, *, lost: Sequence[int] = (), lost_names: Sequence[str] = (), joined: int = 0,
+                 old_size: int = 0, new_size: int = 0, generation: int = 0, world: Any = None) -> None:
         super().__init__(message)
         self.lost = list(lost)
         self.lost_names = list(lost_names)
@@ -102,7 +104,9 @@ class MembershipChanged(CommError):
         self.world = world  # membership.World: the agreed next world
         # time.time() when the failure (or the joiners at a commit) was seen here, the old
         # world torn down, the new one agreed on: for benchmarks and logs
-        self.seen_at = self.left_at = self.agreed_at = None
+        self.seen_at: Optional[float] = None
+        self.left_at: Optional[float] = None
+        self.agreed_at: Optional[float] = None
 
 
 _TIMEOUT_WORDS = ("timed out", "timeout", "time out", "deadline")
@@ -120,6 +124,7 @@ def classify(exc: BaseException) -> PyBridgeError:
         return exc
     text = f"{type(exc).__name__}: {exc}"
     low = text.lower()
+    err: PyBridgeError
     if isinstance(exc, TimeoutError) or any(w in low for w in _TIMEOUT_WORDS):
         err = Timeout(text)
     elif any(w in low for w in _COMM_WORDS) or type(exc).__name__.startswith("Dist"):
@@ -139,7 +144,8 @@ class WorkerFailed(CommError):
     held a client. `worker` is its rank in the federated group, `client` the client it held
     (None when it held none)."""
 
-    def __init__(self, message, worker=None, client=None, round=None):
+    def __init__(self, message: str, worker: Optional[int] = None, client: Optional[int] = None,
+                 round: Optional[int] = None) -> None:
         super().__init__(message)
         self.worker = worker
         self.client = client

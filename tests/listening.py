@@ -1,5 +1,6 @@
 """Which TCP sockets a job listens on (Linux /proc), for the tests that no store or backend of
-the job listens on all interfaces."""
+the job listens on all interfaces; and which federated listener threads this process runs,
+for the tests that a server leaves none behind."""
 
 import os
 import socket
@@ -60,3 +61,11 @@ def family(root):
 
 def wildcards(found):
     return [a for a in found if a[0] in WILDCARDS]
+
+
+def listener_threads():
+    """The names of the federated server's listener threads alive in this process."""
+    import threading
+
+    from pybridge.federated.listener import THREAD_PREFIX
+    return [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, init_world, last_error, load
 from ranks import run_ranks
 
 needs_lib = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
@@ -55,23 +55,21 @@ def test_python_objects_are_closed_after_finalize(tmp_path, world):
 
 def capi_ranks(rank, world, path):
     ffi, lib = load()
-    gp = ffi.new("pb_group **")
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0, ffi.string(lib.pb_last_error())
-    g = gp[0]
+    g = init_world(ffi, lib)
     rp = ffi.new("pb_reducer **")
     rc = lib.pb_reducer_new(g, 2, ffi.new("int64_t[]", [3, 2]), ffi.new("int32_t[]", [lib.PB_FLOAT32] * 2),
                             0.0, lib.PB_AVG, 0, 0, rp)
-    assert rc == 0, ffi.string(lib.pb_last_error())
+    assert rc == 0, last_error(ffi, lib)
     assert lib.pb_reducer_mark_ready(rp[0], 0) == 0
     name = ffi.new("char[]", path.encode())  # kept alive: files only points to it
     files = ffi.new("char *[]", [name])
     lp = ffi.new("pb_loader **")
     rc = lib.pb_loader_open(g, files, 1, 4, lib.PB_PARTITION_DYNAMIC, 0, 0, 0, 0, lp)
-    assert rc == 0, ffi.string(lib.pb_last_error())
+    assert rc == 0, last_error(ffi, lib)
     # seed -1 is refused when the loader is opened, not at its first shuffled batch
     bad = ffi.new("pb_loader **")
     seed_rc = lib.pb_loader_open(g, files, 1, 4, lib.PB_PARTITION_DYNAMIC, 1, -1, 0, 0, bad)
-    seed_msg = ffi.string(lib.pb_last_error()).decode()
+    seed_msg = last_error(ffi, lib)
     assert lib.pb_finalize(g) == 0
     data, offsets = ffi.new("uint8_t **"), ffi.new("int64_t **")
     count, has = ffi.new("int64_t *"), ffi.new("int32_t *")
@@ -80,7 +78,7 @@ def capi_ranks(rank, world, path):
                        ("wait", lambda: lib.pb_reducer_wait(rp[0], 5.0)),
                        ("loader", lambda: lib.pb_loader_next(lp[0], data, offsets, count, has))):
         rc = call()
-        got[name] = (rc, ffi.string(lib.pb_last_error()).decode() if rc else "")
+        got[name] = (rc, last_error(ffi, lib) if rc else "")
     got["close"] = (lib.pb_loader_close(lp[0]), "")  # freeing still works
     got["free"] = (lib.pb_reducer_free(rp[0]), "")
     return got, int(lib.PB_ERR_CLOSED), int(lib.PB_ERR_INVALID_ARGUMENT)
@@ -96,7 +94,6 @@ def test_capi_objects_are_closed_after_finalize(tmp_path, world):
         assert got.pop("close") == (0, "") and got.pop("free") == (0, ""), (rank, got)
         for name, (rc, msg) in got.items():
             assert rc == closed and "finalized" in msg, (rank, name, rc, msg)
-
 
 
 def test_finalize_parks_a_backend_held_elsewhere_and_frees_it_on_a_callers_thread():

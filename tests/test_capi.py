@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from capi_loader import LIB_PATH, ROOT, load, pybridge_flags
+from capi_loader import LIB_PATH, ROOT, init_world, last_error, load, np_tensor, pybridge_flags
 from ranks import free_port, run_ranks
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
@@ -28,39 +28,21 @@ def test_bad_input_from_c(tmp_path):
     assert run.stdout.count("\nok ") >= 50
 
 
-def _tensor(ffi, lib, arr):
-    codes = {np.float32: lib.PB_FLOAT32, np.float64: lib.PB_FLOAT64, np.int32: lib.PB_INT32,
-             np.int64: lib.PB_INT64, np.int8: lib.PB_INT8, np.uint8: lib.PB_UINT8}
-    t = ffi.new("pb_tensor *")
-    t.data = ffi.cast("void *", arr.ctypes.data)
-    t.count = arr.size
-    t.dtype = codes[arr.dtype.type]
-    t.device = lib.PB_CPU
-    return t
-
-
-def _init(ffi, lib, timeout=20.0):
-    gp = ffi.new("pb_group **")
-    rc = lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, timeout, gp)
-    assert rc == 0, ffi.string(lib.pb_last_error())
-    return gp[0]
-
-
 def abi_collectives(rank, world):
     ffi, lib = load()
-    g = _init(ffi, lib)
+    g = init_world(ffi, lib)
     out = ffi.new("int32_t *")
     assert lib.pb_rank(g, out) == 0 and out[0] == rank
     assert lib.pb_size(g, out) == 0 and out[0] == world
     x = np.arange(5, dtype=np.float32) * (rank + 1)
-    assert lib.pb_all_reduce(g, _tensor(ffi, lib, x), lib.PB_SUM) == 0
+    assert lib.pb_all_reduce(g, np_tensor(ffi, lib, x), lib.PB_SUM) == 0
     np.testing.assert_array_equal(x, np.arange(5) * sum(r + 1 for r in range(world)))
     y = np.full(3, rank, dtype=np.int64)
-    assert lib.pb_broadcast(g, _tensor(ffi, lib, y), world - 1) == 0
+    assert lib.pb_broadcast(g, np_tensor(ffi, lib, y), world - 1) == 0
     assert y.tolist() == [world - 1] * 3
     # The same buffer again and again (the library prepares each call once): every call
     # works on the buffer's current contents, also with a new op or root, or a prefix.
-    desc = _tensor(ffi, lib, x)
+    desc = np_tensor(ffi, lib, x)
     for step in range(3):
         x[:] = rank + step
         assert lib.pb_all_reduce(g, desc, lib.PB_SUM) == 0
@@ -76,11 +58,11 @@ def abi_collectives(rank, world):
     assert lib.pb_all_reduce(g, desc, lib.PB_SUM) == 0
     assert x.tolist() == [sum(r + 1 for r in range(world))] * 2 + [rank + 1] * 3
     gathered = np.zeros(2 * world, dtype=np.int32)
-    assert lib.pb_all_gather(g, _tensor(ffi, lib, np.full(2, rank, np.int32)), _tensor(ffi, lib, gathered)) == 0
+    assert lib.pb_all_gather(g, np_tensor(ffi, lib, np.full(2, rank, np.int32)), np_tensor(ffi, lib, gathered)) == 0
     assert gathered.tolist() == [r for r in range(world) for _ in range(2)]
     big = np.arange(2 * world, dtype=np.float64)
     part = np.zeros(2, np.float64)
-    assert lib.pb_reduce_scatter(g, _tensor(ffi, lib, big), _tensor(ffi, lib, part), lib.PB_MAX) == 0
+    assert lib.pb_reduce_scatter(g, np_tensor(ffi, lib, big), np_tensor(ffi, lib, part), lib.PB_MAX) == 0
     assert part.tolist() == big[2 * rank:2 * rank + 2].tolist()
     # Async on a library-owned buffer.
     bp = ffi.new("pb_buffer **")
@@ -97,9 +79,9 @@ def abi_collectives(rank, world):
     # Point to point.
     msg = np.full(4, rank * 10, dtype=np.uint8)
     if rank == 0:
-        assert lib.pb_send(g, _tensor(ffi, lib, msg), 1, 7) == 0
+        assert lib.pb_send(g, np_tensor(ffi, lib, msg), 1, 7) == 0
     elif rank == 1:
-        assert lib.pb_recv(g, _tensor(ffi, lib, msg), 0, 7) == 0
+        assert lib.pb_recv(g, np_tensor(ffi, lib, msg), 0, 7) == 0
         assert msg.tolist() == [0] * 4
     assert lib.pb_barrier(g) == 0
     assert lib.pb_finalize(g) == 0
@@ -116,7 +98,7 @@ def never_joined(rank, world, timeout):
     gp = ffi.new("pb_group **")
     start = time.monotonic()
     rc = lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, timeout, gp)
-    return rc, ffi.string(lib.pb_last_error()).decode(), time.monotonic() - start
+    return rc, last_error(ffi, lib), time.monotonic() - start
 
 
 def test_peer_that_never_joins_times_out():
@@ -130,14 +112,14 @@ def test_peer_that_never_joins_times_out():
 
 def dies_mid_collective(rank, world):
     ffi, lib = load()
-    g = _init(ffi, lib, timeout=15.0)
+    g = init_world(ffi, lib, timeout=15.0)
     x = np.ones(1 << 16, dtype=np.float32)
-    assert lib.pb_all_reduce(g, _tensor(ffi, lib, x), lib.PB_SUM) == 0
+    assert lib.pb_all_reduce(g, np_tensor(ffi, lib, x), lib.PB_SUM) == 0
     if rank == 1:
         os._exit(3)  # dies without finalizing, while rank 0 enters the next collective
     start = time.monotonic()
-    rcs = [lib.pb_all_reduce(g, _tensor(ffi, lib, x), lib.PB_SUM) for _ in range(3)]
-    return rcs, ffi.string(lib.pb_last_error()).decode(), time.monotonic() - start
+    rcs = [lib.pb_all_reduce(g, np_tensor(ffi, lib, x), lib.PB_SUM) for _ in range(3)]
+    return rcs, last_error(ffi, lib), time.monotonic() - start
 
 
 def test_peer_that_dies_mid_collective_gives_an_error():
@@ -152,9 +134,9 @@ def test_peer_that_dies_mid_collective_gives_an_error():
 def loaded_after_torch(rank, world):
     import torch  # noqa: F401 - the point: torch touched Python's type caches first
     ffi, lib = load()
-    g = _init(ffi, lib, timeout=10)
+    g = init_world(ffi, lib, timeout=10)
     x = np.ones(3, np.float32)
-    assert lib.pb_all_reduce(g, _tensor(ffi, lib, x), lib.PB_SUM) == 0
+    assert lib.pb_all_reduce(g, np_tensor(ffi, lib, x), lib.PB_SUM) == 0
     assert lib.pb_finalize(g) == 0
     return "ok"
 
@@ -168,11 +150,11 @@ def test_core_that_cannot_start_returns_internal_error(tmp_path):
     fake = tmp_path / "pybridge"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('deliberately broken pybridge')\n")
-    code = ("from capi_loader import load\n"
+    code = ("from capi_loader import last_error, load\n"
             "ffi, lib = load()\n"
             "for _ in range(2):\n"
             "    rc = lib.pb_barrier(ffi.NULL)\n"
-            "    print(rc, ffi.string(lib.pb_last_error()).decode())\n")
+            "    print(rc, last_error(ffi, lib))\n")
     env = {**os.environ, "PYBRIDGE_PYTHONPATH": str(tmp_path),
            "PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
@@ -181,7 +163,6 @@ def test_core_that_cannot_start_returns_internal_error(tmp_path):
     for line in lines:
         assert line.startswith(f"{load()[1].PB_ERR_INTERNAL} "), line
         assert "deliberately broken pybridge" in line, line
-
 
 
 def test_loading_into_a_running_python_leaves_it_intact():

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, init_world, last_error, load
 from ranks import run_ranks
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
@@ -18,15 +18,14 @@ def sweep(rank, world):
     bad = []
 
     def expect(what, rc, words):
-        msg = ffi.string(lib.pb_last_error()).decode()
+        msg = last_error(ffi, lib)
         if rc != lib.PB_ERR_INVALID_ARGUMENT or words not in msg:
             bad.append(f"{what}: {ffi.string(lib.pb_status_name(rc)).decode()} {msg!r}")
 
     gp = ffi.new("pb_group **")
     for t in (math.inf, math.nan, 1e300):
         expect(f"pb_init timeout {t}", lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, t, gp), "timeout")
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0
-    g = gp[0]
+    g = init_world(ffi, lib)
     x = ffi.new("float[4]")
     for n in (2**62, 2**63 - 1):
         t = ffi.new("pb_tensor *")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, last_error, load
 from test_capi_recordio import Loader, make_dataset
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
@@ -54,7 +54,7 @@ def test_save_and_restore_tensors_and_loader_position(abi, tmp_path):
     into = Named(ffi, w=("float", lib.PB_FLOAT32, [0, 0]), n=("int64_t", lib.PB_INT64, [0]))
     step = ffi.new("int64_t *")
     rc = lib.pb_checkpoint_restore(ffi.NULL, d, into.n, into.names, into.tensors, ld2.h, ffi.NULL, step)
-    assert rc == 0, ffi.string(lib.pb_last_error())
+    assert rc == 0, last_error(ffi, lib)
     assert step[0] == 5 and list(into.data["w"]) == [1.5, 2.5] and into.data["n"][0] == 40
     epoch = ffi.new("int64_t *")
     assert lib.pb_loader_epoch(ld2.h, epoch) == 0 and epoch[0] == 3  # the loop continues from here
@@ -68,10 +68,6 @@ def test_save_and_restore_tensors_and_loader_position(abi, tmp_path):
     assert empty[0] == -1
 
 
-def _err(ffi, lib):
-    return ffi.string(lib.pb_last_error()).decode()
-
-
 def test_bad_arguments_are_named(abi, tmp_path):
     ffi, lib = abi
     d = str(tmp_path / "ck").encode()
@@ -79,30 +75,30 @@ def test_bad_arguments_are_named(abi, tmp_path):
     step = ffi.new("int64_t *")
     assert lib.pb_checkpoint_save(d, 1, t.n, t.names, t.tensors, ffi.NULL, ffi.NULL, 0) == 0
     assert lib.pb_checkpoint_save(ffi.NULL, 1, 0, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 0) == \
-        lib.PB_ERR_INVALID_ARGUMENT and "directory" in _err(ffi, lib)
+        lib.PB_ERR_INVALID_ARGUMENT and "directory" in last_error(ffi, lib)
     assert lib.pb_checkpoint_save(d, -3, 0, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 0) == \
-        lib.PB_ERR_INVALID_ARGUMENT and "step" in _err(ffi, lib)
+        lib.PB_ERR_INVALID_ARGUMENT and "step" in last_error(ffi, lib)
     assert lib.pb_checkpoint_save(d, 2, 1, ffi.NULL, t.tensors, ffi.NULL, ffi.NULL, 0) == \
-        lib.PB_ERR_INVALID_ARGUMENT and "names is NULL" in _err(ffi, lib)
+        lib.PB_ERR_INVALID_ARGUMENT and "names is NULL" in last_error(ffi, lib)
     twice = Named(ffi, w=("float", lib.PB_FLOAT32, [1]))
     names2 = ffi.new("char *[]", [twice.names[0], twice.names[0]])
     tensors2 = ffi.new("pb_tensor[]", [twice.tensors[0], twice.tensors[0]])
     assert lib.pb_checkpoint_save(d, 2, 2, names2, tensors2, ffi.NULL, ffi.NULL, 0) == \
-        lib.PB_ERR_INVALID_ARGUMENT and "repeats the tensor name 'w'" in _err(ffi, lib)
+        lib.PB_ERR_INVALID_ARGUMENT and "repeats the tensor name 'w'" in last_error(ffi, lib)
     short = Named(ffi, w=("float", lib.PB_FLOAT32, [0]))
     assert lib.pb_checkpoint_restore(ffi.NULL, d, short.n, short.names, short.tensors, ffi.NULL, ffi.NULL,
                                      step) == lib.PB_ERR_INVALID_ARGUMENT
-    assert "'w' holds 2 PB_FLOAT32 elements, the one given 1" in _err(ffi, lib)
+    assert "'w' holds 2 PB_FLOAT32 elements, the one given 1" in last_error(ffi, lib)
     assert lib.pb_checkpoint_restore(ffi.NULL, d, t.n, t.names, t.tensors, ffi.NULL, ffi.NULL,
-                                     ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT and "step" in _err(ffi, lib)
+                                     ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT and "step" in last_error(ffi, lib)
     (tmp_path / "ck" / "step-000000000007.pt").write_bytes(b"not a checkpoint")
     assert lib.pb_checkpoint_restore(ffi.NULL, d, t.n, t.names, t.tensors, ffi.NULL, ffi.NULL,
                                      step) == lib.PB_ERR_CORRUPT
-    assert "step-000000000007.pt" in _err(ffi, lib)
+    assert "step-000000000007.pt" in last_error(ffi, lib)
 
     paths, _ = make_dataset(tmp_path)
     dyn = Loader(ffi, lib, paths, 4, partition=lib.PB_PARTITION_DYNAMIC)
     assert lib.pb_checkpoint_save(d, 9, 0, ffi.NULL, ffi.NULL, dyn.h, ffi.NULL, 0) == \
-        lib.PB_ERR_INVALID_ARGUMENT and "dynamic partition" in _err(ffi, lib)
+        lib.PB_ERR_INVALID_ARGUMENT and "dynamic partition" in last_error(ffi, lib)
     assert dyn.close() == 0
     assert lib.pb_checkpoint_save(d, 9, 0, ffi.NULL, ffi.NULL, dyn.h, ffi.NULL, 0) == lib.PB_ERR_CLOSED

@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from capi_loader import LIB_PATH, ROOT, load
+from capi_loader import LIB_PATH, ROOT, init_world, last_error, load
 from ranks import run_ranks
 
 sys.path.insert(0, os.path.join(ROOT, "capi"))
@@ -28,7 +28,7 @@ PYTHON = re.compile(r"\w\(\)|\b[a-z_]+=|torch\.|MembershipChanged|CReducer|Loade
 
 
 def _say(ffi, lib, rc):
-    return int(rc), ffi.string(lib.pb_last_error()).decode()
+    return int(rc), last_error(ffi, lib)
 
 
 def words_rank(rank, world, path, ckdir):
@@ -60,9 +60,7 @@ def words_rank(rank, world, path, ckdir):
                                            ffi.new("pb_group **"), ffi.new("int64_t *")))
     assert lib.pb_state_close(sp[0]) == 0
 
-    gp = ffi.new("pb_group **")
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0, ffi.string(lib.pb_last_error())
-    g = gp[0]
+    g = init_world(ffi, lib)
     call("second init", lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, ffi.new("pb_group **")))
     x = ffi.new("int32_t[2]")
     t = ffi.new("pb_tensor *", {"data": x, "count": 2, "dtype": lib.PB_INT32, "device": lib.PB_CPU})
@@ -70,17 +68,17 @@ def words_rank(rank, world, path, ckdir):
 
     rp = ffi.new("pb_reducer **")
     counts, dts = ffi.new("int64_t[]", [4, 2]), ffi.new("int32_t[]", [lib.PB_FLOAT32] * 2)
-    assert lib.pb_reducer_create(g, 2, counts, dts, ffi.NULL, rp) == 0, ffi.string(lib.pb_last_error())
+    assert lib.pb_reducer_create(g, 2, counts, dts, ffi.NULL, rp) == 0, last_error(ffi, lib)
     r = rp[0]
     w = ffi.new("float[4]", [1, 2, 3, 4])
     names = [ffi.new("char[]", b"w")]
     cnames = ffi.new("char *[]", names)
     tw = ffi.new("pb_tensor *", {"data": w, "count": 4, "dtype": lib.PB_FLOAT32, "device": lib.PB_CPU})
     dirname = ffi.new("char[]", ckdir.encode())
-    assert lib.pb_checkpoint_save(dirname, 1, 1, cnames, tw, ffi.NULL, r, 0) == 0, ffi.string(lib.pb_last_error())
+    assert lib.pb_checkpoint_save(dirname, 1, 1, cnames, tw, ffi.NULL, r, 0) == 0, last_error(ffi, lib)
     sp = ffi.new("pb_state **")
     assert lib.pb_state_create(sp) == 0
-    assert lib.pb_state_commit(sp[0], 1, 1, cnames, tw, ffi.NULL, r) == 0, ffi.string(lib.pb_last_error())
+    assert lib.pb_state_commit(sp[0], 1, 1, cnames, tw, ffi.NULL, r) == 0, last_error(ffi, lib)
     # An iteration under way: calls that belong between iterations name themselves.
     assert lib.pb_reducer_mark_ready(r, 0) == 0
     call("marked twice", lib.pb_reducer_mark_ready(r, 0))
@@ -101,7 +99,7 @@ def words_rank(rank, world, path, ckdir):
     files = ffi.new("char *[]", [name])
     lp = ffi.new("pb_loader **")
     rc = lib.pb_loader_open(g, files, 1, 4, lib.PB_PARTITION_DYNAMIC, 0, 0, 0, 0, lp)
-    assert rc == 0, ffi.string(lib.pb_last_error())
+    assert rc == 0, last_error(ffi, lib)
     call("dynamic checkpoint", lib.pb_checkpoint_save(dirname, 2, 1, cnames, tw, lp[0], ffi.NULL, 0))
     assert lib.pb_loader_close(lp[0]) == 0 and lib.pb_state_close(sp[0]) == 0 and lib.pb_reducer_close(r) == 0
     assert lib.pb_finalize(g) == 0
@@ -197,11 +195,17 @@ def test_c_names_are_the_headers():
     assert used and used <= header, used - header
 
 
-def _go_names():
-    """go/errors.go's goNames: C name -> Go name."""
-    text = open(os.path.join(ROOT, "go", "errors.go")).read()
-    body = re.search(r"var goNames = map\[string\]string\{(.*?)\n\}", text, re.S).group(1)
+def _go_map(path, var):
+    """A Go map[string]string literal of C name -> Go name."""
+    text = open(os.path.join(ROOT, "go", path)).read()
+    body = re.search(rf"var {var} = map\[string\]string\{{(.*?)\n\}}", text, re.S).group(1)
     return dict(re.findall(r'"(\w+)":\s*"([\w.]+)"', body))
+
+
+def _go_names():
+    """What goWords translates: go/errors.go's goNames (written) over go/names_gen.go's
+    goConstants (generated from Go's constants)."""
+    return {**_go_map("names_gen.go", "goConstants"), **_go_map("errors.go", "goNames")}
 
 
 def _go_calls():
@@ -230,12 +234,17 @@ def test_go_names_every_c_name_a_message_may_hold():
     assert {"pb_reducer_wait", "pb_finalize", "pb_state_reset"} <= calls
     wanted = {n for n in wanted if n.startswith("PB_") or n in names.HANDLE_TYPES.values() or n in calls}
     assert wanted <= set(go), wanted - set(go)
-    declared = {}
+    # Go's constants are in the generated table (gen_abi.go_constants); the flag options,
+    # written by hand, name the flag they set.
+    generated = _go_map("names_gen.go", "goConstants")
+    assert {"PB_SUM", "PB_HOOK_FP16", "PB_PARTITION_STATIC", "PB_FED_STRATEGY_FEDYOGI"} <= set(generated)
+    assert generated == gen_abi.go_constants()
+    written = _go_map("errors.go", "goNames")
+    assert not {c for c in written if generated.get(c) == written[c]}, "goNames repeats generated entries"
+    flags = {}
     for path in glob.glob(os.path.join(ROOT, "go", "*.go")):
-        text = open(path).read()
-        declared.update({c: g for g, c in re.findall(r"^\s*([A-Z]\w*)\s+\w+\s*=\s*C\.(PB_\w+)", text, re.M)})
-        declared.update({c: g for g, c in re.findall(
+        flags.update({c: g for g, c in re.findall(
             r"^func (With\w+)\(\) \w+ \{\s*return func\(c \*\w+\) \{ c\.(?:o\.)?flags \|= (?:C\.PB_\w+ \| )*C\.(PB_\w+) \}",
-            text, re.M)})
-    assert {"PB_SUM", "PB_HOOK_FP16", "PB_PARTITION_STATIC", "PB_REDUCER_JOIN"} <= set(declared)
-    assert {c: go.get(c) for c in declared} == declared
+            open(path).read(), re.M)})
+    assert "PB_REDUCER_JOIN" in flags
+    assert {c: go.get(c) for c in flags} == flags

@@ -10,18 +10,13 @@ import time
 import numpy as np
 import pytest
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, init_world, last_error, load, np_tensor
 from ranks import run_ranks
-from test_capi import _init, _tensor
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
 
 WORLD = 3
 V = np.arange(1, 6, dtype=np.float32)
-
-
-def _err(ffi, lib):
-    return ffi.string(lib.pb_last_error()).decode()
 
 
 def _header_defaults():
@@ -39,6 +34,8 @@ def _options(ffi, lib, **fields):
     for name, value in _header_defaults().items():
         if name == "size":
             o.size = ffi.sizeof("pb_fed_options")
+        elif name == "strategy_name":
+            o.strategy_name = ffi.NULL
         else:
             setattr(o, name, getattr(lib, value) if value.startswith("PB_") else float(value)
                     if name not in ("buffer_size", "max_staleness", "dp_seed") else int(value))
@@ -53,14 +50,16 @@ def test_adapter_defaults_are_the_headers():
     header = _header_defaults()
     assert set(header) == {name for name, _ in ffi.typeof("pb_fed_options").fields}
     for name, value in header.items():
-        if name != "size":
+        if name == "strategy_name":  # a pointer: NULL
+            assert value == "0" and adapter._DEFAULTS[name] is None
+        elif name != "size":
             want = getattr(lib, value) if value.startswith("PB_") else float(value)
             assert adapter._DEFAULTS[name] == want, name
 
 
 def _server(ffi, lib, g, mode):
     sp = ffi.new("pb_fed_server **")
-    assert lib.pb_fed_server_new(g, mode, 60.0, 0, sp) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_new(g, mode, 60.0, 0, sp) == 0, last_error(ffi, lib)
     return sp[0]
 
 
@@ -68,7 +67,7 @@ def _pull(ffi, lib, s):
     """Every result of the round: (client, round, samples)."""
     info, has, got = ffi.new("pb_fed_result *"), ffi.new("int32_t *"), []
     while True:
-        assert lib.pb_fed_server_next_result(s, info, has) == 0, _err(ffi, lib)
+        assert lib.pb_fed_server_next_result(s, info, has) == 0, last_error(ffi, lib)
         if not has[0]:
             return got
         got.append((info.client, info.round, info.samples))
@@ -76,7 +75,7 @@ def _pull(ffi, lib, s):
 
 def _last_step(ffi, lib, s):
     step, has, refused = ffi.new("pb_fed_step *"), ffi.new("int32_t *"), ffi.new("int64_t *")
-    assert lib.pb_fed_server_last_step(s, step, has, refused) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_last_step(s, step, has, refused) == 0, last_error(ffi, lib)
     return {f: getattr(step, f) for f, _ in ffi.typeof("pb_fed_step").fields} | {"has": has[0],
                                                                                   "refused": refused[0]}
 
@@ -88,20 +87,20 @@ def _fedbuff(ffi, lib, g):
                        ({"dp_noise_multiplier": 1.0}, "clip norm"), ({"staleness": 7}, "staleness"),
                        ({"buffer_size": -1}, "buffer_size")):
         assert lib.pb_fed_server_configure(s, _options(ffi, lib, **bad)) == lib.PB_ERR_INVALID_ARGUMENT, bad
-        assert words in _err(ffi, lib), (bad, _err(ffi, lib))
+        assert words in last_error(ffi, lib), (bad, last_error(ffi, lib))
     assert lib.pb_fed_server_configure(s, _options(ffi, lib, strategy=lib.PB_FED_STRATEGY_FEDADAM, eta=0.1,
                                                    buffer_size=2, staleness=lib.PB_FED_STALENESS_POLYNOMIAL,
-                                                   staleness_a=0.5)) == 0, _err(ffi, lib)
+                                                   staleness_a=0.5)) == 0, last_error(ffi, lib)
     out["before"] = _last_step(ffi, lib, s)
     model = np.zeros(5, np.float32)
     clients = ffi.new("int64_t[]", list(range(16)))
-    assert lib.pb_fed_server_start_round(s, clients, 16, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    assert lib.pb_fed_server_start_round(s, clients, 16, np_tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
     out["results"] = _pull(ffi, lib, s)
     count = ffi.new("int32_t *")
-    assert lib.pb_fed_server_aggregate(s, 0.0, _tensor(ffi, lib, model), count) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_aggregate(s, 0.0, np_tensor(ffi, lib, model), count) == 0, last_error(ffi, lib)
     out["aggregated"], out["model"], out["step"] = count[0], model.tolist(), _last_step(ffi, lib, s)
     assert lib.pb_fed_server_configure(s, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT  # a round started
-    assert lib.pb_fed_server_close(s) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_close(s) == 0, last_error(ffi, lib)
     return out
 
 
@@ -109,17 +108,17 @@ def _dp_rounds(ffi, lib, g):
     out = {}
     s = _server(ffi, lib, g, lib.PB_FED_ASYNC)
     assert lib.pb_fed_server_configure(s, _options(ffi, lib, buffer_size=3)) == lib.PB_ERR_INVALID_ARGUMENT
-    out["buffered_refused"] = _err(ffi, lib)
+    out["buffered_refused"] = last_error(ffi, lib)
     assert lib.pb_fed_server_configure(s, _options(ffi, lib, strategy=lib.PB_FED_STRATEGY_FEDYOGI, eta=0.05,
                                                    dp_clip_norm=2.0, dp_noise_multiplier=0.5, dp_seed=3)) == 0
     model = np.zeros(5, np.float32)
     clients = ffi.new("int64_t[]", list(range(4)))
-    assert lib.pb_fed_server_start_round(s, clients, 4, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    assert lib.pb_fed_server_start_round(s, clients, 4, np_tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
     out["results"] = _pull(ffi, lib, s)
     count = ffi.new("int32_t *")
-    assert lib.pb_fed_server_aggregate(s, 0.05, _tensor(ffi, lib, model), count) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_aggregate(s, 0.05, np_tensor(ffi, lib, model), count) == 0, last_error(ffi, lib)
     out["model"], out["step"] = model.tolist(), _last_step(ffi, lib, s)
-    assert lib.pb_fed_server_close(s) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_close(s) == 0, last_error(ffi, lib)
     return out
 
 
@@ -138,7 +137,7 @@ def _worker(rank):
 
 def federated(rank, world):
     ffi, lib = load()
-    g = _init(ffi, lib, timeout=60.0)
+    g = init_world(ffi, lib, timeout=60.0)
     out = {}
     for name, fn in (("fedbuff", _fedbuff), ("dp", _dp_rounds)):
         if rank == 0:

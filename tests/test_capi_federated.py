@@ -11,10 +11,9 @@ import os
 import numpy as np
 import pytest
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, init_world, last_error, load, np_tensor
 from pybridge import abi
 from ranks import run_ranks
-from test_capi import _init, _tensor
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
 
@@ -27,10 +26,6 @@ STRAGGLER = 102  # held by its worker until the server says "go"
 # every later float32 operation, exact: each round moves the model by 650/78 V = 325 k (lr 1).
 V = 39 * np.arange(1, 6, dtype=np.float32)
 STEP = 325 * np.arange(1, 6, dtype=np.float32)
-
-
-def _err(ffi, lib):
-    return ffi.string(lib.pb_last_error()).decode()
 
 
 def _metrics(client):
@@ -51,12 +46,12 @@ def _weights(model, client):
 def _c_worker(ffi, lib, g, rank, out):
     """A worker written against the C ABI; checks misuse on its first task."""
     wp = ffi.new("pb_fed_worker **")
-    assert lib.pb_fed_worker_new(g, wp) == 0, _err(ffi, lib)
+    assert lib.pb_fed_worker_new(g, wp) == 0, last_error(ffi, lib)
     w = wp[0]
     task, has = ffi.new("pb_fed_task *"), ffi.new("int32_t *")
     tasks, first = [], True
     while True:
-        assert lib.pb_fed_worker_next_task(w, task, has) == 0, _err(ffi, lib)
+        assert lib.pb_fed_worker_next_task(w, task, has) == 0, last_error(ffi, lib)
         if not has[0]:
             break
         model = np.empty(task.length, np.float32)
@@ -64,36 +59,36 @@ def _c_worker(ffi, lib, g, rank, out):
         if first:  # the model must be fetched into a matching buffer; tasks are answered in turn
             first = False
             small = np.empty(task.length - 1, np.float32)
-            assert lib.pb_fed_worker_task_model(w, _tensor(ffi, lib, small)) == lib.PB_ERR_INVALID_ARGUMENT
-            assert "elements" in _err(ffi, lib)
+            assert lib.pb_fed_worker_task_model(w, np_tensor(ffi, lib, small)) == lib.PB_ERR_INVALID_ARGUMENT
+            assert "elements" in last_error(ffi, lib)
             assert lib.pb_fed_worker_next_task(w, task, has) == lib.PB_ERR_INVALID_ARGUMENT
-            assert "not answered yet: pb_fed_worker_submit or pb_fed_worker_fail it" in _err(ffi, lib)
+            assert "not answered yet: pb_fed_worker_submit or pb_fed_worker_fail it" in last_error(ffi, lib)
             if task.command == lib.PB_FED_TRAIN:
-                assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, small), 1) == lib.PB_ERR_INVALID_ARGUMENT
-            assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, model), -1) == lib.PB_ERR_INVALID_ARGUMENT
-        assert lib.pb_fed_worker_task_model(w, _tensor(ffi, lib, model)) == 0, _err(ffi, lib)
+                assert lib.pb_fed_worker_submit(w, np_tensor(ffi, lib, small), 1) == lib.PB_ERR_INVALID_ARGUMENT
+            assert lib.pb_fed_worker_submit(w, np_tensor(ffi, lib, model), -1) == lib.PB_ERR_INVALID_ARGUMENT
+        assert lib.pb_fed_worker_task_model(w, np_tensor(ffi, lib, model)) == 0, last_error(ffi, lib)
         tasks.append((task.round, task.client, task.command))
         if task.client == FAILING:
-            assert lib.pb_fed_worker_fail(w, f"client {FAILING} has no data".encode()) == 0, _err(ffi, lib)
+            assert lib.pb_fed_worker_fail(w, f"client {FAILING} has no data".encode()) == 0, last_error(ffi, lib)
         elif task.command == lib.PB_FED_EVALUATE:
             metrics = np.array([2.0 * task.client, rank], np.float64)
-            assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, metrics), 3) == 0, _err(ffi, lib)
+            assert lib.pb_fed_worker_submit(w, np_tensor(ffi, lib, metrics), 3) == 0, last_error(ffi, lib)
         else:
             weights = _weights(model, task.client)
             m = _metrics(task.client)
             names = [ffi.new("char[]", k.encode()) for k in m]
-            assert lib.pb_fed_worker_submit_metrics(w, _tensor(ffi, lib, weights), task.client + 1, 33, names,
+            assert lib.pb_fed_worker_submit_metrics(w, np_tensor(ffi, lib, weights), task.client + 1, 33, names,
                                                     list(m.values())) == lib.PB_ERR_INVALID_ARGUMENT
-            assert lib.pb_fed_worker_submit_metrics(w, _tensor(ffi, lib, weights), task.client + 1, 2, ffi.NULL,
+            assert lib.pb_fed_worker_submit_metrics(w, np_tensor(ffi, lib, weights), task.client + 1, 2, ffi.NULL,
                                                     ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT
-            assert lib.pb_fed_worker_submit_metrics(w, _tensor(ffi, lib, weights), task.client + 1, len(m),
+            assert lib.pb_fed_worker_submit_metrics(w, np_tensor(ffi, lib, weights), task.client + 1, len(m),
                                                     ffi.new("char *[]", names), list(m.values())) == 0, \
-                _err(ffi, lib)
-    assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, np.zeros(5, np.float32)), 1) == lib.PB_ERR_INVALID_ARGUMENT
+                last_error(ffi, lib)
+    assert lib.pb_fed_worker_submit(w, np_tensor(ffi, lib, np.zeros(5, np.float32)), 1) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_fed_worker_next_task(w, task, has) == 0 and has[0] == 0  # terminated stays terminated
     assert lib.pb_fed_worker_close(w) == 0
     assert lib.pb_fed_worker_next_task(w, task, has) == lib.PB_ERR_INVALID_ARGUMENT
-    assert "freed or foreign" in _err(ffi, lib)
+    assert "freed or foreign" in last_error(ffi, lib)
     out.append(tasks)
 
 
@@ -137,112 +132,112 @@ def _c_server(ffi, lib, g):
     """Federation B: the C ABI server. A training round, an evaluation round, a failure."""
     res = {}
     sp = ffi.new("pb_fed_server **")
-    assert lib.pb_fed_server_new(g, lib.PB_FED_ASYNC, 60.0, 0, sp) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_new(g, lib.PB_FED_ASYNC, 60.0, 0, sp) == 0, last_error(ffi, lib)
     s = sp[0]
     info, has, count = ffi.new("pb_fed_result *"), ffi.new("int32_t *"), ffi.new("int32_t *")
     model = np.full(5, 1.0, np.float32)
 
     assert lib.pb_fed_server_next_result(s, info, has) == lib.PB_ERR_INVALID_ARGUMENT  # no round yet
-    assert "no round" in _err(ffi, lib)
+    assert "no round" in last_error(ffi, lib)
     dup = ffi.new("int64_t[2]", [4, 4])
-    assert lib.pb_fed_server_start_round(s, dup, 2, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) \
+    assert lib.pb_fed_server_start_round(s, dup, 2, np_tensor(ffi, lib, model), lib.PB_FED_TRAIN) \
         == lib.PB_ERR_INVALID_ARGUMENT
-    assert "more than once" in _err(ffi, lib)
-    assert lib.pb_fed_server_start_round(s, dup, 1, _tensor(ffi, lib, model), 99) == lib.PB_ERR_INVALID_ARGUMENT
-    assert lib.pb_fed_server_start_round(s, ffi.NULL, 3, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) \
+    assert "more than once" in last_error(ffi, lib)
+    assert lib.pb_fed_server_start_round(s, dup, 1, np_tensor(ffi, lib, model), 99) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_server_start_round(s, ffi.NULL, 3, np_tensor(ffi, lib, model), lib.PB_FED_TRAIN) \
         == lib.PB_ERR_INVALID_ARGUMENT
 
     clients = ffi.new("int64_t[]", CLIENTS)
-    assert lib.pb_fed_server_start_round(s, clients, 0, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) \
+    assert lib.pb_fed_server_start_round(s, clients, 0, np_tensor(ffi, lib, model), lib.PB_FED_TRAIN) \
         == lib.PB_ERR_INVALID_ARGUMENT  # an empty round
-    assert "at least one client" in _err(ffi, lib)
+    assert "at least one client" in last_error(ffi, lib)
     value, found = ffi.new("double *"), ffi.new("int32_t *")
     assert lib.pb_fed_server_round_metric(s, b"loss", value, found) == lib.PB_ERR_INVALID_ARGUMENT
-    assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), np_tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
     seen, grads, metrics = [], {}, {}
     while True:
-        assert lib.pb_fed_server_next_result(s, info, has) == 0, _err(ffi, lib)
+        assert lib.pb_fed_server_next_result(s, info, has) == 0, last_error(ffi, lib)
         if not has[0]:
             break
         assert info.command == lib.PB_FED_TRAIN and info.length == 5 and info.dtype == lib.PB_FLOAT32
         seen.append((info.round, info.client, info.worker, info.samples))
         got = {}
         for name in (b"loss", b"acc", b"none"):
-            assert lib.pb_fed_server_result_metric(s, name, value, found) == 0, _err(ffi, lib)
+            assert lib.pb_fed_server_result_metric(s, name, value, found) == 0, last_error(ffi, lib)
             if found[0]:
                 got[name.decode()] = value[0]
         metrics[info.client] = got
         grad = np.empty(5, np.float32)
-        assert lib.pb_fed_server_result_payload(s, _tensor(ffi, lib, np.empty(5, np.float64))) \
+        assert lib.pb_fed_server_result_payload(s, np_tensor(ffi, lib, np.empty(5, np.float64))) \
             == lib.PB_ERR_INVALID_ARGUMENT
-        assert lib.pb_fed_server_result_payload(s, _tensor(ffi, lib, grad)) == 0, _err(ffi, lib)
+        assert lib.pb_fed_server_result_payload(s, np_tensor(ffi, lib, grad)) == 0, last_error(ffi, lib)
         grads[info.client] = grad.tolist()
-    assert lib.pb_fed_server_result_payload(s, _tensor(ffi, lib, np.empty(5, np.float32))) \
+    assert lib.pb_fed_server_result_payload(s, np_tensor(ffi, lib, np.empty(5, np.float32))) \
         == lib.PB_ERR_INVALID_ARGUMENT  # the round's end carries no payload
     assert lib.pb_fed_server_result_metric(s, b"loss", value, found) == lib.PB_ERR_INVALID_ARGUMENT
     res["result_metrics"] = metrics
     res["round_metrics"] = {}
     for name in (b"loss", b"acc", b"none"):
-        assert lib.pb_fed_server_round_metric(s, name, value, found) == 0, _err(ffi, lib)
+        assert lib.pb_fed_server_round_metric(s, name, value, found) == 0, last_error(ffi, lib)
         res["round_metrics"][name.decode()] = value[0] if found[0] else None
-    assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, np.empty(4, np.float32)), count) \
+    assert lib.pb_fed_server_aggregate(s, 1.0, np_tensor(ffi, lib, np.empty(4, np.float32)), count) \
         == lib.PB_ERR_INVALID_ARGUMENT
-    assert lib.pb_fed_server_aggregate(s, 0.0, _tensor(ffi, lib, model), count) == lib.PB_ERR_INVALID_ARGUMENT
-    assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, model), count) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_aggregate(s, 0.0, np_tensor(ffi, lib, model), count) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_server_aggregate(s, 1.0, np_tensor(ffi, lib, model), count) == 0, last_error(ffi, lib)
     res["clients_aggregated"] = count[0]
-    assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, model), count) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_server_aggregate(s, 1.0, np_tensor(ffi, lib, model), count) == lib.PB_ERR_INVALID_ARGUMENT
     res["train"], res["grads"], res["model"] = seen, grads, model.tolist()
 
     # A second training round at lr 0.5 from the new model; clients 0-3 live on worker 2 only.
     two = ffi.new("int32_t[1]", [2])
     for c in range(4):
-        assert lib.pb_fed_server_set_affinity(s, c, two, 1) == 0, _err(ffi, lib)
+        assert lib.pb_fed_server_set_affinity(s, c, two, 1) == 0, last_error(ffi, lib)
     assert lib.pb_fed_server_set_affinity(s, 0, ffi.new("int32_t[1]", [0]), 1) == lib.PB_ERR_INVALID_ARGUMENT
-    assert "not worker ranks" in _err(ffi, lib)
+    assert "not worker ranks" in last_error(ffi, lib)
     assert lib.pb_fed_server_set_affinity(s, 0, ffi.NULL, 1) == lib.PB_ERR_INVALID_ARGUMENT
-    assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), np_tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
     n, res["affinity"] = 0, {}
     while lib.pb_fed_server_next_result(s, info, has) == 0 and has[0]:
         n += 1
         res["affinity"][info.client] = info.worker
-    assert n == len(CLIENTS), _err(ffi, lib)
+    assert n == len(CLIENTS), last_error(ffi, lib)
     for c in range(4):
-        assert lib.pb_fed_server_set_affinity(s, c, ffi.NULL, 0) == 0, _err(ffi, lib)
-    assert lib.pb_fed_server_aggregate(s, 0.5, _tensor(ffi, lib, model), count) == 0, _err(ffi, lib)
+        assert lib.pb_fed_server_set_affinity(s, c, ffi.NULL, 0) == 0, last_error(ffi, lib)
+    assert lib.pb_fed_server_aggregate(s, 0.5, np_tensor(ffi, lib, model), count) == 0, last_error(ffi, lib)
     res["model2"] = model.tolist()
 
     # Evaluation: the metrics come back as the workers sent them (float64).
     ev = ffi.new("int64_t[]", [0, 1, 2, 3, 4, 5])
-    assert lib.pb_fed_server_start_round(s, ev, 6, _tensor(ffi, lib, model), lib.PB_FED_EVALUATE) == 0
+    assert lib.pb_fed_server_start_round(s, ev, 6, np_tensor(ffi, lib, model), lib.PB_FED_EVALUATE) == 0
     metrics = {}
     while lib.pb_fed_server_next_result(s, info, has) == 0 and has[0]:
         assert info.command == lib.PB_FED_EVALUATE and info.dtype == lib.PB_FLOAT64 and info.samples == 3
         m = np.empty(info.length, np.float64)
-        assert lib.pb_fed_server_result_payload(s, _tensor(ffi, lib, m)) == 0, _err(ffi, lib)
+        assert lib.pb_fed_server_result_payload(s, np_tensor(ffi, lib, m)) == 0, last_error(ffi, lib)
         metrics[info.client] = (m.tolist(), info.worker)
     res["metrics"] = metrics
-    assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, model), count) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_fed_server_aggregate(s, 1.0, np_tensor(ffi, lib, model), count) == lib.PB_ERR_INVALID_ARGUMENT
 
     # A worker reports a failure: the error names it and the client, and ends the round.
     bad = ffi.new("int64_t[1]", [FAILING])
-    assert lib.pb_fed_server_start_round(s, bad, 1, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    assert lib.pb_fed_server_start_round(s, bad, 1, np_tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
     rc = lib.pb_fed_server_next_result(s, info, has)
-    res["failure"] = (rc, _err(ffi, lib), info.worker, info.client, has[0])
+    res["failure"] = (rc, last_error(ffi, lib), info.worker, info.client, has[0])
     assert lib.pb_fed_server_next_result(s, info, has) == 0 and has[0] == 0
 
     # A NaN update is refused by name (PB_ERR_CORRUPT), and so is a norm past the bound.
     bad_bounds = []
     for bad in (-1.0, float("inf"), float("nan")):
         assert lib.pb_fed_server_set_max_norm(s, bad) == lib.PB_ERR_INVALID_ARGUMENT
-        bad_bounds.append((bad, _err(ffi, lib)))
+        bad_bounds.append((bad, last_error(ffi, lib)))
     res["bad_max_norm"] = bad_bounds
     refused = []
     for client, bound in ((POISONED, 0.0), (0, 1.0)):  # client 0's update has norm |V| > 1
-        assert lib.pb_fed_server_set_max_norm(s, bound) == 0, _err(ffi, lib)
+        assert lib.pb_fed_server_set_max_norm(s, bound) == 0, last_error(ffi, lib)
         one = ffi.new("int64_t[1]", [client])
-        assert lib.pb_fed_server_start_round(s, one, 1, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+        assert lib.pb_fed_server_start_round(s, one, 1, np_tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
         rc = lib.pb_fed_server_next_result(s, info, has)
-        refused.append((rc, _err(ffi, lib), info.worker, info.client, info.round, has[0]))
+        refused.append((rc, last_error(ffi, lib), info.worker, info.client, info.round, has[0]))
     res["refused"] = refused
     assert lib.pb_fed_server_set_max_norm(s, 0.0) == 0
 
@@ -250,23 +245,23 @@ def _c_server(ffi, lib, g):
     # for it and its late result is dropped, so the next FedAvg is exact.
     before = model.copy()
     first = ffi.new("int64_t[]", [STRAGGLER, 0, 1, 2, 3, 4, 5])
-    assert lib.pb_fed_server_start_round(s, first, 7, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    assert lib.pb_fed_server_start_round(s, first, 7, np_tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
     for _ in range(6):
         assert lib.pb_fed_server_next_result(s, info, has) == 0 and has[0] and info.client != STRAGGLER
     import time
     t0 = time.monotonic()
-    assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), np_tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
     rounds = set()
     while lib.pb_fed_server_next_result(s, info, has) == 0 and has[0]:
         rounds.add(info.round)
-    assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, model), count) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_aggregate(s, 1.0, np_tensor(ffi, lib, model), count) == 0, last_error(ffi, lib)
     res["early"] = (time.monotonic() - t0, sorted(rounds), count[0], (model - before).tolist())
     import pybridge.comm.world
     pybridge.comm.world.current().store.set("go", "1")
 
     # The sampler: the core's draw.
     drawn = ffi.new("int64_t[4]")
-    assert lib.pb_fed_sample_clients(20, 4, 1, 1, drawn) == 0, _err(ffi, lib)
+    assert lib.pb_fed_sample_clients(20, 4, 1, 1, drawn) == 0, last_error(ffi, lib)
     res["sampled"] = list(drawn)
     assert lib.pb_fed_sample_clients(3, 4, 1, 1, drawn) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_fed_sample_clients(3, 2, 1, 1, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT
@@ -275,41 +270,41 @@ def _c_server(ffi, lib, g):
     bad_samples = []
     for bad in (0, -1):
         assert lib.pb_fed_server_set_max_samples(s, bad) == lib.PB_ERR_INVALID_ARGUMENT
-        bad_samples.append(_err(ffi, lib))
-    assert lib.pb_fed_server_set_max_samples(s, 3) == 0, _err(ffi, lib)
+        bad_samples.append(last_error(ffi, lib))
+    assert lib.pb_fed_server_set_max_samples(s, 3) == 0, last_error(ffi, lib)
     five = ffi.new("int64_t[1]", [5])  # trained from 6 samples
-    assert lib.pb_fed_server_start_round(s, five, 1, _tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
+    assert lib.pb_fed_server_start_round(s, five, 1, np_tensor(ffi, lib, model), lib.PB_FED_TRAIN) == 0
     rc = lib.pb_fed_server_next_result(s, info, has)
-    res["max_samples"] = (bad_samples, rc, _err(ffi, lib), info.worker, info.client, info.round)
+    res["max_samples"] = (bad_samples, rc, last_error(ffi, lib), info.worker, info.client, info.round)
 
     # Foreign handles: a server is not a worker, nor the reverse.
     foreign = ffi.cast("pb_fed_worker *", s)
     assert lib.pb_fed_worker_fail(foreign, b"x") == lib.PB_ERR_INVALID_ARGUMENT
-    assert "not a live pb_fed_worker handle" in _err(ffi, lib)
-    assert lib.pb_fed_server_close(s) == 0, _err(ffi, lib)
+    assert "not a live pb_fed_worker handle" in last_error(ffi, lib)
+    assert lib.pb_fed_server_close(s) == 0, last_error(ffi, lib)
     assert lib.pb_fed_server_close(s) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_fed_server_next_result(s, info, has) == lib.PB_ERR_INVALID_ARGUMENT
-    assert "freed or foreign" in _err(ffi, lib)
+    assert "freed or foreign" in last_error(ffi, lib)
     return res
 
 
 def federated(rank, world):
     ffi, lib = load()
-    g = _init(ffi, lib, timeout=60.0)
+    g = init_world(ffi, lib, timeout=60.0)
     out = {"misuse": []}
     sp, wp = ffi.new("pb_fed_server **"), ffi.new("pb_fed_worker **")
 
     # Roles on the wrong rank and NULL arguments fail at once, before any collective.
     if rank == 0:
         assert lib.pb_fed_worker_new(g, wp) == lib.PB_ERR_INVALID_ARGUMENT
-        out["misuse"].append(_err(ffi, lib))
+        out["misuse"].append(last_error(ffi, lib))
         assert lib.pb_fed_server_new(g, 7, 0, 0, sp) == lib.PB_ERR_INVALID_ARGUMENT
         assert lib.pb_fed_server_new(g, lib.PB_FED_SYNC, 0, 2, sp) == lib.PB_ERR_INVALID_ARGUMENT
         assert lib.pb_fed_server_new(g, lib.PB_FED_ASYNC, float("nan"), 0, sp) == lib.PB_ERR_INVALID_ARGUMENT
         assert lib.pb_fed_server_new(g, lib.PB_FED_ASYNC, 0, 0, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT
     else:
         assert lib.pb_fed_server_new(g, lib.PB_FED_ASYNC, 0, 0, sp) == lib.PB_ERR_INVALID_ARGUMENT
-        out["misuse"].append(_err(ffi, lib))
+        out["misuse"].append(last_error(ffi, lib))
         assert lib.pb_fed_worker_new(g, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_fed_worker_new(ffi.NULL, wp) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_fed_worker_next_task(ffi.NULL, ffi.new("pb_fed_task *"), ffi.new("int32_t *")) \

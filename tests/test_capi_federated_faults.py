@@ -10,15 +10,14 @@ fails with PB_ERR_COMM naming rank 0 instead of waiting."""
 import datetime
 import json
 import os
-import threading
 import time
 
 import numpy as np
 import pytest
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, init_world, last_error, load, np_tensor
+from listening import listener_threads
 from ranks import run_ranks
-from test_capi import _init, _tensor
 from test_capi_federated import CLIENTS, STEP, V
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
@@ -28,37 +27,29 @@ FAULTY = 2  # the worker rank that dies or stalls on its second client
 WAIT = datetime.timedelta(seconds=60)  # bounds every store wait
 
 
-def _err(ffi, lib):
-    return ffi.string(lib.pb_last_error()).decode()
-
-
 def _store():
     # The C ABI's world, seen from this interpreter (cffi embedding shares it).
     import pybridge.comm.world
     return pybridge.comm.world.current().store
 
 
-def _listeners():
-    return [t.name for t in threading.enumerate() if t.name.startswith("pybridge-federated")]
-
-
 def _c_server(ffi, lib, g, key, requeue, timeout, rounds):
     """Up to `rounds` rounds of CLIENTS from a zero model; stops at the first error."""
     out = {"rounds": [], "error": None}
     sp = ffi.new("pb_fed_server **")
-    assert lib.pb_fed_server_new(g, lib.PB_FED_ASYNC, timeout, requeue, sp) == 0, _err(ffi, lib)
+    assert lib.pb_fed_server_new(g, lib.PB_FED_ASYNC, timeout, requeue, sp) == 0, last_error(ffi, lib)
     s = sp[0]
     info, has, count = ffi.new("pb_fed_result *"), ffi.new("int32_t *"), ffi.new("int32_t *")
     model = np.zeros(5, np.float32)
     clients = ffi.new("int64_t[]", CLIENTS)
     for _ in range(rounds):
-        assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), _tensor(ffi, lib, model),
-                                             lib.PB_FED_TRAIN) == 0, _err(ffi, lib)
+        assert lib.pb_fed_server_start_round(s, clients, len(CLIENTS), np_tensor(ffi, lib, model),
+                                             lib.PB_FED_TRAIN) == 0, last_error(ffi, lib)
         got = []
         while True:
             rc = lib.pb_fed_server_next_result(s, info, has)
             if rc != 0:
-                out["error"] = (rc, _err(ffi, lib), info.worker, info.client, info.command, has[0])
+                out["error"] = (rc, last_error(ffi, lib), info.worker, info.client, info.command, has[0])
                 # the error ended the round
                 out["after"] = (lib.pb_fed_server_next_result(s, info, has), has[0])
                 break
@@ -69,7 +60,7 @@ def _c_server(ffi, lib, g, key, requeue, timeout, rounds):
         out["rounds"].append(got)
         if out["error"]:
             break
-        assert lib.pb_fed_server_aggregate(s, 1.0, _tensor(ffi, lib, model), count) == 0, _err(ffi, lib)
+        assert lib.pb_fed_server_aggregate(s, 1.0, np_tensor(ffi, lib, model), count) == 0, last_error(ffi, lib)
     store = _store()
     store.set(f"release-{key}", "1")
     out["faulty_client"] = int(store.get(f"client-{key}"))
@@ -79,28 +70,28 @@ def _c_server(ffi, lib, g, key, requeue, timeout, rounds):
 
 
 def _close(ffi, lib, s, out):
-    out["close"] = (lib.pb_fed_server_close(s), _err(ffi, lib))
-    out["threads"] = _listeners()
+    out["close"] = (lib.pb_fed_server_close(s), last_error(ffi, lib))
+    out["threads"] = listener_threads()
 
 
 def _c_worker(ffi, lib, g, rank, key, fault):
     """Answers tasks with the known update; the faulty rank dies or stalls on its second.
     Returns the (round, client) of its tasks and how its loop ended."""
     wp = ffi.new("pb_fed_worker **")
-    assert lib.pb_fed_worker_new(g, wp) == 0, _err(ffi, lib)
+    assert lib.pb_fed_worker_new(g, wp) == 0, last_error(ffi, lib)
     w = wp[0]
     task, has = ffi.new("pb_fed_task *"), ffi.new("int32_t *")
     tasks = []
     while True:
         rc = lib.pb_fed_worker_next_task(w, task, has)
         if rc != 0:
-            end = (rc, _err(ffi, lib))
+            end = (rc, last_error(ffi, lib))
             break
         if not has[0]:
             end = (0, "terminated")
             break
         model = np.empty(task.length, np.float32)
-        assert lib.pb_fed_worker_task_model(w, _tensor(ffi, lib, model)) == 0, _err(ffi, lib)
+        assert lib.pb_fed_worker_task_model(w, np_tensor(ffi, lib, model)) == 0, last_error(ffi, lib)
         tasks.append((task.round, task.client))
         if rank == FAULTY and len(tasks) == 2:
             _store().set(f"round-{key}", str(task.round))
@@ -109,19 +100,19 @@ def _c_worker(ffi, lib, g, rank, key, fault):
                 os._exit(3)
             _store().wait([f"release-{key}"], WAIT)  # until the server has seen the timeout
         weights = model + (task.client + 1) * V
-        assert lib.pb_fed_worker_submit(w, _tensor(ffi, lib, weights), task.client + 1) == 0, _err(ffi, lib)
+        assert lib.pb_fed_worker_submit(w, np_tensor(ffi, lib, weights), task.client + 1) == 0, last_error(ffi, lib)
         if rank == FAULTY and len(tasks) == 2:
             _store().set(f"late-{key}", "1")  # its late answer is with the server
     if end[0] == 0 and rank == FAULTY:
         _store().set(f"done-{key}", "1")
-    assert lib.pb_fed_worker_free(w) == 0, _err(ffi, lib)  # the deprecated name of pb_fed_worker_close
+    assert lib.pb_fed_worker_free(w) == 0, last_error(ffi, lib)  # the deprecated name of pb_fed_worker_close
     return {"tasks": tasks, "end": end}
 
 
 def stall(rank, world):
     """Worker 2 stalls past a 3 s timeout: once without requeue, then with it."""
     ffi, lib = load()
-    g = _init(ffi, lib, timeout=60.0)
+    g = init_world(ffi, lib, timeout=60.0)
     out = {}
     for requeue in (0, 1):
         key = f"stall-{requeue}"
@@ -135,7 +126,7 @@ def stall(rank, world):
             _store().wait([f"done-{key}"], WAIT)
         else:
             out[requeue] = _c_worker(ffi, lib, g, rank, key, "stall")
-    assert lib.pb_finalize(g) == 0, _err(ffi, lib)
+    assert lib.pb_finalize(g) == 0, last_error(ffi, lib)
     return out
 
 
@@ -144,7 +135,7 @@ def kill(rank, world, requeue, report):
     closes; with requeue three rounds complete, then the server writes its results to
     `report` and dies (os._exit) while the workers wait for their next task."""
     ffi, lib = load()
-    g = _init(ffi, lib, timeout=60.0)
+    g = init_world(ffi, lib, timeout=60.0)
     key = f"kill-{requeue}"
     if rank == 0:
         s, out = _c_server(ffi, lib, g, key, requeue, 30.0, 3)
@@ -157,7 +148,7 @@ def kill(rank, world, requeue, report):
         out = _c_worker(ffi, lib, g, rank, key, "kill")
         if requeue:  # the server, the store's host, is gone: leave without finalizing
             return out
-    assert lib.pb_finalize(g) == 0, _err(ffi, lib)
+    assert lib.pb_finalize(g) == 0, last_error(ffi, lib)
     return out
 
 

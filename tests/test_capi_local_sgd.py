@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, init_world, last_error, load
 from ranks import run_ranks
-from test_capi_reducer import _create, _err, _init, _step, options
+from test_capi_reducer import _create, _step, options
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
 
@@ -34,7 +34,7 @@ def _hier_reducer(ffi, lib, g, rank, world):
         o = options(ffi, lib, hook=lib.PB_HOOK_HIERARCHICAL, hook_ranks_per_node=2, hook_flags=flags,
                     bucket_cap_mb=1e-3)
         rc, r = _create(ffi, lib, g, COUNTS, o)
-        assert rc == 0, _err(ffi, lib)
+        assert rc == 0, last_error(ffi, lib)
         got = _step(ffi, lib, r, [v.tolist() for v in _values(rank, 0)])
         want = [np.mean([_values(q, 0)[i] for q in range(world)], axis=0) for i in range(len(COUNTS))]
         out[name] = max(float(np.abs(np.array(a) - w).max()) for a, w in zip(got, want))
@@ -46,7 +46,7 @@ def _hier_reducer(ffi, lib, g, rank, world):
                          ("node of 3", dict(hook=lib.PB_HOOK_HIERARCHICAL, hook_ranks_per_node=3)),
                          ("negative node", dict(hook=lib.PB_HOOK_HIERARCHICAL, hook_ranks_per_node=-2))):
         rc, _ = _create(ffi, lib, g, COUNTS, options(ffi, lib, **fields))
-        bad[name] = (rc == lib.PB_ERR_INVALID_ARGUMENT, _err(ffi, lib))
+        bad[name] = (rc == lib.PB_ERR_INVALID_ARGUMENT, last_error(ffi, lib))
     out["bad"] = bad
     return out
 
@@ -55,24 +55,24 @@ def _averagers(ffi, lib, g, rank, world):
     out = {}
     # pb_average_params: float32 and float64 together, against numpy's mean.
     mine = [np.full(3, rank + 1.0, dtype=np.float32), np.arange(4, dtype=np.float64) * (rank + 1)]
-    assert lib.pb_average_params(g, 2, _tensors(ffi, lib, mine)) == 0, _err(ffi, lib)
+    assert lib.pb_average_params(g, 2, _tensors(ffi, lib, mine)) == 0, last_error(ffi, lib)
     mean = sum(range(1, world + 1)) / world
     out["average"] = max(float(np.abs(mine[0] - mean).max()), float(np.abs(mine[1] - np.arange(4) * mean).max()))
 
-    out["null tensors"] = (lib.pb_average_params(g, 2, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT, _err(ffi, lib))
+    out["null tensors"] = (lib.pb_average_params(g, 2, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT, last_error(ffi, lib))
     ints = ffi.new("pb_tensor *", {"data": ffi.new("int32_t[2]"), "count": 2, "dtype": lib.PB_INT32,
                                    "device": lib.PB_CPU})
-    out["int tensor"] = (lib.pb_average_params(g, 1, ints) == lib.PB_ERR_INVALID_ARGUMENT, _err(ffi, lib))
+    out["int tensor"] = (lib.pb_average_params(g, 1, ints) == lib.PB_ERR_INVALID_ARGUMENT, last_error(ffi, lib))
     out["null averager"] = (lib.pb_averager_step(ffi.NULL, 0, ffi.NULL, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT,
-                            _err(ffi, lib))
+                            last_error(ffi, lib))
     ap = ffi.new("pb_averager **")
-    assert lib.pb_averager_create(g, 2, 1, ap) == 0, _err(ffi, lib)
+    assert lib.pb_averager_create(g, 2, 1, ap) == 0, last_error(ffi, lib)
     flags = []
     x = np.zeros(6, dtype=np.float32)
     did = ffi.new("int32_t *")
     for step in range(5):
         x += rank + step  # a local step: replicas drift
-        assert lib.pb_averager_step(ap[0], 1, _tensors(ffi, lib, [x]), did) == 0, _err(ffi, lib)
+        assert lib.pb_averager_step(ap[0], 1, _tensors(ffi, lib, [x]), did) == 0, last_error(ffi, lib)
         flags.append(did[0])
     out["flags"] = flags
     out["x"] = x.tolist()
@@ -83,11 +83,11 @@ def _averagers(ffi, lib, g, rank, world):
     out["set_step -1"] = lib.pb_averager_set_step(ap[0], -1) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_averager_close(ap[0]) == 0
     out["closed twice"] = lib.pb_averager_close(ap[0]) == lib.PB_ERR_INVALID_ARGUMENT
-    out["period 0"] = (lib.pb_averager_create(g, 0, 0, ap) == lib.PB_ERR_INVALID_ARGUMENT, _err(ffi, lib))
+    out["period 0"] = (lib.pb_averager_create(g, 0, 0, ap) == lib.PB_ERR_INVALID_ARGUMENT, last_error(ffi, lib))
 
     # Hierarchical: pairs every step, all four every 2nd (step 0 included).
     periods, sizes = ffi.new("int32_t[]", [1, 2]), ffi.new("int32_t[]", [2, world])
-    assert lib.pb_averager_create_hierarchical(g, 2, periods, sizes, 0, ap) == 0, _err(ffi, lib)
+    assert lib.pb_averager_create_hierarchical(g, 2, periods, sizes, 0, ap) == 0, last_error(ffi, lib)
     y = [np.array([float(rank)], dtype=np.float32)]
     assert lib.pb_averager_step(ap[0], 1, _tensors(ffi, lib, y), did) == 0 and did[0] == 1
     out["level 2"] = float(y[0][0])
@@ -97,13 +97,13 @@ def _averagers(ffi, lib, g, rank, world):
     assert lib.pb_averager_close(ap[0]) == 0
     bad = ffi.new("int32_t[]", [3, 2])
     out["bad sizes"] = (lib.pb_averager_create_hierarchical(g, 2, bad, sizes, 0, ap) == lib.PB_ERR_INVALID_ARGUMENT,
-                        _err(ffi, lib))
+                        last_error(ffi, lib))
     return out
 
 
 def c_ranks(rank, world):
     ffi, lib = load()
-    g = _init(ffi, lib)
+    g = init_world(ffi, lib)
     out = {**_hier_reducer(ffi, lib, g, rank, world), **_averagers(ffi, lib, g, rank, world)}
     assert lib.pb_finalize(g) == 0
     return out

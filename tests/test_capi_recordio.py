@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, init_world, last_error, load
 from pybridge import recordio as rio
 from ranks import run_ranks
 
@@ -45,7 +45,7 @@ class Loader:
         out = ffi.new("pb_loader **")
         self.rc = lib.pb_loader_open(group if group is not None else ffi.NULL, arr, len(files), batch_size,
                                      partition, shuffle, seed, drop_last, skip_corrupt, out)
-        self.msg = ffi.string(lib.pb_last_error()).decode() if self.rc else ""
+        self.msg = last_error(ffi, lib) if self.rc else ""
         self.h = out[0] if self.rc == 0 else None
         self._d = ffi.new("uint8_t **")
         self._o = ffi.new("int64_t **")
@@ -61,7 +61,7 @@ class Loader:
         """The next batch as a list of bytes; None at the end of the pass."""
         rc, has, n, data, offs = self.next_raw()
         if rc:
-            raise RuntimeError(rc, self.ffi.string(self.lib.pb_last_error()).decode())
+            raise RuntimeError(rc, last_error(self.ffi, self.lib))
         if not has:
             assert n == 0
             return None
@@ -127,7 +127,7 @@ def test_prefetch_setting(abi, dataset):
         assert lib.pb_loader_set_prefetch(ld.h, batches) == 0
         assert [r for b in ld.run_pass() for r in b] == records
     assert lib.pb_loader_set_prefetch(ld.h, -1) == lib.PB_ERR_INVALID_ARGUMENT
-    assert b"prefetch must be a non-negative integer, got -1" in ffi.string(lib.pb_last_error())
+    assert "prefetch must be a non-negative integer, got -1" in last_error(ffi, lib)
     assert ld.close() == 0
     assert lib.pb_loader_set_prefetch(ld.h, 1) == lib.PB_ERR_CLOSED
 
@@ -222,7 +222,7 @@ def test_missing_and_corrupt_files(abi, tmp_path):
     assert ld.rc == 0, ld.msg
     assert ld.next() == good[:4]
     rc, *_ = ld.next_raw()
-    msg = ffi.string(lib.pb_last_error()).decode()
+    msg = last_error(ffi, lib)
     assert rc == lib.PB_ERR_CORRUPT, msg
     assert f"{crc}: chunk 1, byte offset {off1}" in msg and "checksum" in msg
     assert ld.close() == 0
@@ -245,9 +245,8 @@ def test_missing_and_corrupt_files(abi, tmp_path):
 
 def abi_ranks(rank, world, paths, partition, batch):
     ffi, lib = load()
-    gp = ffi.new("pb_group **")
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0, ffi.string(lib.pb_last_error())
-    ld = Loader(ffi, lib, paths, batch, group=gp[0], partition=partition, shuffle=1, seed=7,
+    g = init_world(ffi, lib)
+    ld = Loader(ffi, lib, paths, batch, group=g, partition=partition, shuffle=1, seed=7,
                 drop_last=int(partition == 0))
     assert ld.rc == 0, ld.msg
     assert lib.pb_loader_set_epoch(ld.h, 3) == 0
@@ -255,14 +254,14 @@ def abi_ranks(rank, world, paths, partition, batch):
     nb = ld.info("pb_loader_num_batches")[1]
     assert ld.close() == 0
     # A second loader over the same files, batch size and epoch reads its own full share.
-    again = Loader(ffi, lib, paths, batch, group=gp[0], partition=partition, shuffle=1, seed=7,
+    again = Loader(ffi, lib, paths, batch, group=g, partition=partition, shuffle=1, seed=7,
                    drop_last=int(partition == 0))
     assert again.rc == 0, again.msg
     assert lib.pb_loader_set_epoch(again.h, 3) == 0
     second = [r for b in again.run_pass() for r in b]
     assert again.close() == 0
-    assert lib.pb_barrier(gp[0]) == 0
-    assert lib.pb_finalize(gp[0]) == 0
+    assert lib.pb_barrier(g) == 0
+    assert lib.pb_finalize(g) == 0
     return nb, [r for b in batches for r in b], [len(b) for b in batches], second
 
 

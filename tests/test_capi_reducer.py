@@ -7,21 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from capi_loader import LIB_PATH, ROOT, load, pybridge_flags
+from capi_loader import LIB_PATH, ROOT, init_world, last_error, load, pybridge_flags
 from ranks import run_ranks
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
-
-
-def _init(ffi, lib, timeout=30.0):
-    gp = ffi.new("pb_group **")
-    rc = lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, timeout, gp)
-    assert rc == 0, ffi.string(lib.pb_last_error())
-    return gp[0]
-
-
-def _err(ffi, lib):
-    return ffi.string(lib.pb_last_error()).decode()
 
 
 def _new(ffi, lib, g, counts, dts=None, cap=0.0, op=None, comp=0, flags=0):
@@ -29,21 +18,21 @@ def _new(ffi, lib, g, counts, dts=None, cap=0.0, op=None, comp=0, flags=0):
     rp = ffi.new("pb_reducer **")
     rc = lib.pb_reducer_new(g, len(counts), ffi.new("int64_t[]", counts), ffi.new("int32_t[]", dts),
                             cap, lib.PB_AVG if op is None else op, comp, flags, rp)
-    assert rc == 0, _err(ffi, lib)
+    assert rc == 0, last_error(ffi, lib)
     return rp[0]
 
 
 def _view(ffi, lib, r, i):
     """numpy array over gradient i's library-owned memory (float32 only)."""
     d = ffi.new("pb_tensor *")
-    assert lib.pb_reducer_grad(r, i, d) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_grad(r, i, d) == 0, last_error(ffi, lib)
     assert d.dtype == lib.PB_FLOAT32 and d.device == lib.PB_CPU
     return np.frombuffer(ffi.buffer(d.data, 4 * d.count), dtype=np.float32), int(ffi.cast("uintptr_t", d.data))
 
 
 def _generation(ffi, lib, r):
     out = ffi.new("int64_t *")
-    assert lib.pb_reducer_generation(r, out) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_generation(r, out) == 0, last_error(ffi, lib)
     return out[0]
 
 
@@ -53,7 +42,7 @@ def grad_value(rank, i, k, step):
 
 def reduce_ranks(rank, world):
     ffi, lib = load()
-    g = _init(ffi, lib)
+    g = init_world(ffi, lib)
     counts = [3, 5, 1, 4, 0, 6]
     # A tiny cap: one bucket per gradient, so marking order decides the rebuilt layout.
     r = _new(ffi, lib, g, counts, cap=1e-6)
@@ -65,8 +54,8 @@ def reduce_ranks(rank, world):
             view, ptr = _view(ffi, lib, r, i)
             old_ptrs.setdefault(step, {})[i] = ptr
             view[:] = [grad_value(rank, i, k, step) for k in range(counts[i])]
-            assert lib.pb_reducer_mark_ready(r, i) == 0, _err(ffi, lib)
-        assert lib.pb_reducer_wait(r, 20.0) == 0, _err(ffi, lib)
+            assert lib.pb_reducer_mark_ready(r, i) == 0, last_error(ffi, lib)
+        assert lib.pb_reducer_wait(r, 20.0) == 0, last_error(ffi, lib)
         for i, n in enumerate(counts):
             view, _ = _view(ffi, lib, r, i)
             want = [np.mean([grad_value(q, i, k, step) for q in range(world)]) for k in range(n)]
@@ -79,7 +68,7 @@ def reduce_ranks(rank, world):
     assert any(old_ptrs[0][i] != old_ptrs[1][i] for i in order if counts[i])
     # All descriptors at once agree with one at a time.
     descs = ffi.new("pb_tensor[]", len(counts))
-    assert lib.pb_reducer_grads(r, len(counts), descs) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_grads(r, len(counts), descs) == 0, last_error(ffi, lib)
     for i in range(len(counts)):
         assert int(ffi.cast("uintptr_t", descs[i].data)) == _view(ffi, lib, r, i)[1]
         assert descs[i].count == counts[i]
@@ -99,7 +88,7 @@ def reduce_ranks(rank, world):
     g32[:] = 1.5
     for i in (1, 0):
         assert lib.pb_reducer_mark_ready(r, i) == 0
-    assert lib.pb_reducer_wait(r, 0) == 0, _err(ffi, lib)  # 0: the group's timeout
+    assert lib.pb_reducer_wait(r, 0) == 0, last_error(ffi, lib)  # 0: the group's timeout
     total = sum(range(world))
     assert g64.tolist() == [total, 2 * total] and g32.tolist() == [1.5 * world] * 3
     assert _generation(ffi, lib, r) == 0
@@ -120,12 +109,12 @@ def reduce_ranks(rank, world):
     from pybridge.algorithms.gossip_schedule import peers
     for topology, name in ((lib.PB_GOSSIP_CUBE, "cube"), (lib.PB_GOSSIP_DISSEMINATION, "dissemination")):
         r = _new(ffi, lib, g, [5])
-        assert lib.pb_reducer_set_gossip(r, topology, 1, 9, 2) == 0, _err(ffi, lib)
+        assert lib.pb_reducer_set_gossip(r, topology, 1, 9, 2) == 0, last_error(ffi, lib)
         got = []
         for step in range(2):
             v, _ = _view(ffi, lib, r, 0)
             v[:] = rank * rank
-            assert lib.pb_reducer_mark_ready(r, 0) == 0 and lib.pb_reducer_wait(r, 20.0) == 0, _err(ffi, lib)
+            assert lib.pb_reducer_mark_ready(r, 0) == 0 and lib.pb_reducer_wait(r, 20.0) == 0, last_error(ffi, lib)
             got.append(_view(ffi, lib, r, 0)[0].tolist())
         _, src = peers(name, world, 9, 0, rank)
         want0 = rank * rank if src is None else (rank * rank + src * src) / 2
@@ -139,7 +128,7 @@ def reduce_ranks(rank, world):
     ts = ffi.new("pb_tensor[]", 2)
     for t, arr, code in ((ts[0], w, lib.PB_FLOAT32), (ts[1], b, lib.PB_INT64)):
         t.data, t.count, t.dtype, t.device = ffi.cast("void *", arr.ctypes.data), arr.size, code, lib.PB_CPU
-    assert lib.pb_broadcast_params(g, 2, ts, world - 1) == 0, _err(ffi, lib)
+    assert lib.pb_broadcast_params(g, 2, ts, world - 1) == 0, last_error(ffi, lib)
     assert w.tolist() == [world - 1] * 7 and b.tolist() == [(world - 1) * 10] * 3
     assert lib.pb_finalize(g) == 0
     return "ok"
@@ -158,14 +147,14 @@ def misuse(rank, world):
     results = {}
 
     def check(name, rc, want, text=None):
-        msg = _err(ffi, lib)
+        msg = last_error(ffi, lib)
         assert rc == want, f"{name}: rc {rc}, want {want}: {msg}"
         if text is not None:
             assert text in msg, f"{name}: {msg!r} lacks {text!r}"
         results[name] = msg
 
     check("new before init", lib.pb_reducer_new(ffi.NULL, 3, counts, dts, 0, lib.PB_AVG, 0, 0, rp), NOT_INIT)
-    g = _init(ffi, lib)
+    g = init_world(ffi, lib)
     new = lambda n=3, c=counts, d=dts, op=lib.PB_AVG, comp=0, flags=0, out=rp: lib.pb_reducer_new(
         g, n, c, d, 0.0, op, comp, flags, out)
     check("NULL out", new(out=ffi.NULL), INVALID, "NULL")
@@ -184,7 +173,7 @@ def misuse(rank, world):
     check("NULL group handle", lib.pb_reducer_new(ffi.cast("pb_group *", 12345), 3, counts, dts, 0,
                                                   lib.PB_AVG, 0, 0, rp), INVALID, "group")
 
-    assert new() == 0, _err(ffi, lib)
+    assert new() == 0, last_error(ffi, lib)
     r = rp[0]
     d = ffi.new("pb_tensor *")
     check("grad index too big", lib.pb_reducer_grad(r, 3, d), INVALID, "out of range")
@@ -203,8 +192,8 @@ def misuse(rank, world):
     assert "pb_reducer_wait" in results["wait with missing"]
     # A full iteration works afterwards.
     for i in (2, 1, 0):
-        assert lib.pb_reducer_mark_ready(r, i) == 0, _err(ffi, lib)
-    assert lib.pb_reducer_wait(r, 10.0) == 0, _err(ffi, lib)
+        assert lib.pb_reducer_mark_ready(r, i) == 0, last_error(ffi, lib)
+    assert lib.pb_reducer_wait(r, 10.0) == 0, last_error(ffi, lib)
     check("join without PB_REDUCER_JOIN", lib.pb_reducer_join(r, ffi.NULL, ffi.NULL), INVALID, "PB_REDUCER_JOIN")
     cube = lib.PB_GOSSIP_CUBE
     check("gossip unknown topology", lib.pb_reducer_set_gossip(r, 7, 1, 0, 0), INVALID, "topology 7")
@@ -294,21 +283,21 @@ def _step(ffi, lib, r, values):
     for i in range(len(values)):
         v, _ = _view(ffi, lib, r, i)
         v[:] = values[i]
-        assert lib.pb_reducer_mark_ready(r, i) == 0, _err(ffi, lib)
-    assert lib.pb_reducer_wait(r, 20.0) == 0, _err(ffi, lib)
+        assert lib.pb_reducer_mark_ready(r, i) == 0, last_error(ffi, lib)
+    assert lib.pb_reducer_wait(r, 20.0) == 0, last_error(ffi, lib)
     return [_view(ffi, lib, r, i)[0].tolist() for i in range(len(values))]
 
 
 def create_cases(rank, world):
     ffi, lib = load()
     INVALID = lib.PB_ERR_INVALID_ARGUMENT
-    g = _init(ffi, lib)
+    g = init_world(ffi, lib)
     odd = rank == world - 1
     msgs = {}
 
     def refused(name, rc_r, *words):
         rc, r = rc_r
-        msg = _err(ffi, lib)
+        msg = last_error(ffi, lib)
         assert rc == INVALID, f"{name}: rc {rc}: {msg}"
         for w in words:
             assert w in msg, f"{name}: {msg!r} lacks {w!r}"
@@ -316,13 +305,13 @@ def create_cases(rank, world):
 
     def ok(rc_r):
         rc, r = rc_r
-        assert rc == 0, _err(ffi, lib)
+        assert rc == 0, last_error(ffi, lib)
         return r
 
     # NULL options: the defaults (average, allreduce).
     r = ok(_create(ffi, lib, g, [3], ffi.NULL))
     assert _step(ffi, lib, r, [[rank] * 3]) == [[sum(range(world)) / world] * 3]
-    assert lib.pb_reducer_close(r) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_close(r) == 0, last_error(ffi, lib)
     assert lib.pb_reducer_close(r) == INVALID  # closed: the handle is gone
 
     # Local errors, named.
@@ -382,7 +371,7 @@ def create_cases(rank, world):
 
     # Deprecated setters after creation: compared at the next iteration's first call.
     r = ok(_create(ffi, lib, g, [16], ffi.NULL))
-    assert lib.pb_reducer_set_hook(r, lib.PB_HOOK_POWERSGD if odd else lib.PB_HOOK_BF16, 1, 0) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_set_hook(r, lib.PB_HOOK_POWERSGD if odd else lib.PB_HOOK_BF16, 1, 0) == 0, last_error(ffi, lib)
     refused("set_hook", (lib.pb_reducer_mark_ready(r, 0), None), "hook:", "powersgd_hook", "bf16")
     assert lib.pb_reducer_set_hook(r, lib.PB_HOOK_ALLREDUCE, 1, 0) == 0
     assert _step(ffi, lib, r, [[rank] * 16]) == [[sum(range(world)) / world] * 16]
@@ -401,13 +390,13 @@ def powersgd_through_options(rank, world):
     """Shapes and PowerSGD in the options give what the deprecated set_shapes + set_hook
     calls give: the same gradients, bit for bit."""
     ffi, lib = load()
-    g = _init(ffi, lib)
+    g = init_world(ffi, lib)
     counts = [192, 8]  # a 16 x 12 matrix (small matrices are not worth compressing) and a vector
     grad = lambda it, q, i, k: float(np.sin(0.013 * (k + 1) ** 2 + it + 7 * q + 3 * i))  # noqa: E731
     ndims, dims = ffi.new("int32_t[]", [2, 0]), ffi.new("int64_t[]", [16, 12])  # kept alive: o points at them
     o = options(ffi, lib, hook=lib.PB_HOOK_POWERSGD, hook_rank=2, hook_start_iter=2, ndims=ndims, dims=dims)
     rc, r = _create(ffi, lib, g, counts, o)
-    assert rc == 0, _err(ffi, lib)
+    assert rc == 0, last_error(ffi, lib)
     old = _new(ffi, lib, g, counts)
     assert lib.pb_reducer_set_shapes(old, 2, ndims, dims) == 0
     assert lib.pb_reducer_set_hook(old, lib.PB_HOOK_POWERSGD, 2, 0) == 0

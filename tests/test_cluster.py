@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -141,3 +142,35 @@ def test_a_lost_node_is_named_by_the_others_and_their_launcher():
     assert lost, out
     for line in lost:
         assert "rank 2 (host " in line and "198.18.0.2, node 1" in line and "rank 3 (host " in line, line
+
+
+def test_each_node_has_its_own_cpu_budget():
+    """cpus=0.2: a node's processes get 0.2 CPU between them, however busy, and the report
+    says what was set and what was used; a node without a budget is not held to one."""
+    from pybridge.testing import cpulimit
+    ok, why = cpulimit.available()
+    if not ok:
+        pytest.skip(why)
+    spin = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.5:\n    pass\n"
+    with cluster.Cluster(2, cpus=0.2) as c:
+        t0 = time.monotonic()
+        runs = [n.popen(["python3", "-c", spin]) for n in c.nodes for _ in range(2)]  # 2 spinners per node
+        for p in runs:
+            assert p.wait(timeout=60) == 0
+        wall = time.monotonic() - t0
+        report = c.report()
+    for row in report:
+        assert row["cpus"] == 0.2 and row["quota_us"] == 20000 and row["period_us"] == 100000, row
+        # two spinners that would each use a CPU for 1.5 s share 0.2 CPU: at most 0.2 x the
+        # wall time (plus a period's slack), where unlimited they would use up to 3 s
+        assert 0.02 < row["used_s"] <= 0.2 * wall + 0.1, (row, wall)
+        assert row["throttled_periods"] > 0, row
+    with cluster.Cluster(1) as free:
+        assert free.report()[0]["cpus"] is None
+    with pytest.raises(pybridge_errors().InvalidArgument, match="cpus must be a positive number"):
+        cluster.Cluster(1, cpus=0)
+
+
+def pybridge_errors():
+    from pybridge import errors
+    return errors

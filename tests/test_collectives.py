@@ -191,3 +191,46 @@ def wait_timeout_then_success(rank, world):
 
 def test_a_timed_out_wait_can_be_waited_again():
     assert run_ranks(wait_timeout_then_success, 2, timeout=60)[0] == [1.0, 2.0, 3.0]
+
+
+def all_to_all_rank(rank, world):
+    """Block j of rank r's input lands as block r of rank j's output, sync and async; in
+    checked mode ranks that pass other sizes are told so, and the group goes on."""
+    from pybridge.comm import collectives
+    pybridge.init(timeout=30, checked=True)
+    out = {}
+    for dt in (torch.uint8, torch.float32):
+        x = torch.tensor([10 * rank + j for j in range(2 * world)], dtype=dt)  # block j: 10r + 2j, 10r + 2j + 1
+        got = torch.empty_like(x)
+        collectives.all_to_all(x, got)
+        out[str(dt)] = got.tolist()
+    got = torch.empty(world, dtype=torch.int64)
+    collectives.all_to_all(torch.full((world,), rank), got, async_op=True).wait()
+    out["async"] = got.tolist()
+    n = world if rank else 2 * world
+    try:
+        collectives.all_to_all(torch.zeros(n), torch.zeros(n))
+    except pybridge.InvalidArgument as exc:
+        out["mismatch"] = str(exc)
+    for bad in ((torch.zeros(world), torch.zeros(world + 1)), (torch.zeros(world + 1), torch.zeros(world + 1)),
+                (torch.zeros(world), torch.zeros(world, dtype=torch.int32))):
+        try:
+            collectives.all_to_all(*bad)
+        except pybridge.InvalidArgument as exc:
+            out.setdefault("bad", []).append(str(exc))
+    pybridge.barrier()  # still usable
+    pybridge.finalize()
+    return out
+
+
+def test_all_to_all():
+    world = 3
+    res = run_ranks(all_to_all_rank, world, timeout=60)
+    for r, out in enumerate(res):
+        want = [10 * s + 2 * r + k for s in range(world) for k in range(2)]
+        assert out["torch.uint8"] == want and out["torch.float32"] == want
+        assert out["async"] == list(range(world))
+        assert "all_to_all" in out["mismatch"] and "float32 x 6" in out["mismatch"], out["mismatch"]
+        assert "output must be as large as input and of its type" in out["bad"][0]
+        assert "4 elements do not split into 3 equal blocks" in out["bad"][1]
+        assert "output must be as large as input and of its type" in out["bad"][2]

@@ -298,3 +298,15 @@ def test_the_builtin_table_is_the_headers_and_gos():
         comm_hooks.builtin(9, None)
     with pytest.raises(InvalidArgument, match="unknown hook code"):
         comm_hooks.builtin([1], None)
+
+
+def test_every_built_in_hook_has_its_row_in_the_docs_table():
+    # The recipe's written doc line for a built-in hook (docs/design.md, "Adding a built-in
+    # hook"): its row in docs/comm-hooks.md's table of built-in hooks, by its C name.
+    from pybridge.algorithms import comm_hooks
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    doc = open(os.path.join(repo, "docs", "comm-hooks.md")).read()
+    table = doc.split("## Built-in hooks", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    for name, _ in comm_hooks.BUILTIN.values():
+        assert any(f"`{name}`" in row for row in rows), f"{name}: its row in docs/comm-hooks.md's built-in table"

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, init_world, last_error, load
 from ranks import run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -106,30 +106,29 @@ def test_ddp_wrapper_matches_torch_ddp_on_cuda(compression, tol):
 
 def capi_nccl(rank, world):
     ffi, lib = load()
-    gp = ffi.new("pb_group **")
-    assert lib.pb_init(ffi.NULL, b"nccl", -1, -1, -1, 60.0, gp) == 0, ffi.string(lib.pb_last_error())
+    g = init_world(ffi, lib, 60.0, device="cuda")
     dev = ffi.new("int32_t *")
-    assert lib.pb_device(gp[0], dev) == 0 and dev[0] == 0
+    assert lib.pb_device(g, dev) == 0 and dev[0] == 0
     x = torch.arange(8, dtype=torch.float32, device="cuda")
     t = ffi.new("pb_tensor *")
     t.data, t.count, t.dtype, t.device = ffi.cast("void *", x.data_ptr()), 8, lib.PB_FLOAT32, 0
-    assert lib.pb_all_reduce(gp[0], t, lib.PB_SUM) == 0, ffi.string(lib.pb_last_error())
-    assert lib.pb_broadcast(gp[0], t, 0) == 0, ffi.string(lib.pb_last_error())
+    assert lib.pb_all_reduce(g, t, lib.PB_SUM) == 0, last_error(ffi, lib)
+    assert lib.pb_broadcast(g, t, 0) == 0, last_error(ffi, lib)
     torch.cuda.synchronize()
     assert x.tolist() == list(range(8))
     t.device = lib.PB_CPU  # a device pointer described as host memory under nccl: refused
     host = np.zeros(8, np.float32)
     t.data = ffi.cast("void *", host.ctypes.data)
-    assert lib.pb_all_reduce(gp[0], t, lib.PB_SUM) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_all_reduce(g, t, lib.PB_SUM) == lib.PB_ERR_INVALID_ARGUMENT
     buf = ffi.new("pb_buffer **")
-    assert lib.pb_buffer_new(lib.PB_FLOAT32, 16, 0, buf) == 0, ffi.string(lib.pb_last_error())
+    assert lib.pb_buffer_new(lib.PB_FLOAT32, 16, 0, buf) == 0, last_error(ffi, lib)
     bt = ffi.new("pb_tensor *")
     assert lib.pb_buffer_tensor(buf[0], bt) == 0 and bt.device == 0 and bt.count == 16
     work = ffi.new("pb_work **")
-    assert lib.pb_all_reduce_async(gp[0], buf[0], lib.PB_SUM, work) == 0, ffi.string(lib.pb_last_error())
+    assert lib.pb_all_reduce_async(g, buf[0], lib.PB_SUM, work) == 0, last_error(ffi, lib)
     assert lib.pb_work_wait(work[0], 30.0) == 0
     assert lib.pb_work_close(work[0]) == 0 and lib.pb_buffer_close(buf[0]) == 0
-    assert lib.pb_finalize(gp[0]) == 0
+    assert lib.pb_finalize(g) == 0
     return "ok"
 
 
@@ -236,19 +235,16 @@ def test_streams_order_collectives_after_a_producer_on_another_stream():
 
 def capi_cuda_paths(rank, world):
     ffi, lib = load()
-    err = lambda: ffi.string(lib.pb_last_error()).decode()  # noqa: E731
-    gp = ffi.new("pb_group **")
-    assert lib.pb_init(ffi.NULL, b"nccl", -1, -1, -1, 60.0, gp) == 0, err()
-    g = gp[0]
+    g = init_world(ffi, lib, 60.0, device="cuda")
     side = torch.cuda.Stream()
-    assert lib.pb_group_set_stream(g, ffi.cast("void *", side.cuda_stream)) == 0, err()
+    assert lib.pb_group_set_stream(g, ffi.cast("void *", side.cuda_stream)) == 0, last_error(ffi, lib)
     x = torch.zeros(1 << 16, device="cuda")
     _slow_fill(x, 2.0, side)
     t = ffi.new("pb_tensor *")
     t.data, t.count, t.dtype, t.device = ffi.cast("void *", x.data_ptr()), x.numel(), lib.PB_FLOAT32, 0
     work = ffi.new("pb_work **")
-    assert lib.pb_all_reduce_tensor_async(g, t, lib.PB_SUM, work) == 0, err()
-    assert lib.pb_work_wait(work[0], 30.0) == 0, err()
+    assert lib.pb_all_reduce_tensor_async(g, t, lib.PB_SUM, work) == 0, last_error(ffi, lib)
+    assert lib.pb_work_wait(work[0], 30.0) == 0, last_error(ffi, lib)
     assert lib.pb_work_close(work[0]) == 0
     side.synchronize()
     ok_async = bool((x == 2.0).all())
@@ -261,25 +257,25 @@ def capi_cuda_paths(rank, world):
     ctypes.pythonapi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
     ptr = ctypes.pythonapi.PyCapsule_GetPointer(cap, b"dltensor")
     d = ffi.new("pb_tensor *")
-    assert lib.pb_tensor_from_dlpack(ffi.cast("struct DLManagedTensor *", ptr), d) == 0, err()
+    assert lib.pb_tensor_from_dlpack(ffi.cast("struct DLManagedTensor *", ptr), d) == 0, last_error(ffi, lib)
     ok_dlpack = d.device == 0 and d.count == 6 and int(ffi.cast("uintptr_t", d.data)) == y.data_ptr()
     # A device index this process does not have is named.
     t.device = torch.cuda.device_count() + 3
-    assert lib.pb_all_reduce(g, t, lib.PB_SUM) == lib.PB_ERR_INVALID_ARGUMENT and "device" in err()
+    assert lib.pb_all_reduce(g, t, lib.PB_SUM) == lib.PB_ERR_INVALID_ARGUMENT and "device" in last_error(ffi, lib)
     # The reducer's buckets on the GPU: its gradient views are device pointers.
     rp = ffi.new("pb_reducer **")
     from test_capi_reducer import options
     opts = options(ffi, lib)
     counts, dts = ffi.new("int64_t[2]", [5, 3]), ffi.new("int32_t[2]", [lib.PB_FLOAT32] * 2)
-    assert lib.pb_reducer_create(g, 2, counts, dts, opts, rp) == 0, err()
+    assert lib.pb_reducer_create(g, 2, counts, dts, opts, rp) == 0, last_error(ffi, lib)
     views = []
     for i, n in enumerate((5, 3)):
         view = ffi.new("pb_tensor *")
-        assert lib.pb_reducer_grad(rp[0], i, view) == 0 and view.device == 0, err()
+        assert lib.pb_reducer_grad(rp[0], i, view) == 0 and view.device == 0, last_error(ffi, lib)
         views.append(torch.as_tensor(_CudaMemory(int(ffi.cast("uintptr_t", view.data)), n), device="cuda"))
         views[-1].fill_(i + 4.0)  # the program's backward writing into the bucket
-        assert lib.pb_reducer_mark_ready(rp[0], i) == 0, err()
-    assert lib.pb_reducer_wait(rp[0], 30.0) == 0, err()
+        assert lib.pb_reducer_mark_ready(rp[0], i) == 0, last_error(ffi, lib)
+    assert lib.pb_reducer_wait(rp[0], 30.0) == 0, last_error(ffi, lib)
     torch.cuda.synchronize()
     reduced = [v.sum().item() for v in views]
     assert lib.pb_reducer_close(rp[0]) == 0

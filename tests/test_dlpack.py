@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils import dlpack as torch_dlpack
 
-from capi_loader import LIB_PATH, ROOT, load, pybridge_flags
+from capi_loader import LIB_PATH, ROOT, init_world, last_error, load, pybridge_flags
 from ranks import free_port, run_ranks
 
 import pybridge
@@ -112,9 +112,7 @@ pytestmark_capi = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `
 
 def abi_dlpack_all_reduce(rank, world):
     ffi, lib = load()
-    gp = ffi.new("pb_group **")
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 20.0, gp) == 0, ffi.string(lib.pb_last_error())
-    g = gp[0]
+    g = init_world(ffi, lib, 20.0)
     results = {}
     for versioned in (False, True):
         t = torch.arange(6, dtype=torch.float64).reshape(2, 3) * (rank + 1)
@@ -122,16 +120,16 @@ def abi_dlpack_all_reduce(rank, world):
         desc = ffi.new("pb_tensor *")
         convert = lib.pb_tensor_from_dlpack_versioned if versioned else lib.pb_tensor_from_dlpack
         src = ffi.cast("struct DLManagedTensorVersioned *" if versioned else "struct DLManagedTensor *", address)
-        assert convert(src, desc) == 0, ffi.string(lib.pb_last_error())
+        assert convert(src, desc) == 0, last_error(ffi, lib)
         assert int(ffi.cast("uintptr_t", desc.data)) == t.data_ptr() and desc.count == 6
         assert desc.dtype == lib.PB_FLOAT64 and desc.device == lib.PB_CPU
-        assert lib.pb_all_reduce(g, desc, lib.PB_SUM) == 0, ffi.string(lib.pb_last_error())
+        assert lib.pb_all_reduce(g, desc, lib.PB_SUM) == 0, last_error(ffi, lib)
         results[versioned] = t.flatten().tolist()  # the producer's tensor holds the sum: no copy
     bad = torch.zeros(3, 4).t()
     address, cap = capsule_address(bad)
     desc = ffi.new("pb_tensor *")
     rc = lib.pb_tensor_from_dlpack(ffi.cast("struct DLManagedTensor *", address), desc)
-    message = ffi.string(lib.pb_last_error()).decode()
+    message = last_error(ffi, lib)
     assert lib.pb_tensor_from_dlpack(ffi.NULL, desc) == lib.PB_ERR_INVALID_ARGUMENT
     assert lib.pb_finalize(g) == 0
     return results, rc, message
@@ -209,9 +207,7 @@ def test_numpy_through_dlpack_shares_memory():
 
 def abi_tensor_async(rank, world):
     ffi, lib = load()
-    gp = ffi.new("pb_group **")
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 20.0, gp) == 0, ffi.string(lib.pb_last_error())
-    g = gp[0]
+    g = init_world(ffi, lib, 20.0)
 
     def desc(t):
         d = ffi.new("pb_tensor *")
@@ -220,8 +216,8 @@ def abi_tensor_async(rank, world):
         return d
 
     def finish(rc, w):
-        assert rc == 0, ffi.string(lib.pb_last_error())
-        assert lib.pb_work_wait(w[0], 10.0) == 0, ffi.string(lib.pb_last_error())
+        assert rc == 0, last_error(ffi, lib)
+        assert lib.pb_work_wait(w[0], 10.0) == 0, last_error(ffi, lib)
         assert lib.pb_work_close(w[0]) == 0
 
     out = {}
@@ -247,7 +243,7 @@ def abi_tensor_async(rank, world):
     finish(rcs, ws)
     finish(rcr, wr)
     out["p2p"] = got.tolist()
-    out["bad"] = lib.pb_all_reduce_tensor_async(g, ffi.NULL, lib.PB_SUM, w), ffi.string(lib.pb_last_error()).decode()
+    out["bad"] = lib.pb_all_reduce_tensor_async(g, ffi.NULL, lib.PB_SUM, w), last_error(ffi, lib)
     assert lib.pb_finalize(g) == 0
     return out
 

@@ -3,11 +3,12 @@
 The conventions a block follows are in docs/testing.md ("Code in the docs"). In short: the
 info string's first word is the language and the words after it say how the block is
 tested (`sketch`: not at all; `no_run`: compiled or syntax-checked only; `continued`: joined
-to the block before it; `ranks=N`); a `<!-- setup ... -->` comment right before a block holds
-the code it needs first. Python blocks run on 2 ranks (forked ranks, many blocks per rank
-process); C and Go blocks are compiled, all in one gcc and one `go vet` call; shell blocks run
-in order in a temporary folder per Markdown file, after the named blocks of that file (a
-first line such as `# hello.py`) were written there. A block the test cannot handle and that
+to the block before it; `ranks=N`; `tested=FILE`: by that test file, not here); a
+`<!-- setup ... -->` comment right before a block holds the code it needs first. Python
+blocks run on 2 ranks (forked ranks, many blocks per rank process); C and Go blocks are
+compiled, all in one gcc and one `go vet` call; shell blocks run in order in a temporary
+folder per Markdown file, after the named blocks of that file (a first line such as
+`# hello.py`) were written there. A block the test cannot handle and that
 is not marked fails, naming its file and line.
 """
 
@@ -50,12 +51,17 @@ class Block:
         self.lang = words[0] if words else ""
         self.words = set(words[1:])
         self.ranks = 2
+        self.tested = None  # the test file that runs the block instead (`tested=tests/test_gotch.py`)
         self.problem = None  # why the block cannot be tested as written
         for w in sorted(self.words):
             if w.startswith("ranks=") and w[6:].isdigit():
                 self.ranks = int(w[6:])
+            elif w.startswith("tested="):
+                self.tested = w[7:]
+                if not os.path.isfile(os.path.join(ROOT, self.tested)):
+                    self.problem = f"tested={self.tested}: no such file in the repository"
             elif w not in WORDS:
-                self.problem = f"unknown word {w!r} in the info string (known: {sorted(WORDS)}, ranks=N)"
+                self.problem = f"unknown word {w!r} in the info string (known: {sorted(WORDS)}, ranks=N, tested=FILE)"
         if not self.lang:
             self.problem = "no language: say what the block is (```text for output and diagrams, ```sh, ...)"
         elif self.lang not in LANGUAGES:
@@ -71,7 +77,7 @@ class Block:
 
     @property
     def skipped(self):
-        return self.lang in SHOWN or "sketch" in self.words
+        return self.lang in SHOWN or "sketch" in self.words or self.tested is not None
 
     def source(self, template=None):
         """The chain's code in the head's setup (or in `template`, which holds the setup)."""
@@ -396,7 +402,7 @@ def test_block(block, request):
     if block.problem:
         pytest.fail(f"{block.id}: {block.problem}")
     if block.skipped:
-        pytest.skip(block.lang if block.lang in SHOWN else "sketch")
+        pytest.skip(f"tested by {block.tested}" if block.tested else block.lang if block.lang in SHOWN else "sketch")
     if block.head is not block:
         pytest.skip(f"continued: runs as part of {block.head.id}")
     if block.lang == "python" and "no_run" in block.words:
@@ -429,6 +435,15 @@ def test_readme_hello_c_names_a_failure_once(shell_results):
                        timeout=120)
     assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
     assert p.stderr.startswith("pb_init: ") and "pb_init: pb_init" not in p.stderr, p.stderr
+
+
+def test_every_tested_block_is_taken_by_its_test():
+    """A block marked `tested=FILE` is skipped here: FILE must take it, which it does by naming
+    the block's Markdown file and the word (tests/test_gotch.py: docs/go.md, tested=tests/test_gotch.py)."""
+    for b in BLOCKS:
+        if b.tested and not b.problem:
+            text = open(os.path.join(ROOT, b.tested)).read()
+            assert b.path in text and f"tested={b.tested}" in text, f"{b.id}: {b.tested} does not take this block"
 
 
 # ---- Links ------------------------------------------------------------------------------------
@@ -524,3 +539,11 @@ def test_parser_sees_the_conventions(tmp_path):
     assert a.source() == "x = 1\n# a.py\nprint(x)\nprint(2)"
     assert "unknown word 'sketchy'" in c.problem
     assert c.source() == "if True:\n    y = 2\n\n    z = 3"
+
+
+def test_parser_sees_tested(tmp_path):
+    """`tested=FILE` skips a block here when FILE exists, and is a problem when it does not."""
+    (tmp_path / "sample.md").write_text("```go tested=tests/test_docs.py\nx\n```\n```sh tested=tests/nope.py\ny\n```\n")
+    taken, missing = parse(str(tmp_path / "sample.md"))
+    assert (taken.tested, taken.skipped, taken.problem) == ("tests/test_docs.py", True, None)
+    assert "tested=tests/nope.py: no such file" in missing.problem

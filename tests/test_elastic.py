@@ -99,11 +99,9 @@ def test_sync_sends_the_committed_state_to_every_rank():
 
 def abi_state(rank, world):
     import numpy as np
-    from capi_loader import load
+    from capi_loader import init_world, last_error, load
     ffi, lib = load()
-    err = lambda: ffi.string(lib.pb_last_error()).decode()  # noqa: E731
-    gp = ffi.new("pb_group **")
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0, err()
+    g = init_world(ffi, lib)
     sp = ffi.new("pb_state **")
     assert lib.pb_state_create(sp) == 0
     w = np.zeros(3, np.float32) if rank else np.array([1, 2, 3], np.float32)
@@ -117,20 +115,20 @@ def abi_state(rank, world):
     out = {}
     if rank == 0:
         assert lib.pb_state_restore(sp[0], 1, names, t, ffi.NULL, ffi.NULL, step) == lib.PB_ERR_INVALID_ARGUMENT
-        out["early"] = err()
-        assert lib.pb_state_commit(sp[0], 5, 1, names, t, ffi.NULL, ffi.NULL) == 0, err()
+        out["early"] = last_error(ffi, lib)
+        assert lib.pb_state_commit(sp[0], 5, 1, names, t, ffi.NULL, ffi.NULL) == 0, last_error(ffi, lib)
         w[:] = 9
-        assert lib.pb_state_restore(sp[0], 1, names, t, ffi.NULL, ffi.NULL, step) == 0, err()
+        assert lib.pb_state_restore(sp[0], 1, names, t, ffi.NULL, ffi.NULL, step) == 0, last_error(ffi, lib)
         out["restored"] = (w.tolist(), step[0])
         other = ffi.new("char *[1]", [v_name])
         assert lib.pb_state_restore(sp[0], 1, other, t, ffi.NULL, ffi.NULL, step) == lib.PB_ERR_INVALID_ARGUMENT
-        out["names"] = err()
+        out["names"] = last_error(ffi, lib)
         w[:] = 7  # not committed: sync rolls the root back too
-    assert lib.pb_state_sync(sp[0], gp[0], 0, 1, names, t, ffi.NULL, ffi.NULL, step) == 0, err()
+    assert lib.pb_state_sync(sp[0], g, 0, 1, names, t, ffi.NULL, ffi.NULL, step) == 0, last_error(ffi, lib)
     out["synced"] = (w.tolist(), step[0])
     assert lib.pb_state_close(sp[0]) == 0
     assert lib.pb_state_close(sp[0]) == lib.PB_ERR_INVALID_ARGUMENT
-    assert lib.pb_finalize(gp[0]) == 0
+    assert lib.pb_finalize(g) == 0
     return out
 
 

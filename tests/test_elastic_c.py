@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from capi_loader import LIB_PATH, load, pybridge_flags
+from capi_loader import LIB_PATH, init_world, last_error, load, pybridge_flags
 from launcher import launch
 from pybridge import recordio as rio
 from ranks import run_ranks
@@ -75,22 +75,21 @@ def test_rank_0_dies_and_a_replacement_joins_with_the_state(program):
 
 def misuse(rank, world):
     ffi, lib = load()
-    err = lambda: ffi.string(lib.pb_last_error()).decode()  # noqa: E731
     gp, got = ffi.new("pb_group **"), {}
-    got["addr"] = lib.pb_elastic_init(b"gloo", b"nowhere", 10.0, gp), err()
-    got["nan"] = lib.pb_elastic_init(b"gloo", b"127.0.0.1:1", math.nan, gp), err()
-    got["out"] = lib.pb_elastic_init(b"gloo", ffi.NULL, 10.0, ffi.NULL), err()
-    got["change"] = lib.pb_elastic_last_change(ffi.NULL, 0, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL), err()
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0, err()
+    got["addr"] = lib.pb_elastic_init(b"gloo", b"nowhere", 10.0, gp), last_error(ffi, lib)
+    got["nan"] = lib.pb_elastic_init(b"gloo", b"127.0.0.1:1", math.nan, gp), last_error(ffi, lib)
+    got["out"] = lib.pb_elastic_init(b"gloo", ffi.NULL, 10.0, ffi.NULL), last_error(ffi, lib)
+    got["change"] = lib.pb_elastic_last_change(ffi.NULL, 0, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL), last_error(ffi, lib)
+    g = init_world(ffi, lib)
     sp = ffi.new("pb_state **")
     assert lib.pb_state_create(sp) == 0
     step = ffi.new("int64_t *")
-    assert lib.pb_state_commit(sp[0], 1, 0, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL) == 0, err()
-    got["reset"] = lib.pb_state_reset(sp[0], 0, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, gp, step), err()
-    got["finish"] = lib.pb_elastic_finish(gp[0]), err()
-    got["barrier"] = lib.pb_barrier(gp[0]), ""  # the world made by pb_init is untouched
+    assert lib.pb_state_commit(sp[0], 1, 0, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL) == 0, last_error(ffi, lib)
+    got["reset"] = lib.pb_state_reset(sp[0], 0, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, gp, step), last_error(ffi, lib)
+    got["finish"] = lib.pb_elastic_finish(g), last_error(ffi, lib)
+    got["barrier"] = lib.pb_barrier(g), ""  # the world made by pb_init is untouched
     lib.pb_state_close(sp[0])
-    lib.pb_finalize(gp[0])
+    lib.pb_finalize(g)
     return got
 
 

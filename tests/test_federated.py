@@ -11,16 +11,13 @@ import time
 import pytest
 import torch
 
+from listening import listener_threads
 from ranks import run_ranks
 
 WORLD = 4
 # Every known update moves along V; 39 = 78 / 2 makes FedAvg's mean an integer multiple of
 # V (see _FEDAVG), so every later float32 operation is exact too.
 V = 39 * torch.arange(1, 6, dtype=torch.float32)
-
-
-def _listeners():
-    return [t.name for t in threading.enumerate() if t.name.startswith("pybridge-federated")]
 
 
 def _known_update(model, client):
@@ -52,7 +49,7 @@ def _known_scenario(g, rank, mode, out):
         with Server(g, mode=mode, timeout=30) as server:
             out["rounds"] = _fedavg_rounds(server, FedAvg([param]), range(12), 2)
         out["model"] = param.detach().tolist()  # lists: tensors would pin the rank's memory
-        out["threads"] = _listeners()
+        out["threads"] = listener_threads()
     elif rank == 1:  # the pull API
         w = Worker(g)
         out["tasks"] = []
@@ -263,7 +260,7 @@ def _faulty_scenario(g, rank, requeue, fault, out):
                 g.store.set(f"release-{key}", "1")
                 g.store.wait([f"client-{key}"], datetime.timedelta(seconds=60))
                 deadline = time.monotonic() + 30  # until its listener has seen the connection close
-                while "pybridge-federated-2" in _listeners() and time.monotonic() < deadline:
+                while "pybridge-federated-2" in listener_threads() and time.monotonic() < deadline:
                     time.sleep(0.05)
             out["rounds"] += _fedavg_rounds(server, avg, range(12), 3 - len(out["rounds"]))
         except WorkerFailed as exc:
@@ -274,7 +271,7 @@ def _faulty_scenario(g, rank, requeue, fault, out):
         server.close(timeout=30)
         out["faulty_client"] = int(g.store.get(f"client-{key}"))
         out["model"] = param.detach().tolist()
-        out["threads"] = _listeners()
+        out["threads"] = listener_threads()
         return
     tasks = []
     worker = Worker(g)

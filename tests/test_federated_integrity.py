@@ -12,14 +12,11 @@ import time
 import pytest
 import torch
 
+from listening import listener_threads
 from ranks import run_ranks
 
 WORLD = 4
 NAN, INF, HUGE, NAN_ONCE = 5, 6, 7, 8  # clients whose training goes wrong (see _train)
-
-
-def _listeners():
-    return [t.name for t in threading.enumerate() if t.name.startswith("pybridge-federated")]
 
 
 def _metrics(client):
@@ -171,7 +168,7 @@ def _stall_and_close(g, rank, out):
             out["stuck"] = str(exc)
         t0 = time.monotonic()
         server.close()
-        out["close"] = (time.monotonic() - t0, _listeners())
+        out["close"] = (time.monotonic() - t0, listener_threads())
     g.store.set("closed", "1")
 
 

@@ -25,7 +25,7 @@ import gen_abi  # noqa: E402
 NOT_MODES = {"PB_FED_TRAIN", "PB_FED_EVALUATE", "PB_FED_MAX_METRICS"}
 FAMILIES = {  # registry, C prefix, Go type of its constants
     "mode": (modes.MODES, "PB_FED_", "FedMode"),
-    "strategy": (tuple(strategies.STRATEGIES), "PB_FED_STRATEGY_", "FedStrategy"),
+    "strategy": (strategies.BUILTIN, "PB_FED_STRATEGY_", "FedStrategy"),
     "staleness": (staleness.KINDS, "PB_FED_STALENESS_", "Staleness"),
 }
 
@@ -61,7 +61,8 @@ def test_the_c_adapter_derives_its_tables_from_the_registries():
     from pybridge.capi import fed_strategies, federated
     assert sorted(federated.MODES.values()) == sorted(modes.MODES)
     assert all(code == getattr(abi, "PB_FED_" + name.upper()) for code, name in federated.MODES.items())
-    assert sorted(fed_strategies.STRATEGIES.values()) == sorted(strategies.STRATEGIES)
+    assert sorted(fed_strategies.STRATEGIES.values()) == sorted(strategies.BUILTIN)
+    assert tuple(strategies.STRATEGIES)[:len(strategies.BUILTIN)] == strategies.BUILTIN  # then registered ones
     assert sorted(fed_strategies.STALENESS.values()) == sorted(staleness.KINDS)
     for code, name in fed_strategies.STRATEGIES.items():  # each C code builds the registered class
         made = fed_strategies._strategy(dict(fed_strategies._DEFAULTS, strategy=code))
@@ -72,7 +73,7 @@ def test_a_bad_c_code_names_the_codes_from_the_registry():
     from pybridge.capi import fed_strategies
     with pytest.raises(InvalidArgument) as err:
         fed_strategies._strategy(dict(fed_strategies._DEFAULTS, strategy=99))
-    for name in strategies.STRATEGIES:
+    for name in strategies.BUILTIN:
         assert f"PB_FED_STRATEGY_{name.upper()} ({getattr(abi, 'PB_FED_STRATEGY_' + name.upper())})" in str(err.value)
 
 
@@ -99,3 +100,17 @@ def test_the_mnist_example_takes_the_registries():
         assert example.parse_args(["--server-opt", name]).server_opt == name
     source = open(example.__file__).read()
     assert not re.search(r"^[A-Z_]+ = \{", source, re.M), "a table of its own in examples/mnist/federated.py"
+
+
+def test_every_built_in_strategy_is_exported_and_in_the_docs_table():
+    # The recipe's two written lines for a built-in strategy (docs/design.md, "Adding a
+    # federated strategy"): its class in pybridge/federated/__init__.py (a static import, so
+    # type checkers see it) and its row in docs/federated.md's strategy table.
+    import pybridge.federated as fed
+    table = open(os.path.join(ROOT, "docs", "federated.md")).read().split("## Server strategies", 1)[1]
+    for name in strategies.BUILTIN:
+        cls = strategies.STRATEGIES[name]
+        assert getattr(fed, cls.__name__, None) is cls and cls.__name__ in fed.__all__, \
+            f"{cls.__name__} ({name!r}): import it in pybridge/federated/__init__.py and name it in __all__"
+        assert f"`PB_FED_STRATEGY_{name.upper()}`" in table, \
+            f"{name!r}: its row in docs/federated.md's strategy table (C column `PB_FED_STRATEGY_{name.upper()}`)"

@@ -152,7 +152,8 @@ class _Round:
 def test_fedavg_rounds_refuse_buffered_settings_in_round_modes():
     with pytest.raises(InvalidArgument, match="buffer_size, staleness and max_staleness are for"):
         FedAvgRounds(_Round(), buffer_size=4)
-    with pytest.raises(InvalidArgument, match="strategy must be"):
+    with pytest.raises(InvalidArgument, match=r"strategy <class 'torch.optim.sgd.SGD'> does not provide name, eta, "
+                                              r"settings\(\) \(Strategy: name, eta"):
         FedAvgRounds(_Round(), strategy=torch.optim.SGD)
     fa = _Round()
     fa.mode = "fedasync"

@@ -9,17 +9,13 @@ import time
 
 import pytest
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, init_world, last_error, load
 from ranks import run_ranks
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LIB_PATH), reason="run `make setup` to build libpybridge.so")
 
 STEPS = 20
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
-
-
-def _err(ffi, lib):
-    return ffi.string(lib.pb_last_error()).decode()
 
 
 class Handles:
@@ -44,13 +40,6 @@ class Handles:
         return arr
 
 
-def _init(ffi, lib, device="cpu"):
-    """The world group: gloo for host tensors, nccl for CUDA ones (tests/test_cuda.py)."""
-    gp = ffi.new("pb_group **")
-    backend = b"nccl" if device == "cuda" else b"gloo"
-    assert lib.pb_init(ffi.NULL, backend, -1, -1, -1, 30.0, gp) == 0, _err(ffi, lib)
-    return gp[0]
-
 
 # ---- collectives ---------------------------------------------------------------------------
 
@@ -58,30 +47,30 @@ def collectives_by_handle(rank, world, device="cpu"):
     import torch
     torch.set_default_device(device)
     ffi, lib = load()
-    g = _init(ffi, lib, device)
+    g = init_world(ffi, lib, device=device)
     h = Handles(ffi, lib)
     for name in DTYPES:  # every dtype the backend reduces, read from the tensor: exact
         dt = getattr(torch, name)
         x = (torch.arange(7) % 3 + rank).to(dt)
-        assert lib.pb_all_reduce(g, h(x), lib.PB_SUM) == 0, (name, _err(ffi, lib))
+        assert lib.pb_all_reduce(g, h(x), lib.PB_SUM) == 0, (name, last_error(ffi, lib))
         want = sum((torch.arange(7) % 3 + r) for r in range(world)).to(dt)
         assert x.dtype == dt and torch.equal(x, want), (name, x, want)
     y = torch.rand(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(rank)).to(device)
     sent = torch.rand(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(world - 1)).to(device)
-    assert lib.pb_broadcast(g, h(y), world - 1) == 0, _err(ffi, lib)
+    assert lib.pb_broadcast(g, h(y), world - 1) == 0, last_error(ffi, lib)
     assert torch.equal(y, sent)  # bit-exact
     # A 2-D tensor that requires grad (a parameter): its storage is written, autograd records nothing.
     w = torch.full((3, 4), float(rank), requires_grad=True)
-    assert lib.pb_all_reduce(g, h(w), lib.PB_AVG) == 0, _err(ffi, lib)
+    assert lib.pb_all_reduce(g, h(w), lib.PB_AVG) == 0, last_error(ffi, lib)
     assert w.grad_fn is None and torch.equal(w.detach(), torch.full((3, 4), (world - 1) / 2))
     # Async: the library holds its own reference, so the program may drop its tensor at once.
     z = torch.ones(4096) * (rank + 1)
     uses = torch._C._storage_Use_Count  # references to z's memory
     before = uses(z.untyped_storage()._cdata)
     wp = ffi.new("pb_work **")
-    assert lib.pb_all_reduce_tensor_async(g, h(z), lib.PB_SUM, wp) == 0, _err(ffi, lib)
+    assert lib.pb_all_reduce_tensor_async(g, h(z), lib.PB_SUM, wp) == 0, last_error(ffi, lib)
     assert uses(z.untyped_storage()._cdata) == before + 1  # the library's own reference
-    assert lib.pb_work_wait(wp[0], 30.0) == 0, _err(ffi, lib)
+    assert lib.pb_work_wait(wp[0], 30.0) == 0, last_error(ffi, lib)
     assert torch.equal(z, torch.full((4096,), float(sum(range(1, world + 1)))))
     assert lib.pb_work_close(wp[0]) == 0
     for _ in range(500):  # released with the work (gloo's thread lets go of it just after)
@@ -92,20 +81,20 @@ def collectives_by_handle(rank, world, device="cpu"):
     # all_gather, reduce_scatter and point-to-point messages by handle.
     mine = torch.full((3,), float(rank))
     everyone = torch.zeros(3 * world)
-    assert lib.pb_all_gather(g, h(mine), h(everyone)) == 0, _err(ffi, lib)
+    assert lib.pb_all_gather(g, h(mine), h(everyone)) == 0, last_error(ffi, lib)
     assert everyone.tolist() == [float(r) for r in range(world) for _ in range(3)]
     part = torch.zeros(2, dtype=torch.int64)
-    assert lib.pb_reduce_scatter(g, h(torch.arange(2 * world)), h(part), lib.PB_SUM) == 0, _err(ffi, lib)
+    assert lib.pb_reduce_scatter(g, h(torch.arange(2 * world)), h(part), lib.PB_SUM) == 0, last_error(ffi, lib)
     assert part.tolist() == [world * (2 * rank), world * (2 * rank + 1)]
     if rank == 0:
-        assert lib.pb_send(g, h(torch.tensor([7.5, 8.5], dtype=torch.float64)), 1, 4) == 0, _err(ffi, lib)
+        assert lib.pb_send(g, h(torch.tensor([7.5, 8.5], dtype=torch.float64)), 1, 4) == 0, last_error(ffi, lib)
     elif rank == 1:
         got = torch.zeros(2, dtype=torch.float64)
-        assert lib.pb_recv(g, h(got), 0, 4) == 0, _err(ffi, lib)
+        assert lib.pb_recv(g, h(got), 0, 4) == 0, last_error(ffi, lib)
         assert got.tolist() == [7.5, 8.5]
     # BroadcastParams over handles of mixed dtypes.
     ps = [torch.full((5,), float(rank)), torch.full((2, 2), rank, dtype=torch.int64)]
-    assert lib.pb_broadcast_params(g, 2, h.array(ps), 0) == 0, _err(ffi, lib)
+    assert lib.pb_broadcast_params(g, 2, h.array(ps), 0) == 0, last_error(ffi, lib)
     assert all(torch.equal(p, torch.zeros_like(p)) for p in ps)
     # Refused by name.
     refused = {}
@@ -116,7 +105,7 @@ def collectives_by_handle(rank, world, device="cpu"):
                     ("sparse", h(torch.zeros(3, 3).to_sparse())),
                     ("meta", h(torch.zeros(3, device="meta")))]:
         rc = lib.pb_all_reduce(g, d, lib.PB_SUM)
-        refused[what] = (rc, _err(ffi, lib))
+        refused[what] = (rc, last_error(ffi, lib))
     assert lib.pb_finalize(g) == 0
     return refused
 
@@ -213,7 +202,7 @@ def attached_training(rank, world, device="cpu"):
     import torch
     torch.set_default_device(device)  # the models, and the data moved below
     ffi, lib = load()
-    g = _init(ffi, lib, device)
+    g = init_world(ffi, lib, device=device)
     x, y = (t.to(device) for t in _data(world))
     mine = slice(6 * rank, 6 * rank + 6)
     sequential = _train(_model(), x, y, slice(None))
@@ -226,7 +215,7 @@ def attached_training(rank, world, device="cpu"):
             h = Handles(ffi, lib)
             rp = ffi.new("pb_reducer **")
             rc = lib.pb_reducer_attach(g, len(params), h.array(params), _options(ffi, lib, hook, flags), rp)
-            assert rc == 0, (hook, mode, _err(ffi, lib))
+            assert rc == 0, (hook, mode, last_error(ffi, lib))
             r = rp[0]
             moved = []
 
@@ -235,10 +224,10 @@ def attached_training(rank, world, device="cpu"):
                 for i, p in enumerate(params):  # bucket view: .grad is the bucket's memory, no copy
                     assert lib.pb_reducer_grad(r, i, d) == 0
                     moved += [step] if p.grad.data_ptr() != int(ffi.cast("uintptr_t", d.data)) else []
-                assert lib.pb_reducer_wait(r, 0) == 0, _err(ffi, lib)  # backward reduced already: PB_OK
+                assert lib.pb_reducer_wait(r, 0) == 0, last_error(ffi, lib)  # backward reduced already: PB_OK
 
             got = _train(model, x, y, mine, in_place)
-            assert lib.pb_reducer_close(r) == 0, _err(ffi, lib)
+            assert lib.pb_reducer_close(r) == 0, last_error(ffi, lib)
             shared = {p.grad.untyped_storage().data_ptr() for p in params}
             diff = max((a - b).abs().max().item() for a, b in zip(got, reference))
             results[f"{hook}/{mode}"] = (diff, moved if mode == "view" else [], len(shared) == len(params))
@@ -263,7 +252,7 @@ def test_attached_reducer_matches_torch_ddp_and_sequential():
 def attach_refusals(rank, world):
     import torch
     ffi, lib = load()
-    g = _init(ffi, lib)
+    g = init_world(ffi, lib)
     h = Handles(ffi, lib)
     rp = ffi.new("pb_reducer **")
     out = {}
@@ -277,15 +266,15 @@ def attach_refusals(rank, world):
         arr = ffi.new("pb_tensor[]", len(descs))
         for i, d in enumerate(descs):
             arr[i] = d[0]
-        out[name] = (lib.pb_reducer_attach(g, len(descs), arr, ffi.NULL, rp), _err(ffi, lib))
+        out[name] = (lib.pb_reducer_attach(g, len(descs), arr, ffi.NULL, rp), last_error(ffi, lib))
     raw = ffi.new("pb_tensor[]", 1)
     raw[0].data, raw[0].count, raw[0].dtype, raw[0].device = ffi.new("float[3]"), 3, lib.PB_FLOAT32, lib.PB_CPU
-    out["raw"] = (lib.pb_reducer_attach(g, 1, raw, ffi.NULL, rp), _err(ffi, lib))
+    out["raw"] = (lib.pb_reducer_attach(g, 1, raw, ffi.NULL, rp), last_error(ffi, lib))
     o = _options(ffi, lib, "allreduce", lib.PB_REDUCER_BUCKET_VIEW)
     out["view_on_create"] = (lib.pb_reducer_create(g, 1, ffi.new("int64_t[]", [3]), ffi.new("int32_t[]", [0]), o, rp),
-                             _err(ffi, lib))
-    assert lib.pb_reducer_attach(g, 1, h.array([leaf]), ffi.NULL, rp) == 0, _err(ffi, lib)
-    out["mark"] = (lib.pb_reducer_mark_ready(rp[0], 0), _err(ffi, lib))
+                             last_error(ffi, lib))
+    assert lib.pb_reducer_attach(g, 1, h.array([leaf]), ffi.NULL, rp) == 0, last_error(ffi, lib)
+    out["mark"] = (lib.pb_reducer_mark_ready(rp[0], 0), last_error(ffi, lib))
     assert lib.pb_reducer_close(rp[0]) == 0
     assert lib.pb_finalize(g) == 0
     return out
@@ -362,13 +351,13 @@ def uneven_inputs(rank, world):
     backward passes still finish (the joined rank shadows them with zero gradients), and
     their gradients are its own divided by the world size (torch Join's default)."""
     ffi, lib = load()
-    g = _init(ffi, lib)
+    g = init_world(ffi, lib)
     model, local = _model(), _model()
     params = list(model.parameters())
     h = Handles(ffi, lib)
     rp = ffi.new("pb_reducer **")
     o = _options(ffi, lib, "allreduce", lib.PB_REDUCER_JOIN)
-    assert lib.pb_reducer_attach(g, len(params), h.array(params), o, rp) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_attach(g, len(params), h.array(params), o, rp) == 0, last_error(ffi, lib)
     r = rp[0]
     x, _ = _data(world)
     steps = 3 if rank == 0 else 1
@@ -378,12 +367,12 @@ def uneven_inputs(rank, world):
             p.grad = q.grad = None
         model(x[step][:6]).sum().backward()
         local(x[step][:6]).sum().backward()
-        assert lib.pb_reducer_wait(r, 0) == 0, _err(ffi, lib)
+        assert lib.pb_reducer_wait(r, 0) == 0, last_error(ffi, lib)
         if step >= 1:  # rank 1 has joined: its share is zero, the sum is divided by 2
             worst = max(worst, max((p.grad - q.grad / world).abs().max().item()
                                    for p, q in zip(params, local.parameters())))
     root, shadowed = ffi.new("int32_t *"), ffi.new("int64_t *")
-    assert lib.pb_reducer_join(r, root, shadowed) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_join(r, root, shadowed) == 0, last_error(ffi, lib)
     assert lib.pb_reducer_close(r) == 0
     assert lib.pb_finalize(g) == 0
     return worst, root[0], shadowed[0]
@@ -401,7 +390,7 @@ def state_by_handle(rank, world):
     sync gives every rank rank 0's commit, and the attached reducer keeps reducing after."""
     import torch
     ffi, lib = load()
-    g = _init(ffi, lib)
+    g = init_world(ffi, lib)
     model = _model(seed=rank)  # different on each rank until the sync
     params = list(model.parameters())
     h = Handles(ffi, lib)
@@ -412,16 +401,16 @@ def state_by_handle(rank, world):
     sp, step = ffi.new("pb_state **"), ffi.new("int64_t *")
     assert lib.pb_state_create(sp) == 0
     committed = [p.detach().clone() for p in params]
-    assert lib.pb_state_commit(sp[0], 3, len(params), names, h.array(params), ffi.NULL, rp[0]) == 0, _err(ffi, lib)
+    assert lib.pb_state_commit(sp[0], 3, len(params), names, h.array(params), ffi.NULL, rp[0]) == 0, last_error(ffi, lib)
     with torch.no_grad():
         for p in params:
             p.add_(1.0)
-    assert lib.pb_state_restore(sp[0], len(params), names, h.array(params), ffi.NULL, rp[0], step) == 0, _err(ffi, lib)
+    assert lib.pb_state_restore(sp[0], len(params), names, h.array(params), ffi.NULL, rp[0], step) == 0, last_error(ffi, lib)
     restored = step[0] == 3 and all(torch.equal(p.detach(), c) for p, c in zip(params, committed))
-    assert lib.pb_state_sync(sp[0], g, 0, len(params), names, h.array(params), ffi.NULL, rp[0], step) == 0, _err(ffi, lib)
+    assert lib.pb_state_sync(sp[0], g, 0, len(params), names, h.array(params), ffi.NULL, rp[0], step) == 0, last_error(ffi, lib)
     x, _ = _data(world)
     model(x[0][6 * rank:6 * rank + 6]).sum().backward()
-    assert lib.pb_reducer_wait(rp[0], 0) == 0, _err(ffi, lib)
+    assert lib.pb_reducer_wait(rp[0], 0) == 0, last_error(ffi, lib)
     assert lib.pb_state_close(sp[0]) == 0 and lib.pb_reducer_close(rp[0]) == 0
     assert lib.pb_finalize(g) == 0
     # Plain lists: tensors sent back through multiprocessing's queue would travel as shared

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.distributed.algorithms.join import Join
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, init_world, last_error, load
 from ranks import run_ranks
 from test_capi_reducer import options as reducer_options
 
@@ -86,7 +86,7 @@ def c_training(ffi, lib, g, rank, world):
     import numpy as np
 
     def ok(rc):
-        assert rc == 0, ffi.string(lib.pb_last_error()).decode()
+        assert rc == 0, last_error(ffi, lib)
 
     def sgd(params):
         return torch.optim.SGD(params, lr=0.1, momentum=0.9)
@@ -151,9 +151,8 @@ def join_ranks(rank, world, data_paths):
     from pybridge import recordio
 
     ffi, lib = load()  # the C ABI in this process: pb_init is pybridge.init here
-    gp = ffi.new("pb_group **")
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0, ffi.string(lib.pb_last_error())
-    c_cases = c_training(ffi, lib, gp[0], rank, world)
+    g = init_world(ffi, lib)
+    c_cases = c_training(ffi, lib, g, rank, world)
     caps = {"bucket_cap_mb": 1e-4}  # several buckets, so the shadows keep bucket order
     out = []
     for case, (counts, divide, unused, method, accumulate) in enumerate(CASES[world]):
@@ -212,7 +211,7 @@ def join_ranks(rank, world, data_paths):
         batches.append(n)
     loader.close()
     model.close()
-    assert lib.pb_finalize(gp[0]) == 0
+    assert lib.pb_finalize(g) == 0
     return out, seen, batches, c_cases
 
 

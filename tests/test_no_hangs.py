@@ -10,7 +10,7 @@ import socket
 import pytest
 import torch
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, last_error, load
 from launcher import launch
 from ranks import run_ranks
 
@@ -36,7 +36,7 @@ def capi_init(rank, world, url, timeout):
     ffi, lib = load()
     gp = ffi.new("pb_group **")
     rc = lib.pb_init(url.encode() if url else ffi.NULL, b"gloo", -1, -1, -1, timeout, gp)
-    return rc, ffi.string(lib.pb_last_error()).decode(), int(lib.PB_ERR_INVALID_ARGUMENT), int(lib.PB_ERR_TIMEOUT)
+    return rc, last_error(ffi, lib), int(lib.PB_ERR_INVALID_ARGUMENT), int(lib.PB_ERR_TIMEOUT)
 
 
 @needs_lib
@@ -96,7 +96,7 @@ def capi_loader_on(rank, world, paths):
         files = ffi.new("char *[]", [name])
         lp = ffi.new("pb_loader **")
         rc = lib.pb_loader_open(ffi.NULL, files, 1, 2, lib.PB_PARTITION_STATIC, 0, 0, 0, 0, lp)
-        out.append((rc == lib.PB_ERR_IO, ffi.string(lib.pb_last_error()).decode()))
+        out.append((rc == lib.PB_ERR_IO, last_error(ffi, lib)))
     return out
 
 

@@ -214,7 +214,7 @@ def _quiet(rank, world):
 
 def test_off_by_default_records_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    for var in ("PYBRIDGE_TRACE", "PYBRIDGE_METRICS_PORT"):
+    for var in ("PYBRIDGE_TRACE", "PYBRIDGE_METRICS_PORT", "PYBRIDGE_OTEL"):
         monkeypatch.delenv(var, raising=False)
     assert run_ranks(_quiet, 1, timeout=60) == [[]]
 
@@ -222,7 +222,7 @@ def test_off_by_default_records_nothing(tmp_path, monkeypatch):
 def test_bad_settings_are_named():
     from pybridge import observe
     from pybridge.errors import InvalidArgument
-    with pytest.raises(InvalidArgument, match="needs a trace directory, a metrics port or both"):
+    with pytest.raises(InvalidArgument, match="needs a trace directory, a metrics port or otel=True"):
         observe.start()
     with pytest.raises(InvalidArgument, match="metrics port must be 0..65535, got 70000"):
         observe.start("x", metrics_port=70000)
@@ -260,3 +260,37 @@ def test_flight_recorder_analyzer_names_the_rank_that_never_joined(tmp_path):
     assert "Not all ranks joining collective, sequence number: 4" in said, said
     assert "missing ranks: {2}" in said, said
     assert "collective: gloo:all_reduce" in said
+
+
+def test_a_long_run_keeps_the_latest_steps(tmp_path):
+    """keep_steps: the trace holds the events of the latest steps only (at most twice as many
+    between cuts), the header says how many were dropped; the metrics count every step."""
+    from pybridge.observe.recorder import Recorder
+    rec = Recorder(str(tmp_path), rank=0, world_size=1, keep_steps=5)
+    held = []
+    for step in range(1, 101):
+        sid = rec.begin("work", "compute", {"step": step})
+        rec.end(sid)
+        rec.end_step(True)
+        held.append(len(rec.events))
+    assert max(held) <= 2 * 5 * 2  # two events a step (the span and the step), at most 2 x keep_steps steps
+    doc = json.load(open(rec.flush()))
+    header = doc["otherData"]["pybridge"]
+    steps = [e["args"]["step"] for e in doc["traceEvents"] if e.get("name") == "step"]
+    assert steps == list(range(101 - len(steps), 101)) and 5 <= len(steps) <= 10
+    assert header["steps"] == 100 and header["dropped_steps"] == 100 - len(steps)
+    spans = [e["args"]["step"] for e in doc["traceEvents"] if e.get("name") == "work"]
+    assert spans == steps  # each kept step's own events are kept with it
+    assert rec.metrics.steps == 100
+    rec.close()
+
+
+def test_keep_steps_is_checked(monkeypatch):
+    from pybridge import observe
+    from pybridge.errors import InvalidArgument
+    with pytest.raises(InvalidArgument, match=r"steps a trace keeps must be >= 0 \(0: all\), got -1"):
+        observe.start("x", keep_steps=-1)
+    monkeypatch.setenv("PYBRIDGE_TRACE", "x")
+    monkeypatch.setenv("PYBRIDGE_TRACE_STEPS", "many")
+    with pytest.raises(InvalidArgument, match="PYBRIDGE_TRACE_STEPS='many': expected an integer"):
+        observe._settings_from_env()

@@ -6,7 +6,6 @@ shard, traced; nothing in the library knows it is being slowed."""
 
 import os
 import time
-import uuid
 
 import pytest
 
@@ -17,7 +16,6 @@ SLOW = 3
 STEPS = 24
 BATCH = 64
 FEATURES = 256
-CGROUP_ROOT = "/sys/fs/cgroup/cpu"
 
 
 def _shard(path, records):
@@ -28,7 +26,7 @@ def _shard(path, records):
             w.write(bytes([i % 251]) * (FEATURES * 4))
 
 
-def _train(rank, world, out, shard, slow, cgroup):
+def _train(rank, world, out, shard, slow, budget):
     import torch
 
     import pybridge
@@ -52,8 +50,7 @@ def _train(rank, world, out, shard, slow, cgroup):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     loader = rio.Loader([shard], BATCH, prefetch=0, shuffle=False)
     if rank == SLOW and slow == "cpu":  # throttled for the steps only: start-up at a 5% quota takes seconds
-        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
+        budget.add(os.getpid())
     for _ in range(STEPS):
         batch = loader.next_batch()
         x = torch.frombuffer(bytearray(batch.data.tobytes()), dtype=torch.float32).view(len(batch), FEATURES)
@@ -65,13 +62,13 @@ def _train(rank, world, out, shard, slow, cgroup):
     observe.stop()
 
 
-def _report(tmp_path, slow, cgroup=None):
+def _report(tmp_path, slow, budget=None):
     from pybridge.observe import report
     out = str(tmp_path / f"trace-{slow}")
     shard = str(tmp_path / "data.rio")
     if not os.path.exists(shard):
         _shard(shard, WORLD * STEPS * BATCH * 2)
-    run_ranks(_train, WORLD, out, shard, slow, cgroup, timeout=150)
+    run_ranks(_train, WORLD, out, shard, slow, budget, timeout=150)
     return report.analyze(out, skip=2)
 
 
@@ -88,32 +85,14 @@ def test_a_rank_whose_data_loading_is_slowed_is_named_with_data_as_the_cause(tmp
     assert row["last_share"] > 0.5 and row["relative_score_latest"] < 0.8
 
 
-def _cgroup():
-    if not os.access(os.path.join(CGROUP_ROOT, "cpu.cfs_quota_us"), os.W_OK):
-        pytest.skip(f"needs cgroup v1's cpu controller writable at {CGROUP_ROOT} (root)")
-    path = os.path.join(CGROUP_ROOT, f"pybridge-test-{uuid.uuid4().hex[:8]}")
-    try:
-        os.mkdir(path)
-    except OSError as exc:
-        pytest.skip(f"cannot create a cpu cgroup: {exc}")
-    with open(os.path.join(path, "cpu.cfs_period_us"), "w") as f:
-        f.write("20000")
-    with open(os.path.join(path, "cpu.cfs_quota_us"), "w") as f:
-        f.write("1000")  # 5% of one CPU (1 ms every 20 ms; 1 ms is the least quota): far below the suite's load
-    return path
-
-
 def test_a_rank_whose_cpu_is_throttled_is_named_with_compute_as_the_cause(tmp_path):
-    cgroup = _cgroup()
-    try:
-        rep = _report(tmp_path, "cpu", cgroup)
-    finally:
-        for _ in range(50):  # the rank's process has left it once it exited
-            try:
-                os.rmdir(cgroup)
-                break
-            except OSError:
-                time.sleep(0.1)
+    from pybridge.testing import cpulimit
+    ok, why = cpulimit.available()
+    if not ok:
+        pytest.skip(why)
+    # 5% of one CPU (1 ms every 20 ms; 1 ms is the least quota): far below the suite's load
+    with cpulimit.CpuBudget(0.05, period_us=20000) as budget:
+        rep = _report(tmp_path, "cpu", budget)
     v = rep["verdict"]
     assert v["straggler"] == SLOW and v["cause"] == "compute", v["text"]
     by_rank = {r["rank"]: r for r in rep["per_rank"]}

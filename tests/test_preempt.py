@@ -37,16 +37,15 @@ def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step():
 
 
 def _c_any_rank(rank, world):
-    from capi_loader import load
+    from capi_loader import init_world, load
     ffi, lib = load()
-    gp, out = ffi.new("pb_group **"), ffi.new("int32_t *")
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 30.0, gp) == 0
+    g, out = init_world(ffi, lib), ffi.new("int32_t *")
     answers = []
     for flag in ([0, 0, 0], [0, 0, 1]):
-        assert lib.pb_any_rank(gp[0], flag[rank], out) == 0
+        assert lib.pb_any_rank(g, flag[rank], out) == 0
         answers.append(out[0])
-    assert lib.pb_any_rank(gp[0], 1, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT
-    assert lib.pb_finalize(gp[0]) == 0
+    assert lib.pb_any_rank(g, 1, ffi.NULL) == lib.PB_ERR_INVALID_ARGUMENT
+    assert lib.pb_finalize(g) == 0
     return answers
 
 

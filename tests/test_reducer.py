@@ -387,6 +387,9 @@ def agreement_cases(rank, world):
     refused(lambda: Reducer(spec, bucket_cap_mb=1 + odd), "bucket caps:")
     refused(lambda: Reducer(spec, allow_unused=odd), "flags:", "allow_unused")
     refused(lambda: Reducer(spec, rebuild=not odd), "flags:", "rebuild")
+    # a setting that needs another is refused on every rank before any collective (C's and Go's flags too)
+    raises(InvalidArgument, lambda: Reducer(spec, divide_by_initial_world_size=False),
+           "divide_by_initial_world_size=False goes with join=True")
     refused(lambda: Reducer([((8, 8) if odd else (4, 16), "float32")]), "parameters:", "(8, 8)")
     # Gossip: compared before the state (a collective creating groups) is built.
     threads = threading.active_count()
@@ -473,6 +476,37 @@ def gossip_closed_with_reducer(rank, world):
 def test_closing_a_gossip_reducer_stops_its_thread():
     for counts in run_ranks(gossip_closed_with_reducer, 2, timeout=60):
         assert counts == (0, 1, 0, 0)
+
+
+def test_the_c_abis_reducer_words_are_read_in_the_core():
+    # C's pb_reducer_options (which Go's options fill) become Reducer keywords and a hook in
+    # ddp/settings.py, named from the header: a flag the header adds and the core does not
+    # read fails here
+    from pybridge import abi
+    from pybridge.algorithms.comm_hooks import GossipHook
+    from pybridge.ddp import settings
+    assert set(settings._FLAG_KEYWORDS) | {"PB_REDUCER_BUCKET_VIEW"} == set(settings.REDUCER_FLAGS)
+    words, view = settings.flag_keywords(abi.PB_REDUCER_JOIN | abi.PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE |
+                                         abi.PB_REDUCER_BUCKET_VIEW, attach=True)
+    assert words == {"allow_unused": False, "rebuild": True, "join": True, "divide_by_initial_world_size": False}
+    assert view and settings.flag_keywords(abi.PB_REDUCER_NO_REBUILD)[0]["rebuild"] is False
+    refusals = [(lambda: settings.flag_keywords(64), ["unknown reducer flags 0x40", "PB_REDUCER_BUCKET_VIEW (16)"]),
+                (lambda: settings.flag_keywords(abi.PB_REDUCER_BUCKET_VIEW), ["goes with pb_reducer_attach"]),
+                (lambda: settings.hook_of(flags=8), ["unknown hook flags 0x8", "PB_HOOK_NO_WARM_START (1)"]),
+                (lambda: settings.hook_of(abi.PB_HOOK_HIERARCHICAL, flags=abi.PB_HOOK_WIRE_FP16 | abi.PB_HOOK_WIRE_BF16),
+                 ["PB_HOOK_WIRE_BF16 and PB_HOOK_WIRE_FP16; choose one"]),
+                (lambda: settings.hook_of(flags=abi.PB_HOOK_WIRE_FP16), ["goes with PB_HOOK_HIERARCHICAL"]),
+                (lambda: settings.hook_of(topology=7), ["unknown gossip topology 7", "PB_GOSSIP_CUBE (0)"]),
+                (lambda: settings.hook_of(abi.PB_HOOK_FP16, topology=abi.PB_GOSSIP_CUBE), ["takes the hook's place"]),
+                (lambda: settings.compression_hook(7), ["unknown compression 7", "PB_COMPRESS_BF16 (2)"])]
+    for call, words in refusals:
+        raises(InvalidArgument, call, *words)
+    wired = settings.hook_of(abi.PB_HOOK_HIERARCHICAL, flags=abi.PB_HOOK_WIRE_BF16, ranks_per_node=2)
+    assert (wired.code, wired.compression) == (abi.PB_HOOK_HIERARCHICAL, "bf16")
+    assert settings.hook_of(abi.PB_HOOK_POWERSGD, flags=abi.PB_HOOK_NO_WARM_START).warm_start is False
+    gossip = settings.hook_of(topology=abi.PB_GOSSIP_DISSEMINATION, gossip_ranks_per_node=1)
+    assert isinstance(gossip, GossipHook) and gossip.settings["topology"] == "dissemination"
+    assert settings.compression_hook(abi.PB_COMPRESS_BF16) == abi.PB_HOOK_BF16
 
 
 def test_wait_is_the_name_and_finalize_an_alias():

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from capi_loader import LIB_PATH, load
+from capi_loader import LIB_PATH, init_world, last_error, load
 from ranks import run_ranks
 
 import pybridge
@@ -57,22 +57,21 @@ def test_bound_gradients_are_averaged_in_place():
 
 def abi_bound(rank, world):
     ffi, lib = load()
-    gp = ffi.new("pb_group **")
-    assert lib.pb_init(ffi.NULL, b"gloo", -1, -1, -1, 20.0, gp) == 0, ffi.string(lib.pb_last_error())
+    group = init_world(ffi, lib, 20.0)
     rp = ffi.new("pb_reducer **")
     counts, dtypes = ffi.new("int64_t[]", [4]), ffi.new("int32_t[]", [lib.PB_FLOAT32])
-    assert lib.pb_reducer_create(gp[0], 1, counts, dtypes, ffi.NULL, rp) == 0, ffi.string(lib.pb_last_error())
+    assert lib.pb_reducer_create(group, 1, counts, dtypes, ffi.NULL, rp) == 0, last_error(ffi, lib)
     g = torch.full((4,), float(rank + 1))
     d = ffi.new("pb_tensor *")
     d.data, d.count, d.dtype, d.device = ffi.cast("void *", g.data_ptr()), 4, lib.PB_FLOAT32, lib.PB_CPU
-    bad = lib.pb_reducer_bind_grads(rp[0], 2, d), ffi.string(lib.pb_last_error()).decode()
-    assert lib.pb_reducer_bind_grads(rp[0], 1, d) == 0, ffi.string(lib.pb_last_error())
+    bad = lib.pb_reducer_bind_grads(rp[0], 2, d), last_error(ffi, lib)
+    assert lib.pb_reducer_bind_grads(rp[0], 1, d) == 0, last_error(ffi, lib)
     assert lib.pb_reducer_mark_ready(rp[0], 0) == 0
-    assert lib.pb_reducer_wait(rp[0], 10.0) == 0, ffi.string(lib.pb_last_error())
+    assert lib.pb_reducer_wait(rp[0], 10.0) == 0, last_error(ffi, lib)
     got = g.tolist()
     assert lib.pb_reducer_bind_grads(rp[0], 0, ffi.NULL) == 0
     assert lib.pb_reducer_close(rp[0]) == 0
-    assert lib.pb_finalize(gp[0]) == 0
+    assert lib.pb_finalize(group) == 0
     return got, bad
 
 

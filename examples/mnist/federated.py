@@ -22,8 +22,8 @@ Modes (--mode): async (per-round asynchronous assignment), sync (FLUTE's waves),
 (buffered asynchronous: the model steps every --buffer-size results, late results weighted
 by --staleness, none waited for; a "round" is then the --per-round clients handed out
 between two evaluations) and fedasync (a step at every result). Server strategies:
---server-opt fedavg|fedadam|fedyogi|fedadagrad at --server-lr; central DP with --dp-clip and
---dp-noise; FedProx on the workers with --prox-mu. Simulated client speeds: every client
+--server-opt, any name of pybridge.federated.strategies.STRATEGIES (--help lists them), at
+--server-lr; central DP with --dp-clip and --dp-noise; FedProx on the workers with --prox-mu. Simulated client speeds: every client
 takes --client-seconds more on worker w, times the w-th of --speeds (e.g. 1,1,4), times a
 Pareto(1.5) draw per task with --long-tail. --target stops at that test accuracy.
 """

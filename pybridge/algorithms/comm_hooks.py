@@ -11,15 +11,25 @@ Built-in hooks (also selected by code from C and Go: builtin(), BuiltinHook):
                       node (pybridge.algorithms.hierarchical; HierarchicalHook chooses it by settings)
 GossipGraD (pybridge.algorithms.gossip) is chosen by its settings with GossipHook.
 
+Hooks by name (HOOKS, the one registry of names): each built-in by its code's name in lower
+case ('fp16' is PB_HOOK_FP16), and the hooks a program registers with register_comm_hook;
+Python (Reducer(hook='name')), C (pb_reducer_options.hook_name) and Go (WithHookName)
+choose any of them by name (by_name).
+
 Every rank must use the same hook: the reducer compares identity(state, hook) across
-ranks. Adding a built-in hook: docs/comm-hooks.md, "Adding a built-in hook".
+ranks. Adding a built-in hook: docs/design.md, "Adding a built-in hook".
 """
 
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
 from .. import abi
+from ..base.registry import Registry, describe, provides
 from ..errors import InvalidArgument
 from . import gossip
-from .contract import (GradBucket, HookContext, _describe, declare_eager, declare_sums, hook_step, identity,
-                       is_eager, prescales, set_hook_step)
+from .contract import (Closing, CommHook, GradBucket, HookContext, HookState, StepCounting, _describe, _name,
+                       declare_eager, declare_sums, hook_step, identity, is_eager, prescales, set_hook_step)
 from .default_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook, powersgd_hook, powersgd_state
 from .hierarchical import HierarchicalState, hierarchical_hook
 
@@ -138,7 +148,110 @@ class GossipHook:
         return f"GossipHook({self.identity()})"
 
 
-__all__ = ["GradBucket", "HookContext", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
+# ---- hooks by name: the built-ins' and registered ones (register_comm_hook) -------------
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A hook registered by name: `hook(state, bucket)` over the state `state(group)` makes."""
+
+    hook: Callable[..., Any]
+    state: Callable[..., Any]
+
+    def __str__(self):
+        return f"{describe(self.hook)} (state {describe(self.state)})"
+
+
+# Every hook's name: a built-in's (its code, from BUILTIN: 'fp16' is PB_HOOK_FP16) or a
+# registered one's (Registered). by_name reads it; C's hook_name and Go's WithHookName too.
+HOOKS: Registry[Any] = Registry(
+    "comm hook", describe=lambda e: str(e) if isinstance(e, Registered) else f"the built-in hook {BUILTIN[e][0]}")
+for _code, (_c_name, _) in BUILTIN.items():
+    HOOKS.register(_c_name[len("PB_HOOK_"):].lower(), _code)
+
+
+def register_comm_hook(name, hook, state=HookContext):
+    """Register `hook` as `name`, for every reducer of this process to choose by name:
+    `Reducer(params, hook=name)`, C's `pb_reducer_options.hook_name`, Go's `WithHookName`.
+    `hook(state, bucket) -> Future` is a comm hook (torch's contract, `CommHook`);
+    `state(group)` makes its state for a reducer's group (default `HookContext`: the group
+    and wire buffers), which must provide `HookState`: `settings()`, what every rank must
+    share (compared when reducers are created, with the hook's name and functions). A state
+    may also name a step counter (`STEP_ATTR`) and have `close()`. A class is checked here,
+    another callable's state when it is built.
+
+    As torch's rendezvous registry: registering the same hook and state again does nothing;
+    another hook under a registered name (a built-in's included) is InvalidArgument naming
+    both. Each process that chooses it registers it: a C or Go program imports the module
+    that does (pb_import_module, ImportModule).
+
+    >>> import pybridge
+    >>> from pybridge.algorithms import comm_hooks
+    >>> def halve(state, bucket):  # sum, then halve: the average on 2 ranks
+    ...     return pybridge.all_reduce_future(bucket.buffer(), group=state.group).then(lambda f: f.value()[0].div_(2))
+    >>> comm_hooks.register_comm_hook("halve", halve)
+    >>> "halve" in comm_hooks.HOOKS
+    True
+    """
+    what = f"register_comm_hook({name!r}, {describe(hook)})"
+    _check_call(f"{what}: the hook", hook, 2, "hook(state, bucket) -> Future (CommHook)")
+    _check_call(f"{what}: state", state, 1, "state(group), making the hook's state")
+    if isinstance(state, type):
+        provides(f"{what}: the state class {describe(state)}", state, HookState)
+    HOOKS.register(name, Registered(hook, state))
+
+
+def _check_call(what, fn, nargs, how):
+    """`fn` must be callable with `nargs` positional arguments (when its signature says)."""
+    if not callable(fn):
+        raise InvalidArgument(f"{what} must be callable as {how}, got {fn!r}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature (some builtins): trust the call
+        return
+    try:
+        sig.bind(*[None] * nargs)
+    except TypeError:
+        raise InvalidArgument(f"{what} must be callable as {how}; {describe(fn)} takes {sig}") from None
+
+
+class NamedHook:
+    """A registered hook (register_comm_hook) chosen by name: `Reducer(..., hook='name')`.
+    Building it makes the state for the group and checks it provides HookState."""
+
+    def __init__(self, name):
+        entry = HOOKS.lookup(name)
+        if not isinstance(entry, Registered):
+            raise InvalidArgument(f"{name!r} is a built-in hook: choose it with by_name() or BuiltinHook")
+        self.name, self.entry = name, entry
+
+    def identity(self):
+        """What the ranks compare before building it: the name, the hook and how its state is
+        made (the built state's settings are compared at the next agreement)."""
+        return f"{self.name}: {_name(self.entry.hook)}(state from {_name(self.entry.state)})"
+
+    def build(self, group):
+        """(state, hook) over `group`."""
+        state = self.entry.state(group)
+        provides(f"comm hook {self.name!r}: its state {type(state).__qualname__}", state, HookState)
+        return state, self.entry.hook
+
+    def __repr__(self):
+        return f"NamedHook({self.name!r}: {self.entry})"
+
+
+def by_name(name, **settings):
+    """The hook named `name` in HOOKS, for Reducer(hook=...): a built-in as
+    BuiltinHook(its code, **settings), a registered one as NamedHook(name) (it takes no
+    settings). An unknown name is InvalidArgument listing every name."""
+    entry = HOOKS.lookup(name)
+    if isinstance(entry, Registered):
+        return NamedHook(name)
+    return BuiltinHook(entry, **settings)
+
+
+__all__ = ["GradBucket", "HookContext", "CommHook", "HookState", "StepCounting", "Closing", "HOOKS",
+           "register_comm_hook", "by_name", "NamedHook", "Registered", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
            "declare_eager", "declare_sums", "is_eager", "prescales", "powersgd_state", "powersgd_hook", "builtin", "BUILTIN",
            "BuiltinHook", "GossipHook", "HierarchicalHook", "HierarchicalState", "hierarchical_hook",
            "identity", "hook_step", "set_hook_step"]

@@ -2,24 +2,43 @@
 wire, plus torch's PowerSGD over a pybridge group (for C and Go callers). Each follows the
 contract of contract.py and declares what the reducer may rely on."""
 
+from typing import TYPE_CHECKING, Any, Optional
+
 import torch
+from torch._C._distributed_c10d import GradBucket as TorchGradBucket  # torch.distributed.GradBucket
 
 from ..comm import collectives
+from ..comm.group import Group
 from ..base.checks import integer
-from .contract import declare_eager, declare_sums
+from .contract import GradBucket, HookContext, declare_eager, declare_sums
+
+if TYPE_CHECKING:  # imported when a PowerSGD state is made, as before
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+_Future = torch.futures.Future
 
 
 @declare_sums
 @declare_eager
-def allreduce_hook(ctx, bucket):
-    """Sum the bucket over the group (after applying the reducer's pending scale)."""
+def allreduce_hook(ctx: HookContext, bucket: GradBucket) -> "_Future[list[torch.Tensor]]":
+    """Sum the bucket over the group (after applying the reducer's pending scale): the
+    reducer's default hook. `ctx.group` None is the world.
+
+    Example::
+
+        >>> import torch, pybridge
+        >>> from pybridge.algorithms.comm_hooks import HookContext, allreduce_hook
+        >>> ddp_model = pybridge.DistributedDataParallel(torch.nn.Linear(4, 2))
+        >>> ddp_model.register_comm_hook(HookContext(pybridge.current()), allreduce_hook)
+        >>> ddp_model(torch.ones(3, 4)).sum().backward()   # the buckets go through the hook
+    """
     buf = bucket.buffer()
     if bucket.scale is not None:
         buf.mul_(bucket.scale)
     return collectives.all_reduce_future(buf, collectives.SUM, group=ctx.group)
 
 
-def _compress(dtype, ctx, bucket):
+def _compress(dtype: torch.dtype, ctx: HookContext, bucket: GradBucket) -> "_Future[Any]":
     buf = bucket.buffer()
     if buf.dtype != torch.float32:  # only float32 buckets are compressed
         return allreduce_hook(ctx, bucket)
@@ -31,7 +50,7 @@ def _compress(dtype, ctx, bucket):
         buf.mul_(bucket.scale)
     wire.copy_(buf)
 
-    def decompress(fut):
+    def decompress(fut: "_Future[list[torch.Tensor]]") -> torch.Tensor:
         # In the future's callback, as torch's hook does: an early bucket is decompressed
         # while backward still runs, not at finalize.
         return buf.copy_(fut.value()[0])
@@ -40,19 +59,39 @@ def _compress(dtype, ctx, bucket):
 
 @declare_sums
 @declare_eager
-def fp16_compress_hook(ctx, bucket):
-    """float32 buckets travel as float16 (the type is the hook's, as in torch)."""
+def fp16_compress_hook(ctx: HookContext, bucket: GradBucket) -> "_Future[Any]":
+    """float32 buckets travel as float16 (the type is the hook's, as in torch), summed, and
+    are decompressed into the bucket; other dtypes travel as they are.
+
+    Example::
+
+        >>> import torch, pybridge
+        >>> from pybridge.algorithms.comm_hooks import HookContext, fp16_compress_hook
+        >>> ddp_model = pybridge.DistributedDataParallel(torch.nn.Linear(4, 2))
+        >>> ddp_model.register_comm_hook(HookContext(pybridge.current()), fp16_compress_hook)
+        >>> ddp_model(torch.ones(3, 4)).sum().backward()
+    """
     return _compress(torch.float16, ctx, bucket)
 
 
 @declare_sums
 @declare_eager
-def bf16_compress_hook(ctx, bucket):
-    """float32 buckets travel as bfloat16."""
+def bf16_compress_hook(ctx: HookContext, bucket: GradBucket) -> "_Future[Any]":
+    """float32 buckets travel as bfloat16 (on gloo too, unlike torch's bf16 hook).
+
+    Example::
+
+        >>> import torch, pybridge
+        >>> from pybridge.algorithms.comm_hooks import HookContext, bf16_compress_hook
+        >>> ddp_model = pybridge.DistributedDataParallel(torch.nn.Linear(4, 2))
+        >>> ddp_model.register_comm_hook(HookContext(pybridge.current()), bf16_compress_hook)
+        >>> ddp_model(torch.ones(3, 4)).sum().backward()
+    """
     return _compress(torch.bfloat16, ctx, bucket)
 
 
-def powersgd_state(group, rank=1, warm_start=True, start_iter=2, seed=0):
+def powersgd_state(group: Optional[Group], rank: int = 1, warm_start: bool = True, start_iter: int = 2,
+                   seed: int = 0) -> "PowerSGDState":
     """torch's PowerSGDState for a pybridge group (None: a state that is only described,
     never run). `start_iter`: iterations of plain allreduce before compression starts
     (torch's start_powerSGD_iter; at least 2, as torch requires when error feedback is
@@ -65,7 +104,19 @@ def powersgd_state(group, rank=1, warm_start=True, start_iter=2, seed=0):
                               warm_start=bool(warm_start), random_seed=seed)
 
 
-def powersgd_hook(state, bucket):
+def powersgd_hook(state: "PowerSGDState", bucket: TorchGradBucket) -> torch.futures.Future[torch.Tensor]:
+    """torch's PowerSGD hook (low-rank gradient compression) with a state from powersgd_state:
+    plain allreduce for `start_iter` iterations, then rank-`rank` approximations. Annotated as
+    torch's hooks are, which torch's DDP checks: it runs there too.
+
+    Example::
+
+        >>> import torch, pybridge
+        >>> from pybridge.algorithms.comm_hooks import powersgd_hook, powersgd_state
+        >>> ddp_model = pybridge.DistributedDataParallel(torch.nn.Linear(4, 2))
+        >>> ddp_model.register_comm_hook(powersgd_state(pybridge.current(), rank=1), powersgd_hook)
+        >>> ddp_model(torch.ones(3, 4)).sum().backward()
+    """
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
     return psgd.powerSGD_hook(state, bucket)
 

@@ -20,10 +20,14 @@ The hook works on a background thread, in bucket order, so communication overlap
 rest of backward; the future it returns completes when the bucket is mixed.
 """
 
+from typing import Any, Iterable, Optional, Union
+
 import torch
+from torch._C._distributed_c10d import GradBucket as TorchGradBucket  # torch.distributed.GradBucket
 
 from ..comm import collectives, subgroups
-from .contract import declare_eager
+from .contract import GradBucket, declare_eager
+from ..comm import group as _group
 from ..comm import world as _world
 from ..base import jobenv
 from ..base.checks import integer
@@ -32,7 +36,7 @@ from .gossip_schedule import check_topology, peers
 from .hook_thread import HookThread
 
 
-def ranks_per_node_or_launchers(ranks_per_node):
+def ranks_per_node_or_launchers(ranks_per_node: Optional[int]) -> int:
     """ranks_per_node checked; None or 0 is the launcher's (LOCAL_WORLD_SIZE, which
     pybridge-launch and torchrun set) or the scheduler's (srun, mpirun: jobenv.ranks_per_node),
     or 1 when nothing says: the ranks of one
@@ -53,11 +57,22 @@ class GossipState:
     average parameters over the group every K steps (0: never).
 
     Creating it is a collective over `group` (it creates the node and cross-node groups).
+
+    Example::
+
+        >>> import torch, pybridge
+        >>> from pybridge.algorithms.gossip import GossipState, gossip_hook
+        >>> ddp_model = pybridge.DistributedDataParallel(torch.nn.Linear(4, 2))
+        >>> state = GossipState(ranks_per_node=1, sync_every=8)   # a collective: every rank makes one
+        >>> ddp_model.register_comm_hook(state, gossip_hook)      # the wrapper closes it
+        >>> ddp_model(torch.ones(3, 4)).sum().backward()          # each bucket mixed with one peer
     """
 
-    def __init__(self, group=None, *, topology="cube", ranks_per_node=None, seed=0, rotate=True,
-                 sync_every=0):
-        self.group = g = group or _world.current()
+    def __init__(self, group: Optional[_group.Group] = None, *, topology: str = "cube",
+                 ranks_per_node: Optional[int] = None, seed: int = 0, rotate: bool = True,
+                 sync_every: int = 0) -> None:
+        self.group: _group.Group = group or _world.current()
+        g = self.group
         self.topology = check_topology(topology)
         ranks_per_node = ranks_per_node_or_launchers(ranks_per_node)
         seed = integer("gossip seed", seed, low=0)
@@ -70,27 +85,29 @@ class GossipState:
         self.node = g.rank // ranks_per_node
         # Separate groups even for one rank per node: the exchanges run on the hook's thread
         # and must not share a process group with the caller's own collectives.
-        self.intra, self.cross = subgroups.node_groups(ranks_per_node, group=g)
-        self.everyone = subgroups.split(0, group=g)  # for sync_every's exact steps
+        intra, cross = subgroups.node_groups(ranks_per_node, group=g)
+        everyone = subgroups.split(0, group=g)  # for sync_every's exact steps
+        assert intra is not None and cross is not None and everyone is not None  # (colors >= 0)
+        self.intra, self.cross, self.everyone = intra, cross, everyone
         self.master = self.intra.rank == 0
         self.step = 0
-        self._params = []   # parameters seen this step (for sync_every)
-        self._scratch = {}
+        self._params: list[torch.Tensor] = []   # parameters seen this step (for sync_every)
+        self._scratch: dict[int, torch.Tensor] = {}
         self._worker = HookThread("pybridge-gossip")
 
     STEP_ATTR = "step"  # the counter a checkpoint keeps (contract.hook_step)
 
-    def settings(self):
+    def settings(self) -> dict[str, Any]:
         """What every rank must share (contract.identity)."""
         return {"topology": self.topology, "ranks_per_node": self.group.size // self.num_nodes,
                 "seed": self.seed, "rotate": self.rotate, "sync_every": self.sync_every}
 
-    def peers(self, step=None):
+    def peers(self, step: Optional[int] = None) -> tuple[Optional[int], Optional[int]]:
         """(send to, receive from) node numbers at `step` (default: the current step)."""
         return peers(self.topology, self.num_nodes, self.seed, self.step if step is None else step,
                      self.node, self.rotate)
 
-    def close(self):
+    def close(self) -> None:
         """Stop the hook's thread and free the node groups."""
         self._worker.close()
         for g in (self.intra, self.cross, self.everyone):
@@ -99,13 +116,14 @@ class GossipState:
 
     # ---- the work, on the hook's thread ---------------------------------------------------
 
-    def _mix(self, index, buf, send_to, recv_from):
+    def _mix(self, index: int, buf: torch.Tensor, send_to: Optional[int], recv_from: Optional[int]) -> torch.Tensor:
         if self.intra.size > 1:
             collectives.all_reduce(buf, collectives.AVG, group=self.intra)
         if self.master and send_to is not None:
             got = self._scratch.get(index)
             if got is None or got.shape != buf.shape or got.dtype != buf.dtype:
                 got = self._scratch[index] = torch.empty_like(buf)
+            assert recv_from is not None  # (peers come in pairs)
             recv = collectives.irecv(got, recv_from, tag=index, group=self.cross)
             send = collectives.isend(buf, send_to, tag=index, group=self.cross)
             recv.wait()
@@ -115,7 +133,7 @@ class GossipState:
             collectives.broadcast(buf, 0, group=self.intra)
         return buf
 
-    def _sync(self, buf, params):
+    def _sync(self, buf: torch.Tensor, params: Optional[list[torch.Tensor]]) -> torch.Tensor:
         collectives.all_reduce(buf, collectives.AVG, group=self.everyone)  # exact, this step
         if params:
             average_parameters(params, group=self.everyone)
@@ -123,7 +141,7 @@ class GossipState:
 
     # ---- the hook, on the caller's thread -------------------------------------------------
 
-    def hook(self, bucket):
+    def hook(self, bucket: Union[GradBucket, TorchGradBucket]) -> "torch.futures.Future[torch.Tensor]":
         """The GossipGraD communication hook for one bucket (torch's contract, with this
         state bound): queue its exchange on the state's thread and return its future."""
         buf = bucket.buffer()
@@ -139,22 +157,33 @@ class GossipState:
                 pass  # specs only (C, Go): the caller averages its own parameters
         index = bucket.index()
         if sync:
-            params = None
+            params: Optional[list[torch.Tensor]] = None
             if bucket.is_last():
                 params, self._params = self._params, []
 
-            def work():
+            def work() -> torch.Tensor:
                 return self._sync(buf, params)
         else:
-            def work():
+            def work() -> torch.Tensor:
                 return self._mix(index, buf, send_to, recv_from)
         if bucket.is_last():
             self.step += 1
         return self._worker.submit(work)
 
 
-def gossip_hook(state, bucket):
-    """The GossipGraD communication hook: pass a GossipState as `state` (GossipState.hook)."""
+# torch's DDP checks these annotations (bucket: torch.distributed.GradBucket, a Future[Tensor]) when
+# the hook is registered there; pybridge's reducer hands it its own GradBucket, which has the same methods.
+def gossip_hook(state: GossipState, bucket: TorchGradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The GossipGraD communication hook: pass a GossipState as `state` (GossipState.hook).
+
+    Example::
+
+        >>> import torch, pybridge
+        >>> from pybridge.algorithms.gossip import GossipState, gossip_hook
+        >>> ddp_model = pybridge.DistributedDataParallel(torch.nn.Linear(4, 2))
+        >>> ddp_model.register_comm_hook(GossipState(topology="dissemination"), gossip_hook)
+        >>> ddp_model(torch.ones(3, 4)).sum().backward()
+    """
     if not isinstance(state, GossipState):
         raise InvalidArgument(f"gossip_hook needs a GossipState as its state, got {type(state).__name__}")
     return state.hook(bucket)
@@ -165,15 +194,15 @@ def gossip_hook(state, bucket):
 declare_eager(gossip_hook)
 
 
-def average_parameters(params, *, group=None):
+def average_parameters(params: Union[torch.nn.Module, Iterable[torch.Tensor]], *,
+                       group: Optional[_group.Group] = None) -> None:
     """Average tensors (a module's parameters, or any list) over `group`, in place: replicas
     trained with gossip drift apart; call this before evaluating or saving."""
     g = group or _world.current()
-    if isinstance(params, torch.nn.Module):
-        params = list(params.parameters())
+    tensors = list(params.parameters()) if isinstance(params, torch.nn.Module) else list(params)
     with torch.no_grad():
-        for dtype in sorted({p.dtype for p in params}, key=str):
-            same = [p for p in params if p.dtype == dtype]
+        for dtype in sorted({p.dtype for p in tensors}, key=str):
+            same = [p for p in tensors if p.dtype == dtype]
             flat = torch.cat([p.detach().reshape(-1) for p in same])
             collectives.all_reduce(flat, collectives.AVG if dtype.is_floating_point else collectives.SUM,
                                    group=g)

@@ -13,6 +13,8 @@ each period, from (seed, period index) alone, with pybridge.base.shuffle (the sp
 Fisher-Yates shuffle the RecordIO partitioner uses too): no global random state is read or changed.
 """
 
+from typing import Optional
+
 from ..base.checks import index, integer
 from ..errors import InvalidArgument
 from ..base.shuffle import permutation
@@ -22,26 +24,31 @@ DISSEMINATION = "dissemination"
 TOPOLOGIES = (CUBE, DISSEMINATION)
 
 
-def check_topology(topology):
+_Pair = tuple[Optional[int], Optional[int]]
+
+
+def check_topology(topology: str) -> str:
+    """The topology's name, checked ('cube' or 'dissemination', any case)."""
     name = topology.lower() if isinstance(topology, str) else topology
     if name not in TOPOLOGIES:
         raise InvalidArgument(f"unknown gossip topology {topology!r}; choose 'cube' or 'dissemination'")
-    return name
+    checked: str = name
+    return checked
 
 
-def period(num_nodes):
+def period(num_nodes: int) -> int:
     """Steps per period: max(1, ceil(log2 N)); the power of two cycles through 0..period-1."""
     return max(1, (integer("number of nodes", num_nodes, low=1) - 1).bit_length())
 
 
-def virtual_topology(num_nodes, seed, step, rotate=True):
+def virtual_topology(num_nodes: int, seed: int, step: int, rotate: bool = True) -> list[int]:
     """The node at each position for `step`: redrawn every period when rotating, else identity."""
     if not rotate or num_nodes == 1:
         return list(range(num_nodes))
     return permutation(num_nodes, integer("seed", seed, low=0), step // period(num_nodes))
 
 
-def peers(topology, num_nodes, seed, step, node, rotate=True):
+def peers(topology: str, num_nodes: int, seed: int, step: int, node: int, rotate: bool = True) -> _Pair:
     """(send_to, receive_from) node numbers for `node` at `step`; (None, None) when the node
     sits out this step (a single node, or cube's unmatched position)."""
     topology = check_topology(topology)
@@ -61,7 +68,8 @@ def peers(topology, num_nodes, seed, step, node, rotate=True):
     return order[(pos + hop) % n], order[(pos - hop) % n]
 
 
-def schedule(topology, num_nodes, seed, steps, rotate=True):
+def schedule(topology: str, num_nodes: int, seed: int, steps: int,
+             rotate: bool = True) -> list[tuple[int, list[_Pair]]]:
     """[(step, [(send_to, receive_from) for each node])] for steps 0..steps-1: for reading."""
     return [(s, [peers(topology, num_nodes, seed, s, i, rotate) for i in range(num_nodes)])
             for s in range(steps)]

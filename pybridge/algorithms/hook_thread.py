@@ -10,33 +10,38 @@ differently on each rank.
 
 import queue
 import threading
+from typing import Callable, Optional, TypeVar
 
 import torch
 
+_T = TypeVar("_T")
+
 
 class HookThread:
-    def __init__(self, name):
-        self._jobs = queue.Queue()
+    """A thread that runs submitted work in order, each result a torch future."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: "queue.Queue[Optional[tuple[torch.futures.Future[object], Callable[[], object]]]]" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, work):
+    def submit(self, work: Callable[[], _T]) -> "torch.futures.Future[_T]":
         """A torch.futures.Future of work(), which runs after everything submitted before."""
-        fut = torch.futures.Future()
-        self._jobs.put((fut, work))
+        fut: torch.futures.Future[_T] = torch.futures.Future()
+        self._jobs.put((fut, work))  # type: ignore[arg-type]  # (one queue for every result type)
         return fut
 
-    def is_alive(self):
+    def is_alive(self) -> bool:
         """Whether the thread still runs (close() ends it)."""
         return self._thread.is_alive()
 
-    def close(self, timeout=30):
+    def close(self, timeout: float = 30) -> None:
         """Finish the queued work (bounded) and stop the thread; a second call is a no-op."""
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join(timeout=timeout)
 
-    def _run(self):
+    def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             fut, work = job
             try:

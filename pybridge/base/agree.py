@@ -9,9 +9,11 @@ every rank raises the same error and none is left waiting.
 Two transports gather the rows, because some checks cannot issue a collective:
 - collectives.agree(row, what, group=...): an all_gather of a row of integers, for checks
   that sit in the group's stream of collectives (every member calls them in order);
-- in_store() here: through the rendezvous store, for the roster at init (no process group
-  exists yet) and for a dynamic loader's open (a data-loading call, not a collective: it
-  must not take a place in the group's collective order, which training threads share).
+- in_store() here: through the rendezvous store, for a dynamic loader's open (a
+  data-loading call, not a collective: it must not take a place in the group's collective
+  order, which training threads share). The roster at init (comm/roster.py: no process
+  group exists yet) gathers its entries through the store itself, naming the ranks that
+  never joined, and compares them with check().
 """
 
 import hashlib

@@ -3,9 +3,12 @@ pointers into torch tensors that share the caller's memory."""
 
 import ctypes
 from collections import OrderedDict
+from typing import Any, Callable, Hashable, Optional, Protocol, Union
 
 import numpy as np
 import torch
+from torch.utils.dlpack import from_dlpack
+from typing_extensions import Buffer
 
 from .. import abi
 from . import dtypes
@@ -15,7 +18,18 @@ from ..errors import InvalidArgument
 CPU = abi.PB_CPU  # device code for host memory; >= 0 is a CUDA device index
 
 
-def as_tensor(obj, dtype=None) -> torch.Tensor:
+class SupportsDLPack(Protocol):
+    """An array that hands its memory over by DLPack (JAX, CuPy, ...)."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+# What the collectives take, in place: a torch tensor, a numpy array, a DLPack array or any
+# writable buffer (bytearray, memoryview, array.array, ...).
+BufferLike = Union[torch.Tensor, np.ndarray[Any, Any], SupportsDLPack, Buffer]
+
+
+def as_tensor(obj: BufferLike, dtype: Optional[dtypes.DTypeLike] = None) -> torch.Tensor:
     """A contiguous tensor viewing `obj`'s memory, so in-place collectives write back.
 
     `obj` is a torch tensor, a numpy array, any object with `__dlpack__` (JAX, CuPy...;
@@ -33,7 +47,7 @@ def as_tensor(obj, dtype=None) -> torch.Tensor:
         t = torch.from_numpy(obj) if obj.dtype.name in dtypes.NAMES else _from_buffer(obj, dtype or obj.dtype)
     elif hasattr(obj, "__dlpack__"):  # JAX, CuPy, TVM...: their memory, shared
         try:
-            t = torch.from_dlpack(obj)
+            t = from_dlpack(obj)
         except (BufferError, RuntimeError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"cannot use {type(obj).__name__} through DLPack: {exc}") from None
     else:
@@ -56,25 +70,25 @@ def as_tensor(obj, dtype=None) -> torch.Tensor:
     return t
 
 
-def _format_dtype(view: memoryview):
+def _format_dtype(view: memoryview) -> np.dtype[Any]:
     try:
         return np.dtype(view.format)
     except TypeError:
         raise InvalidArgument(f"buffer format {view.format!r} is not a supported element type") from None
 
 
-def _from_buffer(view, dtype) -> torch.Tensor:
-    view = memoryview(view)
-    if view.readonly:
+def _from_buffer(view: Union[Buffer, np.ndarray[Any, Any]], dtype: dtypes.DTypeLike) -> torch.Tensor:
+    mem = memoryview(view)
+    if mem.readonly:
         raise InvalidArgument("buffer is read-only; collectives write their result in place")
-    if not view.c_contiguous:
+    if not mem.c_contiguous:
         raise InvalidArgument("buffer is not contiguous; collectives need one block of memory")
     want = dtypes.torch_dtype(dtype)
-    if view.nbytes % want.itemsize:
-        raise InvalidArgument(f"buffer of {view.nbytes} bytes is not a whole number of {want} elements")
-    if view.nbytes == 0:
+    if mem.nbytes % want.itemsize:
+        raise InvalidArgument(f"buffer of {mem.nbytes} bytes is not a whole number of {want} elements")
+    if mem.nbytes == 0:
         return torch.empty(0, dtype=want)
-    return torch.frombuffer(view.cast("B"), dtype=want)
+    return torch.frombuffer(mem.cast("B"), dtype=want)
 
 
 class _CudaArray:
@@ -84,7 +98,7 @@ class _CudaArray:
                 torch.bfloat16: "<V2", torch.int8: "|i1", torch.uint8: "|u1",
                 torch.int32: "<i4", torch.int64: "<i8"}
 
-    def __init__(self, address, count, dtype):
+    def __init__(self, address: int, count: int, dtype: torch.dtype) -> None:
         # bfloat16 has no typestr: wrap as int16 and reinterpret afterwards.
         typestr = "<i2" if dtype == torch.bfloat16 else self._TYPESTR[dtype]
         self.__cuda_array_interface__ = {
@@ -100,12 +114,13 @@ class PointerViews:
     turns into an int when a view must be made.
     """
 
-    def __init__(self, capacity=256, address_of=int):
-        self._cache = OrderedDict()
+    def __init__(self, capacity: int = 256, address_of: Callable[[Any], int] = int) -> None:
+        self._cache: "OrderedDict[tuple[Hashable, int, Any, int], torch.Tensor]" = OrderedDict()
         self._capacity = capacity
         self._address_of = address_of
 
-    def get(self, address: int, count: int, dtype, device: int = CPU) -> torch.Tensor:
+    def get(self, address: Hashable, count: int, dtype: dtypes.DTypeLike, device: int = CPU) -> torch.Tensor:
+        """The tensor over `count` elements of `dtype` at `address` (from_pointer), cached."""
         key = (address, count, dtype, device)
         t = self._cache.get(key)
         if t is not None:
@@ -121,7 +136,7 @@ class PointerViews:
 MAX_BYTES = 1 << 47  # 128 TiB: more than any machine's memory, far from overflowing a size
 
 
-def check_extent(count, dtype, device=CPU):
+def check_extent(count: int, dtype: dtypes.DTypeLike, device: int = CPU) -> torch.dtype:
     """Check an element count and a device code (C ABI conventions) before anything is
     allocated or wrapped; returns the torch dtype. Bad values are InvalidArgument naming
     them, never an overflow deeper down."""
@@ -136,7 +151,7 @@ def check_extent(count, dtype, device=CPU):
     return want
 
 
-def from_pointer(address: int, count: int, dtype, device: int = CPU) -> torch.Tensor:
+def from_pointer(address: int, count: int, dtype: dtypes.DTypeLike, device: int = CPU) -> torch.Tensor:
     """A tensor over `count` elements of `dtype` at `address` (host or CUDA memory)."""
     want = check_extent(count, dtype, device)
     if count == 0:
@@ -151,7 +166,7 @@ def from_pointer(address: int, count: int, dtype, device: int = CPU) -> torch.Te
     return t.view(torch.bfloat16) if want == torch.bfloat16 else t
 
 
-def _check_cuda_device(device: int):
+def _check_cuda_device(device: int) -> None:
     if not torch.cuda.is_available():
         raise InvalidArgument(f"CUDA device {device} requested but CUDA is not available")
     if device >= torch.cuda.device_count():

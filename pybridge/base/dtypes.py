@@ -1,5 +1,8 @@
 """The eight element types that cross the C ABI, by code, name and torch dtype."""
 
+from typing import Any, Union
+
+import numpy as np
 import torch
 
 from .. import abi
@@ -27,7 +30,11 @@ NAMES = {
 }
 
 
-def torch_dtype(spec) -> torch.dtype:
+# What a `dtype=` argument takes: a torch dtype, a name ("bfloat16"), a numpy dtype or a C code.
+DTypeLike = Union[torch.dtype, str, int, np.dtype[Any], type[np.generic]]
+
+
+def torch_dtype(spec: DTypeLike) -> torch.dtype:
     """Resolve a dtype given as a code, a name, a numpy dtype or a torch dtype."""
     if isinstance(spec, torch.dtype):
         if spec not in CODE_OF:
@@ -46,4 +53,5 @@ def torch_dtype(spec) -> torch.dtype:
 
 
 def code(dtype: torch.dtype) -> int:
+    """The C ABI's code (PB_FLOAT32 ...) of a supported dtype."""
     return CODE_OF[torch_dtype(dtype)]

@@ -29,8 +29,8 @@ where each value came from (pybridge.env()).
 import os
 import re
 import zlib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Mapping, MutableMapping, Optional, Union
 
 from ..errors import InvalidArgument
 from . import netif
@@ -38,7 +38,9 @@ from . import netif
 
 
 # name: (rank, world size, local rank, local world size) variables of each scheduler
-SCHEDULERS = {
+_Names = Union[str, tuple[str, ...], None]  # a variable, or the first set of several
+_Found = tuple[Optional[int], Optional[str]]  # (value, the variable it came from)
+SCHEDULERS: dict[str, tuple[str, _Names, str, Optional[str]]] = {
     "slurm": ("SLURM_PROCID", ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), "SLURM_LOCALID", None),
     "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                 "OMPI_COMM_WORLD_LOCAL_SIZE"),
@@ -50,18 +52,26 @@ SCHEDULERS = {
 class JobEnv:
     """This process's place in its job; None where nothing says. `sources` names the variable
     (or rule) each value came from; `scheduler` is "launcher", "slurm", "openmpi", "pmi" or
-    None (nothing set: a single process, or values passed to init)."""
-    rank: int = None
-    world_size: int = None
-    local_rank: int = None
-    local_world_size: int = None
-    master_addr: str = None
-    master_port: int = None
-    scheduler: str = None
-    sources: dict = field(default_factory=dict)
+    None (nothing set: a single process, or values passed to init).
+
+    Example::
+
+        >>> import pybridge
+        >>> job = pybridge.env()                # what init() will read, and from where
+        >>> job.sources.get("rank")             # under pybridge-launch or torchrun
+        'RANK'
+    """
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+    local_rank: Optional[int] = None
+    local_world_size: Optional[int] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    scheduler: Optional[str] = None
+    sources: dict[str, str] = field(default_factory=dict)
 
 
-def env_int(name, env=None):
+def env_int(name: str, env: Optional[Mapping[str, str]] = None) -> Optional[int]:
     """An integer environment variable (of `env`, default os.environ), or None when unset
     or empty; InvalidArgument naming it when it is not an integer."""
     raw = (os.environ if env is None else env).get(name)
@@ -73,7 +83,7 @@ def env_int(name, env=None):
         raise InvalidArgument(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def _first(env, names):
+def _first(env: Mapping[str, str], names: _Names) -> _Found:
     """(value, name) of the first of `names` that is set."""
     for name in (names if isinstance(names, tuple) else (names,)):
         if name is not None and env.get(name, "") != "":
@@ -81,7 +91,7 @@ def _first(env, names):
     return None, None
 
 
-def expand_nodelist(text):
+def expand_nodelist(text: Optional[str]) -> list[str]:
     """SLURM's compressed host list as a list: "node[01-03,07],gpu5" -> node01, node02,
     node03, node07, gpu5 (zero padding kept)."""
     hosts = []
@@ -100,13 +110,13 @@ def expand_nodelist(text):
     return hosts
 
 
-def _derived_port(key, env):
+def _derived_port(key: str, env: Mapping[str, str]) -> int:
     """The same port on every rank of a job, from port_range() (PYBRIDGE_PORTS, else 20000-31999)."""
-    ports = netif.port_range(env)
+    ports: list[int] = netif.port_range(env)
     return ports[zlib.crc32(key.encode()) % len(ports)]
 
 
-def _scheduler_values(env):
+def _scheduler_values(env: Mapping[str, str]) -> tuple[Optional[str], dict[str, _Found]]:
     """(scheduler, {value: (int, variable)}) of the first scheduler whose rank is set."""
     for name, (rank_v, size_v, local_v, local_size_v) in SCHEDULERS.items():
         rank, rank_name = _first(env, rank_v)
@@ -120,7 +130,7 @@ def _scheduler_values(env):
     return None, {}
 
 
-def _slurm_local_size(env):
+def _slurm_local_size(env: Mapping[str, str]) -> _Found:
     """(tasks of the step on this node, source): SLURM_GTIDS lists their ranks ("0,1");
     else SLURM_STEP_TASKS_PER_NODE when every node has as many ("2(x4)", "2"); else None."""
     gtids = env.get("SLURM_GTIDS", "")
@@ -131,27 +141,31 @@ def _slurm_local_size(env):
     return (int(m[1]), "SLURM_STEP_TASKS_PER_NODE") if m else (None, None)
 
 
-def _slurm_master(env):
+_Where = tuple[Optional[str], Optional[str]]  # (address, what said so)
+
+
+def _slurm_master(env: Mapping[str, str]) -> tuple[_Where, _Found]:
     nodes_var = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
     nodes = expand_nodelist(env.get(nodes_var, ""))
     job = env.get("SLURM_JOB_ID", "")
     step = env.get("SLURM_STEP_ID", "0")
-    addr = (nodes[0], f"the first node of {nodes_var}") if nodes else (None, None)
-    port = (_derived_port(f"slurm:{job}.{step}", env), "derived from SLURM_JOB_ID and SLURM_STEP_ID") if job \
+    addr: _Where = (nodes[0], f"the first node of {nodes_var}") if nodes else (None, None)
+    port: _Found = (_derived_port(f"slurm:{job}.{step}", env), "derived from SLURM_JOB_ID and SLURM_STEP_ID") if job \
         else (None, None)
     return addr, port
 
 
-def _mpi_master(env, scheduler, world, local_world):
+def _mpi_master(env: Mapping[str, str], scheduler: str, world: Optional[int],
+                local_world: Optional[int]) -> tuple[_Where, _Found]:
     key = next((f"{v}={env[v]}" for v in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "PMI_PORT",
                                           "OMPI_MCA_orte_hnp_uri") if env.get(v)), None)
-    port = (_derived_port(f"{scheduler}:{key}", env), f"derived from {key.split('=')[0]}") if key else (None, None)
+    port: _Found = (_derived_port(f"{scheduler}:{key}", env), f"derived from {key.split('=')[0]}") if key else (None, None)
     if world is not None and local_world is not None and local_world == world:
         return ("127.0.0.1", "every rank on this node (loopback)"), port
     return (None, None), port
 
 
-def detect(environ=None):
+def detect(environ: Optional[Mapping[str, str]] = None) -> JobEnv:
     """This process's JobEnv, from `environ` (default: os.environ)."""
     env = os.environ if environ is None else environ
     out = JobEnv()
@@ -172,10 +186,11 @@ def detect(environ=None):
     elif scheduler:
         out.scheduler = scheduler
     for name, (value, source) in values.items():
-        if value is not None:
+        if value is not None and source is not None:
             setattr(out, name, value)
             out.sources[name] = source
-    addr, port = (None, None), (None, None)
+    addr: _Where = (None, None)
+    port: _Found = (None, None)
     if out.scheduler == "slurm":
         addr, port = _slurm_master(env)
     elif out.scheduler in ("openmpi", "pmi"):
@@ -184,10 +199,11 @@ def detect(environ=None):
         addr = (env["MASTER_ADDR"], "MASTER_ADDR")
     if env.get("MASTER_PORT"):
         port = (env_int("MASTER_PORT", env), "MASTER_PORT")
-    for name, (value, source) in (("master_addr", addr), ("master_port", port)):
-        if value is not None:
-            setattr(out, name, value)
-            out.sources[name] = source
+    (host, host_src), (number, port_src) = addr, port
+    if host is not None and host_src is not None:
+        out.master_addr, out.sources["master_addr"] = host, host_src
+    if number is not None and port_src is not None:
+        out.master_port, out.sources["master_port"] = number, port_src
     return out
 
 
@@ -195,7 +211,7 @@ UNPLACED = ("rank and world size are unknown: set RANK and WORLD_SIZE (pybridge-
             "start the ranks with srun or mpirun, or pass them explicitly")
 
 
-def placed(environ: Mapping[str, str] | None = None) -> JobEnv:
+def placed(environ: Optional[Mapping[str, str]] = None) -> JobEnv:
     """detect(), as init() reads it when it is given nothing (pb_job_env, Go's
     FromLaunchEnv): InvalidArgument when rank or world size is unknown, and the local rank
     is the rank when nothing says."""
@@ -208,7 +224,7 @@ def placed(environ: Mapping[str, str] | None = None) -> JobEnv:
     return job
 
 
-def ranks_per_node(environ=None):
+def ranks_per_node(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
     """This node's ranks in the job: the launcher's LOCAL_WORLD_SIZE, else the scheduler's
     (SLURM_GTIDS, OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS); None when nothing says. The
     default of node_groups(), the hierarchical hook and gossip, which take nodes to be
@@ -218,13 +234,22 @@ def ranks_per_node(environ=None):
     return env_int("LOCAL_WORLD_SIZE", env) or detect(env).local_world_size
 
 
-def env():
+def env() -> JobEnv:
     """Where this process's rank, world size, local rank and rendezvous come from: a JobEnv
-    with each value and its source, as pybridge.init() will read them."""
+    with each value and its source, as pybridge.init() will read them: the launcher's
+    variables, else SLURM's, Open MPI's or PMI's (the module's docstring has the rule).
+
+    Example::
+
+        >>> import pybridge
+        >>> job = pybridge.env()
+        >>> job.scheduler in (None, "launcher", "slurm", "openmpi", "pmi")
+        True
+    """
     return detect()
 
 
-def rendezvous_method(job):
+def rendezvous_method(job: JobEnv) -> Optional[str]:
     """tcp://ADDR:PORT for a job a scheduler started (no MASTER_* set by hand), or None when
     the launcher's env:// applies. Raises InvalidArgument saying what to set when a
     scheduler's job has no address (MPI across nodes)."""
@@ -239,7 +264,7 @@ def rendezvous_method(job):
     return f"tcp://{job.master_addr}:{job.master_port}"
 
 
-def choose_interface(job, environ=None):
+def choose_interface(job: JobEnv, environ: Optional[MutableMapping[str, str]] = None) -> Optional[str]:
     """For a job a scheduler started across nodes: name the interface whose address reaches
     rank 0's host in GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME of `environ` (default
     os.environ), as pybridge-launch does for its workers, unless they are set. gloo
@@ -252,7 +277,7 @@ def choose_interface(job, environ=None):
         return None
     if "GLOO_SOCKET_IFNAME" in env and "NCCL_SOCKET_IFNAME" in env:
         return None
-    name, _ = netif.interface_towards(job.master_addr)
+    name: Optional[str] = netif.interface_towards(job.master_addr)[0]
     if name is None or name == "lo":
         return None
     env.setdefault("GLOO_SOCKET_IFNAME", name)
@@ -263,14 +288,14 @@ def choose_interface(job, environ=None):
 @dataclass
 class LauncherJob:
     """What pybridge-launch takes from SLURM when srun started it (one launcher per node)."""
-    nnodes: int = None
-    node_rank: int = None
-    endpoint: tuple = None  # (host, port) of the static rendezvous node 0 hosts
-    sources: dict = field(default_factory=dict)
-    warning: str = None  # an allocation the launcher was not started in by srun
+    nnodes: Optional[int] = None
+    node_rank: Optional[int] = None
+    endpoint: Optional[tuple[str, int]] = None  # (host, port) of the static rendezvous node 0 hosts
+    sources: dict[str, str] = field(default_factory=dict)
+    warning: Optional[str] = None  # an allocation the launcher was not started in by srun
 
 
-def launcher_job(environ=None):
+def launcher_job(environ: Optional[Mapping[str, str]] = None) -> LauncherJob:
     """The node count, node rank and rendezvous of a launcher that srun started once per
     node (`srun --ntasks-per-node=1 pybridge-launch ...`): SLURM_STEP_NUM_NODES,
     SLURM_NODEID, and the step's first node with the port derived as for ranks. Outside
@@ -282,9 +307,9 @@ def launcher_job(environ=None):
     if not env.get("SLURM_JOB_ID"):
         return out
     if not env.get("SLURM_STEP_ID"):
-        nodes = env_int("SLURM_JOB_NUM_NODES", env) or env_int("SLURM_NNODES", env) or 1
-        if nodes > 1:
-            out.warning = (f"inside SLURM job {env['SLURM_JOB_ID']} of {nodes} nodes but not started by srun: "
+        allocated = env_int("SLURM_JOB_NUM_NODES", env) or env_int("SLURM_NNODES", env) or 1
+        if allocated > 1:
+            out.warning = (f"inside SLURM job {env['SLURM_JOB_ID']} of {allocated} nodes but not started by srun: "
                            "only this node runs; start one launcher per node with `srun --ntasks-per-node=1 "
                            "pybridge-launch ...`")
         return out
@@ -299,7 +324,7 @@ def launcher_job(environ=None):
                               "use `srun --ntasks-per-node=1 pybridge-launch --nproc-per-node N ...`")
     (host, host_src), (port, port_src) = _slurm_master(env)
     out.nnodes, out.node_rank = nodes, node_rank
-    out.sources.update(nnodes=nodes_var, node_rank="SLURM_NODEID")
+    out.sources.update(nnodes=nodes_var or "", node_rank="SLURM_NODEID")
     if host is not None and port is not None:
         out.endpoint = (host, port)
         out.sources["endpoint"] = f"{host_src}; port {port_src}"

@@ -12,7 +12,7 @@ from .checks import integer
 _MASK64 = (1 << 64) - 1
 
 
-def splitmix64(state):
+def splitmix64(state: int) -> tuple[int, int]:
     """One step of splitmix64: (next state, 64-bit output)."""
     state = (state + 0x9E3779B97F4A7C15) & _MASK64
     z = state
@@ -21,7 +21,7 @@ def splitmix64(state):
     return state, z ^ (z >> 31)
 
 
-def permutation(n, seed, epoch):
+def permutation(n: int, seed: int, epoch: int) -> list[int]:
     """The shuffle order of n items for (seed, epoch): Fisher-Yates, j = splitmix64() % (i + 1)."""
     seed = integer("seed", seed, low=0)
     epoch = integer("epoch", epoch, low=0)

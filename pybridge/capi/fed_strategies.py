@@ -14,15 +14,21 @@ from .federated import _not_null, _server, choices, codes
 _DEFAULTS = {"strategy": abi.PB_FED_STRATEGY_FEDAVG, "eta": 0.0, "momentum": 0.0, "beta1": 0.9, "beta2": 0.99,
              "tau": 1e-3, "buffer_size": 0, "staleness": abi.PB_FED_STALENESS_CONSTANT, "staleness_a": -1.0,
              "staleness_b": -1.0, "max_staleness": -1, "dp_clip_norm": 0.0, "dp_noise_multiplier": 0.0,
-             "dp_seed": 0}
-STRATEGIES = codes("PB_FED_STRATEGY_", strategies.STRATEGIES)  # pb_fed_options.strategy -> the core's name
+             "dp_seed": 0, "strategy_name": None}
+STRATEGIES = codes("PB_FED_STRATEGY_", strategies.BUILTIN)  # pb_fed_options.strategy -> the core's name
 STALENESS = codes("PB_FED_STALENESS_", _staleness.KINDS)  # pb_fed_options.staleness -> the core's kind
-# The strategies' settings (each a pb_fed_options field of the same name), from the registry.
-_SETTINGS = sorted({k for make in strategies.STRATEGIES.values() for k in make.SETTINGS})
+# The strategies' settings (each a pb_fed_options field of the same name), from the built-ins.
+_SETTINGS = sorted({k for name in strategies.BUILTIN for k in strategies.STRATEGIES[name].SETTINGS})
 
 
 def _strategy(o):
-    name = STRATEGIES.get(o["strategy"])
+    name = options.name(o["strategy_name"], "pb_fed_options.strategy_name")
+    if name is not None:
+        if o["strategy"] != _DEFAULTS["strategy"]:
+            raise InvalidArgument(f"pb_fed_options.strategy_name is {name!r} but strategy is set too; choose "
+                                  "the strategy one way")
+    else:
+        name = STRATEGIES.get(o["strategy"])
     if name is None:
         raise InvalidArgument(f"pb_fed_options.strategy must be {choices('PB_FED_STRATEGY_', STRATEGIES)}, "
                               f"got {o['strategy']}")

@@ -23,6 +23,7 @@ WORDS = {
     "between wait() calls": "between pb_reducer_wait calls",
     "join()": "pb_reducer_join",
     "join=True": "PB_REDUCER_JOIN",
+    "divide_by_initial_world_size=False": "PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE",
     "allow_unused=True (find_unused_parameters=True in the DDP wrapper)": "PB_REDUCER_ALLOW_UNUSED",
     "bind_grads()": "pb_reducer_bind_grads",
     "set_shapes()": "pb_reducer_set_shapes",

@@ -31,3 +31,13 @@ def read(ptr, ctype, defaults):
         raise InvalidArgument(f"{ctype}.size is {size} but this library knows {known} bytes, and "
                               "bytes past them are set (options of a newer pybridge?)")
     return got
+
+
+def name(value, what):
+    """A `const char *` field naming something (a hook, a strategy): None when NULL."""
+    if value is None or value == capi.ffi.NULL:
+        return None
+    try:
+        return capi.ffi.string(value).decode()
+    except UnicodeDecodeError:
+        raise InvalidArgument(f"{what} is not UTF-8 text") from None

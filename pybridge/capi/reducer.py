@@ -9,20 +9,15 @@ bucket layouts that C callers may still point at.
 import math
 
 from .. import abi, capi
-from ..algorithms import comm_hooks
 from ..base import dtypes
+from ..algorithms import comm_hooks
 from ..ddp import reducer as _reducer
+from ..ddp import settings as _settings
 from ..base.buffers import CPU
 from ..base.checks import integer
 from ..errors import InvalidArgument
 from ..ddp.attach import Attachment
 from . import handles, live_group, options, put, tensor, torch_param
-
-ALLOW_UNUSED, NO_REBUILD = abi.PB_REDUCER_ALLOW_UNUSED, abi.PB_REDUCER_NO_REBUILD
-JOIN, JOIN_BY_ACTIVE = abi.PB_REDUCER_JOIN, abi.PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE
-BUCKET_VIEW = abi.PB_REDUCER_BUCKET_VIEW
-_FLAGS = ALLOW_UNUSED | NO_REBUILD | JOIN | JOIN_BY_ACTIVE | BUCKET_VIEW
-_TOPOLOGIES = {abi.PB_GOSSIP_CUBE: "cube", abi.PB_GOSSIP_DISSEMINATION: "dissemination"}
 
 # pb_reducer_options: each field and the default pb_reducer_options_init gives it, in
 # struct order. A field that ends past the caller's `size` takes its default.
@@ -30,9 +25,7 @@ _DEFAULTS = {"op": abi.PB_AVG, "bucket_cap_mb": 0.0, "first_bucket_cap_mb": 0.0,
              "hook": abi.PB_HOOK_ALLREDUCE, "hook_rank": 1, "hook_flags": 0,
              "gossip_topology": abi.PB_GOSSIP_NONE, "gossip_ranks_per_node": 0, "gossip_seed": 0,
              "gossip_sync_every": 0, "hook_start_iter": 2, "ndims": None, "dims": None,
-             "hook_ranks_per_node": 0}
-_WIRES = {0: None, abi.PB_HOOK_WIRE_FP16: "fp16", abi.PB_HOOK_WIRE_BF16: "bf16"}
-_HOOK_FLAGS = abi.PB_HOOK_NO_WARM_START | abi.PB_HOOK_WIRE_FP16 | abi.PB_HOOK_WIRE_BF16
+             "hook_ranks_per_node": 0, "hook_name": None}
 
 
 class CReducer:
@@ -110,49 +103,31 @@ def _shape(i, ndims, dims, at):
 
 
 def _hook(o):
-    """The built-in hook the options choose (comm_hooks.BuiltinHook or GossipHook)."""
-    flags = o["hook_flags"]
-    if flags & ~_HOOK_FLAGS:
-        raise InvalidArgument(f"unknown hook flags 0x{flags:x}; valid: PB_HOOK_NO_WARM_START (1), "
-                              "PB_HOOK_WIRE_FP16 (2), PB_HOOK_WIRE_BF16 (4)")
-    wire = flags & (abi.PB_HOOK_WIRE_FP16 | abi.PB_HOOK_WIRE_BF16)
-    if wire not in _WIRES:
-        raise InvalidArgument("hook_flags has both PB_HOOK_WIRE_FP16 and PB_HOOK_WIRE_BF16; choose one")
-    if wire and o["hook"] != abi.PB_HOOK_HIERARCHICAL:
-        raise InvalidArgument(f"hook_flags PB_HOOK_WIRE_* go with PB_HOOK_HIERARCHICAL, but hook is {o['hook']}; "
-                              "for a plain allreduce on a half wire use PB_HOOK_FP16 or PB_HOOK_BF16")
-    topology = o["gossip_topology"]
-    if topology == abi.PB_GOSSIP_NONE:
-        return comm_hooks.BuiltinHook(o["hook"], rank=o["hook_rank"], start_iter=o["hook_start_iter"],
-                                      warm_start=not flags & abi.PB_HOOK_NO_WARM_START,
-                                      ranks_per_node=o["hook_ranks_per_node"], compression=_WIRES[wire])
-    if topology not in _TOPOLOGIES:
-        raise InvalidArgument(f"unknown gossip topology {topology}; use PB_GOSSIP_NONE (-1), PB_GOSSIP_CUBE (0) "
-                              "or PB_GOSSIP_DISSEMINATION (1)")
-    if o["hook"] != abi.PB_HOOK_ALLREDUCE:
-        raise InvalidArgument(f"gossip (gossip_topology {topology}) takes the hook's place, but hook is "
-                              f"{o['hook']}: leave hook at PB_HOOK_ALLREDUCE, or gossip_topology at PB_GOSSIP_NONE")
-    return comm_hooks.GossipHook(_TOPOLOGIES[topology], ranks_per_node=o["gossip_ranks_per_node"],
-                                 seed=o["gossip_seed"], sync_every=o["gossip_sync_every"])
+    """The hook the options choose: by name (a registered hook, or a built-in taking the
+    hook_* settings), else by code (ddp.settings.hook_of checks them)."""
+    name = options.name(o["hook_name"], "pb_reducer_options.hook_name")
+    if name is not None:
+        if o["hook"] != _DEFAULTS["hook"] or o["gossip_topology"] != _DEFAULTS["gossip_topology"]:
+            raise InvalidArgument(f"pb_reducer_options.hook_name is {name!r} but hook or gossip_topology is set "
+                                  "too; choose the hook one way")
+        spec = comm_hooks.by_name(name)
+        if isinstance(spec, comm_hooks.NamedHook):
+            return spec
+        o = dict(o, hook=spec.code)
+    return _settings.hook_of(o["hook"], rank=o["hook_rank"], flags=o["hook_flags"], start_iter=o["hook_start_iter"],
+                             ranks_per_node=o["hook_ranks_per_node"], topology=o["gossip_topology"],
+                             gossip_ranks_per_node=o["gossip_ranks_per_node"], seed=o["gossip_seed"],
+                             sync_every=o["gossip_sync_every"])
 
 
 def _build(g, params, o, cap_mb, attach=False):
-    """The core Reducer over `params` (specs or tensors) with the options' settings."""
-    flags = o["flags"]
-    if flags & ~_FLAGS:
-        raise InvalidArgument(f"unknown reducer flags 0x{flags:x}; valid: PB_REDUCER_ALLOW_UNUSED (1), "
-                              "PB_REDUCER_NO_REBUILD (2), PB_REDUCER_JOIN (4), PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE (8), "
-                              "PB_REDUCER_BUCKET_VIEW (16, pb_reducer_attach)")
-    if flags & JOIN_BY_ACTIVE and not flags & JOIN:
-        raise InvalidArgument("flags: PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE goes with PB_REDUCER_JOIN")
-    if flags & BUCKET_VIEW and not attach:
-        raise InvalidArgument("flags: PB_REDUCER_BUCKET_VIEW goes with pb_reducer_attach (the parameters' .grad "
-                              "become bucket views); pb_reducer_create's gradients are bucket views already")
+    """The core Reducer over `params` (specs or tensors) with the options' settings, and
+    whether the parameters' .grad become bucket views (pb_reducer_attach)."""
+    keywords, bucket_view = _settings.flag_keywords(o["flags"], attach)
     first = o["first_bucket_cap_mb"]
-    return _reducer.Reducer(params, group=g, bucket_cap_mb=cap_mb, first_bucket_cap_mb=None if first == 0 else first,
-                            op=o["op"], hook=_hook(o), rebuild=not flags & NO_REBUILD,
-                            allow_unused=bool(flags & ALLOW_UNUSED), join=bool(flags & JOIN),
-                            divide_by_initial_world_size=not flags & JOIN_BY_ACTIVE)
+    r = _reducer.Reducer(params, group=g, bucket_cap_mb=cap_mb, first_bucket_cap_mb=None if first == 0 else first,
+                         op=o["op"], hook=_hook(o), **keywords)
+    return r, bucket_view
 
 
 def _create(group, nparams, counts, dtype_codes, o, out, cap_mb):
@@ -161,7 +136,7 @@ def _create(group, nparams, counts, dtype_codes, o, out, cap_mb):
     if out == capi.ffi.NULL:
         raise InvalidArgument("out (the pointer to store the reducer handle in) is NULL")
     specs = _specs(nparams, counts, dtype_codes, o["ndims"], o["dims"])
-    handles.add(CReducer(_build(g, specs, o, cap_mb)), "pb_reducer *", out)
+    handles.add(CReducer(_build(g, specs, o, cap_mb)[0]), "pb_reducer *", out)
 
 
 def pb_reducer_attach(group, n, params, options, out):
@@ -177,9 +152,9 @@ def pb_reducer_attach(group, n, params, options, out):
                               "from libtorch; leave them NULL")
     ts = [torch_param(params + i, f"params[{i}]") for i in range(n)]
     cap = o["bucket_cap_mb"]
-    r = _build(g, ts, o, None if cap == 0 else cap, attach=True)
+    r, bucket_view = _build(g, ts, o, None if cap == 0 else cap, attach=True)
     try:
-        a = Attachment(r, ts, bucket_view=bool(o["flags"] & BUCKET_VIEW))
+        a = Attachment(r, ts, bucket_view=bucket_view)
     except BaseException:
         r.close()
         raise
@@ -193,10 +168,7 @@ def pb_reducer_create(group, nparams, counts, dtype_codes, options, out):
 
 
 def pb_reducer_new(group, nparams, counts, dtype_codes, bucket_cap_mb, op, compression, flags, out):
-    if compression not in (abi.PB_COMPRESS_NONE, abi.PB_COMPRESS_FP16, abi.PB_COMPRESS_BF16):
-        raise InvalidArgument(f"unknown compression {compression}; use PB_COMPRESS_NONE (0), "
-                              "PB_COMPRESS_FP16 (1) or PB_COMPRESS_BF16 (2)")
-    o = dict(_DEFAULTS, op=op, hook=compression, flags=flags)  # PB_COMPRESS_X is PB_HOOK_X
+    o = dict(_DEFAULTS, op=op, hook=_settings.compression_hook(compression), flags=flags)
     cap = None if bucket_cap_mb <= 0 else bucket_cap_mb  # <= 0: the default here; NaN is checked there
     _create(group, nparams, counts, dtype_codes, o, out, cap)
 
@@ -287,8 +259,8 @@ def pb_reducer_set_hook(reducer, hook, rank, flags):
 def pb_reducer_set_gossip(reducer, topology, ranks_per_node, seed, sync_every):
     r = _get(reducer).reducer
     if topology == abi.PB_GOSSIP_NONE:
-        raise InvalidArgument("pb_reducer_set_gossip needs PB_GOSSIP_CUBE (0) or PB_GOSSIP_DISSEMINATION (1), "
-                              "got PB_GOSSIP_NONE; choose a hook with pb_reducer_set_hook instead")
+        raise InvalidArgument("pb_reducer_set_gossip needs a gossip topology, got PB_GOSSIP_NONE; choose a hook "
+                              "with pb_reducer_set_hook instead")
     spec = _hook(dict(_DEFAULTS, gossip_topology=topology, gossip_ranks_per_node=ranks_per_node,
                       gossip_seed=seed, gossip_sync_every=sync_every))
     r.register_comm_hook(*spec.build(r.group))

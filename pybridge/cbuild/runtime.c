@@ -1,7 +1,7 @@
 /*
  * The hand-written C part of libpybridge.so: the thread-local error message, starting the
  * embedded interpreter, and the pure-C functions (pb_last_error, pb_version,
- * pb_status_name). Not compiled on its own: pybridge/_capi_gen.py fills in the version,
+ * pb_status_name). Not compiled on its own: pybridge/cbuild/gen.py fills in the version,
  * the interpreter and the status names (the @-delimited placeholders) from the build and
  * the header, appends the generated wrapper of every other pb_* function, and cffi
  * compiles the result (it supplies Python.h and CFFI_DLLEXPORT).

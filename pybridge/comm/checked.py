@@ -23,9 +23,10 @@ from ..base import agree
 from ..base import dtypes
 from ..errors import InvalidArgument, Timeout
 
-BROADCAST, ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BARRIER, SEND, RECV = range(1, 8)
+BROADCAST, ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BARRIER, SEND, RECV, ALL_TO_ALL = range(1, 9)
 NAMES = {BROADCAST: "broadcast", ALL_REDUCE: "all_reduce", ALL_GATHER: "all_gather",
-         REDUCE_SCATTER: "reduce_scatter", BARRIER: "barrier", SEND: "send", RECV: "recv"}
+         REDUCE_SCATTER: "reduce_scatter", BARRIER: "barrier", SEND: "send", RECV: "recv",
+         ALL_TO_ALL: "all_to_all"}
 # Reduce op names by their ABI code (PB_SUM ... in capi/pybridge.h).
 OP_NAMES = {getattr(abi, "PB_" + name.upper()): name for name in ("sum", "avg", "min", "max", "product")}
 FIELDS = ("sequence number", "operation", "dtype", "count", "op or root", "output count")

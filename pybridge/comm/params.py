@@ -5,10 +5,13 @@ step, with Join's root); it needs only collectives, so it sits in the communicat
 and neither the reducer nor the C and Go layers hold a copy.
 """
 
+from typing import Iterable, Optional, Sequence
+
 import torch
 
 from ..base import agree
 from . import collectives
+from . import group as _group
 from . import world as _world
 from ..base.checks import positive_finite
 from ..errors import InvalidArgument
@@ -16,26 +19,37 @@ from ..errors import InvalidArgument
 MiB = 1024 * 1024
 
 
-def broadcast_parameters(tensors, root=0, *, group=None, chunk_mb=64.0):
+def broadcast_parameters(tensors: Iterable[torch.Tensor], root: int = 0, *, group: Optional[_group.Group] = None,
+                         chunk_mb: float = 64.0) -> None:
     """Copy `tensors` (parameters, buffers, or any writable tensors) from rank `root` to every
     rank, coalesced into a few broadcasts per dtype. Synchronous: nothing is kept afterwards,
-    so it is safe on caller-owned memory."""
+    so it is safe on caller-owned memory. A collective: every rank passes the same dtypes
+    and counts in the same order (checked).
+
+    Example::
+
+        >>> import torch, pybridge
+        >>> model = torch.nn.Linear(4, 2)
+        >>> pybridge.broadcast_parameters(model.parameters())   # every replica starts equal
+    """
+    ts = list(tensors)  # iterated twice below: a generator (model.parameters()) would be empty the second time
     g = group or _world.current()
     g.check_open()
     g.check_rank("root", root)
     cap = max(1, int(min(positive_finite("chunk_mb", chunk_mb, " of MiB"), 1 << 30) * MiB))
-    groups = {}
-    for t in tensors:
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in ts:
         if not isinstance(t, torch.Tensor):
             raise InvalidArgument(f"broadcast_parameters expects tensors, got {type(t).__name__}")
         if t.numel():
             groups.setdefault((t.dtype, t.device), []).append(t)
     if g.size == 1:
         return
-    _check_same_tensors(tensors, root, g)
-    for (dt, _), ts in groups.items():
-        chunk, nbytes = [], 0
-        for t in ts:
+    _check_same_tensors(ts, root, g)
+    for (dt, _), same in groups.items():
+        chunk: list[torch.Tensor] = []
+        nbytes = 0
+        for t in same:
             chunk.append(t)
             nbytes += t.numel() * t.element_size()
             if nbytes >= cap:
@@ -45,7 +59,7 @@ def broadcast_parameters(tensors, root=0, *, group=None, chunk_mb=64.0):
             _broadcast_chunk(chunk, root, g)
 
 
-def _check_same_tensors(tensors, root, g):
+def _check_same_tensors(tensors: Sequence[torch.Tensor], root: int, g: _group.Group) -> None:
     """One small allgather of (root, number of tensors, hash of their dtypes and counts):
     ranks passing other tensors would otherwise get garbage, or abort inside gloo."""
     items = [(str(t.dtype), t.numel()) for t in tensors]
@@ -55,7 +69,7 @@ def _check_same_tensors(tensors, root, g):
                       hint=". Every rank must pass the same dtypes and counts in the same order and the same root")
 
 
-def _broadcast_chunk(ts, root, g):
+def _broadcast_chunk(ts: Sequence[torch.Tensor], root: int, g: _group.Group) -> None:
     with torch.no_grad():
         flat = torch.cat([t.detach().reshape(-1) for t in ts])
         # gloo has no bool type; its bytes travel as uint8.

@@ -20,11 +20,12 @@ from urllib.parse import urlparse
 
 import torch.distributed as dist
 
+from ..base import etcd_store as _etcd
 from ..base import netif
 from ..base import sealed_store as _sealed
 from ..base import secret as _secret
 from . import cancel as _cancel
-from ..errors import InvalidArgument, Timeout, classify
+from ..errors import InvalidArgument, PyBridgeError, Timeout, classify
 
 RETRY_SECONDS = 0.05  # between connection attempts to a store host that is not up yet
 MIN_STORE_SECONDS = 1.0  # the least a TCPStore is given to connect to a host that answered
@@ -39,6 +40,44 @@ def store(method, rank, world_size, timeout):
         return _file_store(url.path, world_size, timeout)
     host, port = tcp_address(method)
     return seal(_tcp_store(host, port, rank, world_size, timeout), host, "default_pg")
+
+
+def etcd_selected(backend, endpoint, other_given):
+    """The etcd endpoints init() rendezvouses through, or None for the others (the TCPStore,
+    a file, a given store). rdzv_backend beside init_method, master_* or store is refused;
+    PYBRIDGE_RDZV_BACKEND is read only when none of them is given."""
+    if other_given:
+        if backend not in (None, "") or endpoint:
+            raise InvalidArgument("give either rdzv_backend/rdzv_endpoint or init_method, master_addr/master_port "
+                                  "or store, not both")
+        return None
+    return _etcd.selected(backend, endpoint)
+
+
+def seal_etcd(store):
+    """A store in etcd as the job sees it: sealed with the job secret where there is one."""
+    return _sealed.protect(store, _secret.job_secret(), "default_pg")
+
+
+def etcd(endpoint, conf, job, rank, world_size, timeout):
+    """The store of init() in etcd (base/etcd_store.py): (sealed store, World). The keys of
+    one attempt of one job live under /pybridge/<id>/<attempt>/, the id made unguessable
+    from the job secret when there is one, as torchrun's run id is here."""
+    settings = _etcd.settings(endpoint, conf)
+    job = _etcd.job_id(job)
+    key = _secret.job_secret()
+    if key is None and not (settings.user or settings.cert) and \
+            not all(netif.is_loopback(h) for h, _ in settings.endpoints):
+        _secret.warn_unprotected(settings.describe())
+    run = job if key is None else _secret.run_id(key, job)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    try:
+        world = _etcd.open_world(settings, run, attempt if attempt.isdigit() else 0, rank, world_size, timeout)
+    except Exception as exc:  # noqa: BLE001 - python-etcd's own errors too: named, typed
+        err = exc if isinstance(exc, PyBridgeError) else _etcd.error(settings, exc)
+        raise type(err)(f"init (rank {rank}): {err}") from exc
+    world.on_loopback = all(netif.is_loopback(h) for h, _ in settings.endpoints)
+    return seal_etcd(world.store), world
 
 
 def seal(store, host, prefix=""):
@@ -60,6 +99,14 @@ def tcp_address(method):
     if not host:
         raise InvalidArgument(f"init_method {method!r} names no host")
     return host, port
+
+
+def tcp_host(store):
+    """The host of `store` when it is a TCPStore, under any prefixes; None for another store
+    (a FileStore, or a store sealed with the job secret)."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store.host if isinstance(store, dist.TCPStore) else None
 
 
 def agent_hosts_store():

@@ -7,6 +7,8 @@ communication core has it. pybridge.split and pybridge.node_groups are the publi
 (new_group needs no collective: it is group.new_group).
 """
 
+from typing import Optional
+
 import torch
 
 from . import collectives
@@ -17,14 +19,23 @@ from .group import Group
 from .world import current, pick_backend
 
 
-def split(color, key=None, *, group=None, timeout=None, backend=None):
+def split(color: Optional[int], key: Optional[int] = None, *, group: Optional[Group] = None,
+          timeout: Optional[float] = None, backend: Optional[str] = None) -> Optional[Group]:
     """MPI_Comm_split over `group` (default: the world): every member calls it (a collective
     over the group); members that pass the same color form one subgroup, ranked by (key,
     rank in the group). A negative or None color joins no group and gets None. key
     defaults to the rank in the group. timeout (seconds) bounds the subgroup's operations;
     default: the group's. backend: the subgroup's ("gloo" or "nccl"); default: the group's.
     A gloo subgroup of an NCCL group carries CPU tensors beside it (small control
-    messages, for example)."""
+    messages, for example).
+
+    Example::
+
+        >>> import pybridge
+        >>> evens = pybridge.split(pybridge.rank() % 2)   # ranks 0, 2, ... and 1, 3, ...
+        >>> evens.size == (pybridge.size() + 1 - pybridge.rank() % 2) // 2
+        True
+    """
     g = group or current()
     g.check_open()
     timeout = g.timeout if timeout is None else positive_seconds("timeout", timeout)
@@ -35,11 +46,13 @@ def split(color, key=None, *, group=None, timeout=None, backend=None):
     every = torch.zeros(2 * g.size, dtype=torch.int64, device=g.device)
     collectives.all_gather(mine, every, group=g)
     pairs = every.view(g.size, 2).tolist()
-    members = None if color < 0 else [r for _, r in sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)]
-    return g.subgroup(members, timeout=timeout, backend=backend)
+    members: Optional[list[int]] = None if color < 0 else [r for _, r in sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)]
+    sub: Optional[Group] = g.subgroup(members, timeout=timeout, backend=backend)
+    return sub
 
 
-def node_groups(ranks_per_node=None, *, group=None):
+def node_groups(ranks_per_node: Optional[int] = None, *,
+                group: Optional[Group] = None) -> tuple[Optional[Group], Optional[Group]]:
     """(intra-node group, cross-node group) for this rank: the members on this node, and the
     members with this rank's local rank on every node. Nodes are consecutive blocks of
     `ranks_per_node` ranks of `group` (default: LOCAL_WORLD_SIZE, as torchrun and
@@ -58,7 +71,8 @@ def node_groups(ranks_per_node=None, *, group=None):
     return intra, cross
 
 
-def _group_split(self, color, key=None, *, timeout=None, backend=None):
+def _group_split(self: Group, color: Optional[int], key: Optional[int] = None, *, timeout: Optional[float] = None,
+                 backend: Optional[str] = None) -> Optional[Group]:
     """MPI_Comm_split over this group: pybridge.split(color, key, group=self, ...), a
     collective over its members (the rules: pybridge.comm.subgroups.split)."""
     return split(color, key, group=self, timeout=timeout, backend=backend)
@@ -66,6 +80,6 @@ def _group_split(self, color, key=None, *, timeout=None, backend=None):
 
 _group_split.__name__ = _group_split.__qualname__ = "split"
 _group_split.__qualname__ = "Group.split"
-Group.split = _group_split
+Group.split = _group_split  # type: ignore[attr-defined]  # (the seam the module's docstring names)
 
 __all__ = ["split", "node_groups"]

@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 from .. import observe as _observe
 from ..errors import Canceled, CommError, InvalidArgument, Timeout, classify
@@ -178,7 +179,7 @@ def explain_latest(g, exc, what):
     return err
 
 
-def aborted(g, what, exc):
+def aborted(g: Any, what: str, exc: BaseException) -> Canceled:
     """The Canceled of `what`, which failed because g was aborted while it waited (the
     backend's own error, a broken connection, says nothing of why)."""
     err = Canceled(f"{what} on {g.describe()} was canceled: the group was aborted ({g.aborted})")

@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.parse
 import warnings
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -43,7 +44,7 @@ _current = None  # the live world Group, or None
 env_int = jobenv.env_int  # an integer environment variable, or None (importable from here, as before)
 
 
-def pick_backend(backend):
+def pick_backend(backend: Optional[str]) -> str:
     """'gloo' or 'nccl' for a backend argument ('auto', None, 'gloo', 'nccl')."""
     backend = (backend or "auto").lower()
     if backend not in BACKENDS:
@@ -79,7 +80,8 @@ def _rendezvous(init_method, master_addr, master_port):
 
 def init(init_method=None, backend="auto", rank=None, world_size=None, local_rank=None,
          timeout=DEFAULT_TIMEOUT, master_addr=None, master_port=None, *, checked=None,
-         watchdog=None, store=None) -> Group:
+         watchdog=None, store=None, rdzv_backend=None, rdzv_endpoint=None, rdzv_id=None,
+         rdzv_conf=None) -> Group:
     """Join the process group and return it.
 
     Anything not given comes from the launcher environment (RANK, WORLD_SIZE,
@@ -98,14 +100,21 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
     `store`: rendezvous over this torch.distributed Store (a PrefixStore gives the group keys
     of its own) instead of init_method; rank and world_size must be given. Elastic training
     forms each new world this way, over a store that outlives the workers (elastic.py).
+
+    `rdzv_backend="etcd"`, `rdzv_endpoint="h1:2379,h2:2379,h3:2379"`: rendezvous in etcd
+    instead of rank 0's TCPStore, so that the store survives any one member's death
+    (docs/elastic.md); `rdzv_id` names the job there, `rdzv_conf` holds etcd's TLS and
+    authentication (cacert, cert, key, user, password). Unset, they come from
+    PYBRIDGE_RDZV_BACKEND, PYBRIDGE_RDZV_ENDPOINT, PYBRIDGE_RDZV_ID and PYBRIDGE_ETCD_*
+    (how C and Go programs and pybridge-launch --rdzv-backend etcd choose it).
     """
     with _cancel.joining():  # another thread may end it: pb_init_abort (Go: Init's context)
         return _init(init_method, backend, rank, world_size, local_rank, timeout, master_addr, master_port,
-                     checked, watchdog, store)
+                     checked, watchdog, store, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf)
 
 
 def _init(init_method, backend, rank, world_size, local_rank, timeout, master_addr, master_port, checked,
-          watchdog, store):
+          watchdog, store, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf):
     global _current
     with _lock:
         if _current is not None or dist.is_initialized():
@@ -121,11 +130,13 @@ def _init(init_method, backend, rank, world_size, local_rank, timeout, master_ad
             local_rank = rank if job.local_rank is None else job.local_rank
         timeout = positive_seconds("timeout", timeout)
         backend = pick_backend(backend)
-        method = None
-        if store is None and init_method is None and master_addr is None and master_port is None:
+        method, etcd_world = None, None
+        explicit = init_method is not None or master_addr is not None or master_port is not None
+        etcd = rendezvous.etcd_selected(rdzv_backend, rdzv_endpoint, store is not None or explicit)
+        if etcd is None and store is None and not explicit:
             method = jobenv.rendezvous_method(job)  # srun, mpirun: the address they imply
             jobenv.choose_interface(job)  # across nodes: the interface that reaches rank 0's host
-        if store is None and method is None:
+        if etcd is None and store is None and method is None:
             method = _rendezvous(init_method, master_addr, master_port)
         if method is not None and urllib.parse.urlparse(method).scheme in ("tcp", "env"):
             loopback_gloo(rendezvous.tcp_address(method)[0])
@@ -133,6 +144,11 @@ def _init(init_method, backend, rank, world_size, local_rank, timeout, master_ad
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
         checked = _checked_setting(checked)
         watchdog = _watchdog.threshold(watchdog, timeout)
+        if etcd is not None:  # its ranks are claimed in etcd: once every argument is checked
+            store, etcd_world = rendezvous.etcd(etcd, rdzv_conf, rdzv_id, rank, world_size, timeout)
+            if etcd_world.on_loopback:
+                loopback_gloo("127.0.0.1")
+            jobenv.choose_interface(job)
         excepthook = sys.excepthook
         roster, joined, sockets = _join(backend, method, rank, world_size, timeout, checked, watchdog, store)
         if os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
@@ -146,7 +162,8 @@ def _init(init_method, backend, rank, world_size, local_rank, timeout, master_ad
         # torch keeps the store only by a C++ pointer: a sealed store (base/secret.py) is a
         # Python object, which must live as long as the world does
         _current.rendezvous_store = joined
-        _watchdog.start(_current, watchdog, lambda: store if method is None else _own_store(method, timeout))
+        _current.etcd_world = etcd_world  # finalize leaves it (the last rank clears the job's keys)
+        _watchdog.start(_current, watchdog, lambda: _own_store(method, timeout, store, etcd_world))
         _observe_world(_current)
         return _current
 
@@ -183,10 +200,14 @@ def _join(backend, method, rank, world_size, timeout, checked, watchdog, given=N
     return roster, store, sockets
 
 
-def _own_store(method, timeout):
+def _own_store(method, timeout, given=None, etcd_world=None):
     """A second connection to the rendezvous store, for the watchdog: a TCPStore client
     serializes its calls, so a blocking wait on the shared one (a subgroup's rendezvous)
     would otherwise hold the watchdog up. Other stores are shared."""
+    if etcd_world is not None:
+        return rendezvous.seal_etcd(etcd_world.another())
+    if method is None:
+        return given
     if urllib.parse.urlparse(method).scheme not in ("tcp", "env") or rendezvous.agent_hosts_store():
         return _group.world_store()
     host, port = rendezvous.tcp_address(method)
@@ -195,7 +216,7 @@ def _own_store(method, timeout):
     return rendezvous.seal(client, host, "default_pg")
 
 
-def loopback_gloo(host):
+def loopback_gloo(host: str) -> None:
     """A job whose store is on loopback runs on one machine: gloo then listens on loopback
     too (it otherwise takes the address the hostname resolves to, which may be reachable
     from other machines), unless GLOO_SOCKET_IFNAME names an interface."""
@@ -247,6 +268,8 @@ def finalize(*, linger=None, collect=True):
         _release_parked()
         if world:
             _free_here(world, FREE_WAIT_SECONDS if linger is None else linger)
+        if getattr(group, "etcd_world", None) is not None:
+            group.etcd_world.leave()
 
 
 FREE_WAIT_SECONDS = 0.02

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from ..algorithms import comm_hooks
+from ..algorithms import comm_hooks, contract
 from ..comm import watchdog
 from ..errors import InvalidState, Timeout, classify
 from ..observe import state as _obs
@@ -77,9 +77,8 @@ class Hook:
 
 def close_state(state):
     """Close a hook state that owns resources (GossipState: a thread and groups)."""
-    close = getattr(state, "close", None)
-    if callable(close):
-        close()
+    if isinstance(state, contract.Closing) and callable(state.close):
+        state.close()
 
 
 def exchanged(bucket, hook, world):
@@ -129,7 +128,7 @@ class Iteration:
 
     __slots__ = ("buckets", "views", "bucket_of", "last", "hook", "group", "world", "params",
                  "ready", "pending", "scaled", "nscaled", "next", "works", "begun", "count_work",
-                 "scale", "order", "ending")
+                 "scale", "order", "ending", "marked")
 
     def __init__(self, layout, hook, group, params, scale, record_order):
         self.buckets, self.views, self.bucket_of, self.last = layout.buckets, layout.views, layout.bucket_of, layout.last
@@ -147,6 +146,7 @@ class Iteration:
         self.scale = scale
         self.order = [] if record_order else None
         self.ending = False  # wait() or poll() has launched what was left (reducer._end_marks)
+        self.marked = 0  # gradients marked so far
 
     def drop(self, group):
         """Forget the launches in flight and go on over `group` (the reducer's rebind)."""
@@ -173,10 +173,16 @@ class Iteration:
     def mark(self, i):
         """Gradient i is ready (the caller checked that it was not yet): launch what can go."""
         self.ready[i] = 1
+        self.marked += 1
         if self.order is not None:
             self.order.append(i)
         b = self.bucket_of[i]
         self.pending[b] -= 1
+        rec = _obs.REC
+        if rec is not None and (self.marked == 1 or self.pending[b] == 0):
+            # backward's first gradient and each bucket's last: the backward span's ends and
+            # a look at what finished, at a cost per bucket rather than per gradient
+            rec.on_grad_ready()
         if self.pending[b] == 0 and b == self.next:
             self.launch_ready()
 

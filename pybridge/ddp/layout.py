@@ -6,6 +6,8 @@ Arithmetic and allocation only: no collective and no hook. The one rebuild's ord
 from rank 0 through the reducer, which then asks for the layout of that order.
 """
 
+from typing import Any, Optional, Sequence, cast
+
 import torch
 
 from ..base import dtypes
@@ -19,7 +21,7 @@ class ParamSpec:
 
     __slots__ = ("shape", "numel", "dtype", "device")
 
-    def __init__(self, shape, dtype, device):
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
         self.shape = shape
         self.numel = 1
         for d in shape:
@@ -28,14 +30,15 @@ class ParamSpec:
         self.device = device
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
+        """The gradient's size in bytes."""
         return self.numel * self.dtype.itemsize
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ParamSpec({tuple(self.shape)}, {self.dtype}, {self.device})"
 
 
-def parse_spec(i, item, default_device):
+def parse_spec(i: int, item: Any, default_device: torch.device) -> ParamSpec:
     """Parameter i's ParamSpec from a tensor or (numel or shape, dtype[, device])."""
     if isinstance(item, torch.Tensor):
         return ParamSpec(tuple(item.shape), dtypes.torch_dtype(item.dtype), item.device)
@@ -61,7 +64,7 @@ def parse_spec(i, item, default_device):
     return ParamSpec(tuple(shape), dt, device)
 
 
-def _device(i, dev):
+def _device(i: int, dev: Any) -> torch.device:
     """A torch device from a torch.device, a name, or a C ABI code (-1 CPU, k >= 0 CUDA k)."""
     if isinstance(dev, torch.device):
         return dev
@@ -75,41 +78,45 @@ def _device(i, dev):
         raise InvalidArgument(f"parameter {i}: unknown device {dev!r}") from None
 
 
-def initial_order(n):
+def initial_order(n: int) -> list[int]:
     """The order of the first layout: reverse parameter order, roughly the order in which
     backward produces gradients (as torch DDP)."""
     return list(range(n))[::-1]
 
 
-def assign_buckets(specs, order, bucket_cap, first_bucket_cap):
+def assign_buckets(specs: Sequence[ParamSpec], order: Sequence[int], bucket_cap: int,
+                   first_bucket_cap: int) -> list[list[int]]:
     """Group parameter indices into buckets: visit them in `order`, keep one open bucket
     per (dtype, device), close a bucket once it holds at least its cap (the first bucket of
     each kind gets `first_bucket_cap`, so the first allreduce starts early). Closing after
     the gradient that fills it (rather than before one that would overflow it) keeps a
     layer's bias and weight, which become ready together, in one bucket. Buckets are
     returned sorted by where their first member appears in `order`."""
-    open_, closed, count = {}, [], {}
+    open_: dict[tuple[torch.dtype, torch.device], tuple[list[int], list[int]]] = {}  # members, [bytes]
+    closed: list[list[int]] = []
+    count: dict[tuple[torch.dtype, torch.device], int] = {}
     for i in order:
         s = specs[i]
         key = (s.dtype, s.device)
-        b = open_.setdefault(key, [[], 0])
-        b[0].append(i)
-        b[1] += s.nbytes
+        members, size = open_.setdefault(key, ([], [0]))
+        members.append(i)
+        size[0] += s.nbytes
         cap = first_bucket_cap if count.get(key, 0) == 0 else bucket_cap
-        if b[1] >= cap:
-            closed.append(b[0])
+        if size[0] >= cap:
+            closed.append(members)
             count[key] = count.get(key, 0) + 1
             del open_[key]
-    closed.extend(b[0] for b in open_.values())
+    closed.extend(members for members, _ in open_.values())
     pos = {i: k for k, i in enumerate(order)}
     closed.sort(key=lambda members: pos[members[0]])
     return closed
 
 
-def member_views(flat, members, specs):
+def member_views(flat: torch.Tensor, members: Sequence[int], specs: Sequence[ParamSpec]) -> list[torch.Tensor]:
     """Each member's view into `flat` (a bucket's memory or a tensor of its size), in its
     shape, one after the other in member order."""
-    views, offset = [], 0
+    views: list[torch.Tensor] = []
+    offset = 0
     for i in members:
         s = specs[i]
         views.append(flat[offset:offset + s.numel].view(s.shape))
@@ -122,7 +129,7 @@ class Bucket:
 
     __slots__ = ("index", "members", "flat", "dtype", "device")
 
-    def __init__(self, index, members, specs):
+    def __init__(self, index: int, members: list[int], specs: Sequence[ParamSpec]) -> None:
         self.index = index
         self.members = members
         first = specs[members[0]]
@@ -138,12 +145,12 @@ class Layout:
 
     __slots__ = ("buckets", "views", "bucket_of", "sizes", "last")
 
-    def __init__(self, specs, assignment):
+    def __init__(self, specs: Sequence[ParamSpec], assignment: Sequence[list[int]]) -> None:
         self.buckets = [Bucket(b, members, specs) for b, members in enumerate(assignment)]
         self.last = max((b.index for b in self.buckets if b.flat.numel()), default=-1)
         n = len(specs)
         self.bucket_of = [0] * n
-        self.views = [None] * n
+        self.views = cast(list[torch.Tensor], [None] * n)  # each set below
         for bucket in self.buckets:
             for i, view in zip(bucket.members, member_views(bucket.flat, bucket.members, specs)):
                 self.bucket_of[i] = bucket.index
@@ -151,15 +158,17 @@ class Layout:
         self.sizes = [len(b.members) for b in self.buckets]
 
     @classmethod
-    def first(cls, specs, bucket_cap, first_bucket_cap):
+    def first(cls, specs: Sequence[ParamSpec], bucket_cap: int, first_bucket_cap: int) -> "Layout":
+        """The layout of the first iteration (initial_order)."""
         return cls(specs, assign_buckets(specs, initial_order(len(specs)), bucket_cap, first_bucket_cap))
 
     @property
-    def indices(self):
+    def indices(self) -> list[list[int]]:
         """Parameter indices of each bucket, in bucket (= launch) order and layout order."""
         return [list(b.members) for b in self.buckets]
 
-    def arranged(self, specs, order, bucket_cap, first_bucket_cap):
+    def arranged(self, specs: Sequence[ParamSpec], order: Sequence[int], bucket_cap: int,
+                 first_bucket_cap: int) -> Optional["Layout"]:
         """The layout of `order`, holding this layout's gradient values; None when it would
         have the same buckets as this one."""
         assignment = assign_buckets(specs, order, bucket_cap, first_bucket_cap)
@@ -170,7 +179,7 @@ class Layout:
             view.copy_(old)
         return new
 
-    def reshape(self, i, shape):
+    def reshape(self, i: int, shape: Sequence[int]) -> None:
         """Parameter i's view in another shape of the same element count (set_shapes)."""
         self.views[i] = self.views[i].view(shape)
 

@@ -33,23 +33,43 @@ and wait, a joined rank's shadow exchange) and join.py (the count and the join l
 
 import threading
 import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ContextManager, Iterable, Optional, Sequence, Union, cast
 
 import torch
 
+from ..algorithms.contract import CommHook
 from ..base.checks import index, integer, positive_seconds
+from ..base.dtypes import DTypeLike
 from ..comm import collectives, streams
+from ..comm import group as _group
 from ..comm import world as _world
 from ..comm.collectives import AVG
 from ..errors import Closed, InvalidArgument
 from ..observe import state as _obs
 from . import dispatch, join as _join, layout as _layout, settings as _settings
 from .dispatch import Hook, Iteration
-from .layout import Layout, ParamSpec, assign_buckets
+from .join import JoinResult
+from .layout import Bucket, Layout, ParamSpec, assign_buckets
 from .settings import (COMPRESS_BF16, COMPRESS_FP16, COMPRESS_NONE, DEFAULT_BUCKET_CAP_MB,
                        DEFAULT_FIRST_BUCKET_CAP_MB, bucket_caps)
 from .settings import MiB  # noqa: F401 - importable from here, as before the split
 
+if TYPE_CHECKING:
+    from ..algorithms.comm_hooks import BuiltinHook, GossipHook
 
+# A parameter as the reducer takes it: a tensor, or a spec (element count or shape, dtype[, device]),
+# the device a torch.device, a name or a C device code (-1 CPU, k >= 0 CUDA k).
+_Size = Union[int, Sequence[int]]
+ParamLike = Union[torch.Tensor, tuple[_Size, DTypeLike], tuple[_Size, DTypeLike, Union[torch.device, str, int, None]]]
+# How buckets travel: a comm hook (with hook_state), a PB_HOOK_* code, or a built-in by its settings.
+HookLike = Union[CommHook, int, "BuiltinHook", "GossipHook"]
+
+
+# Why one class of this size: it is the public object every caller holds (Python, the C
+# adapter, Go through it), and each method is a short phase that calls into settings.py,
+# layout.py, dispatch.py and join.py, where the logic lives; splitting the methods across
+# more classes would spread one lock and one iteration's state over several objects.
 class Reducer:
     """Gradient buckets with an asynchronous allreduce per bucket.
 
@@ -57,8 +77,10 @@ class Reducer:
     pybridge dtype code, name or torch dtype (floating point only); device defaults to the
     group's (CPU for gloo). `op`: 'avg' (default) or 'sum'. `hook`: how a full bucket
     travels (torch's DDP comm-hook contract, see pybridge/algorithms/comm_hooks.py): a callable
-    hook(state, bucket) with its `hook_state`, a PB_HOOK_* code, or a comm_hooks.BuiltinHook
-    (e.g. PowerSGD with its rank) or comm_hooks.GossipHook; default: allreduce.
+    hook(state, bucket) with its `hook_state`, a hook's name (a built-in's, 'fp16', or one
+    registered with comm_hooks.register_comm_hook), a PB_HOOK_* code, or a
+    comm_hooks.BuiltinHook (e.g. PowerSGD with its rank) or comm_hooks.GossipHook; default:
+    allreduce.
     `compression`: None, 'fp16' or 'bf16', another name for hook=HOOK_FP16 or HOOK_BF16:
     float32 buckets travel in that type and are decompressed in place (other dtypes are sent
     as they are). The reducer owns its hook's state: close() closes a state that has a
@@ -75,48 +97,67 @@ class Reducer:
     Construction is a collective: every rank must create its reducers in the same order with
     the same specs and options; a mismatch in any of them (the hook and its settings
     included) raises InvalidArgument on every rank, naming what differs.
+
+    Example (gradients computed elsewhere, as a C or Go program does)::
+
+        >>> import torch, pybridge
+        >>> r = pybridge.Reducer([(4, "float32"), ((2, 3), "float32")])
+        >>> r.grad(0).fill_(1.0)                   # write gradient 0 into its bucket view
+        tensor([1., 1., 1., 1.])
+        >>> r.set_grad(1, torch.full((6,), 2.0))   # or copy one in; each marks it ready
+        >>> r.mark_ready(0)
+        >>> r.wait()                               # every bucket reduced: the views hold the average
+        >>> r.grad(1)
+        tensor([[2., 2., 2.],
+                [2., 2., 2.]])
+        >>> r.close()
     """
 
-
-    def __init__(self, params, *, group=None, bucket_cap_mb=None, first_bucket_cap_mb=None, op="avg",
-                 compression=None, hook=None, hook_state=None,
-                 rebuild=True, allow_unused=False, names=None, join=False,
-                 divide_by_initial_world_size=True):
-        self._group = group or _world.current()
+    def __init__(self, params: Iterable[ParamLike], *, group: Optional[_group.Group] = None,
+                 bucket_cap_mb: Optional[float] = None, first_bucket_cap_mb: Optional[float] = None,
+                 op: Union[str, int] = "avg", compression: Optional[str] = None, hook: Optional[HookLike] = None,
+                 hook_state: Any = None, rebuild: bool = True, allow_unused: bool = False,
+                 names: Optional[Sequence[str]] = None, join: bool = False,
+                 divide_by_initial_world_size: bool = True) -> None:
+        self._group: _group.Group = group or _world.current()
         self._group.check_open()
         params = list(params)
         default_device = self._group.device
-        self.specs = [_layout.parse_spec(i, p, default_device) for i, p in enumerate(params)]
+        self.specs: list[ParamSpec] = [_layout.parse_spec(i, p, default_device) for i, p in enumerate(params)]
         self._on_cuda = any(s.device.type == "cuda" for s in self.specs)  # the group's stream applies
         if names is not None:
             names = [str(n) for n in names]
             if len(names) != len(self.specs):
                 raise InvalidArgument(f"got {len(names)} names for {len(self.specs)} parameters")
-        self.names = names
-        self.op = _settings.resolve_op(op)
-        self.compression = _settings.resolve_compression(compression)
+        self.names: Optional[list[str]] = None if names is None else list(names)
+        self.op: int = _settings.resolve_op(op)
+        self.compression: str = _settings.resolve_compression(compression)
         spec, pair = _settings.hook_choice(hook, hook_state, self.compression)
         bucket_cap_mb, first_bucket_cap_mb = bucket_caps(bucket_cap_mb, first_bucket_cap_mb)
-        self.bucket_cap = _settings.resolve_cap(bucket_cap_mb, "bucket_cap_mb")
-        self.first_bucket_cap = _settings.resolve_cap(first_bucket_cap_mb, "first_bucket_cap_mb")
+        self.bucket_cap: int = _settings.resolve_cap(bucket_cap_mb, "bucket_cap_mb")
+        self.first_bucket_cap: int = _settings.resolve_cap(first_bucket_cap_mb, "first_bucket_cap_mb")
         self.allow_unused = bool(allow_unused)
         self.join_enabled = bool(join)
         self.divide_by_initial_world_size = bool(divide_by_initial_world_size)
+        if not self.divide_by_initial_world_size and not self.join_enabled:
+            raise InvalidArgument("divide_by_initial_world_size=False goes with join=True (it divides by the "
+                                  "ranks still training, which only join counts)")
         self.rebuild = self._rebuild_pending = bool(rebuild)
-        self._params = params if params and all(isinstance(p, torch.Tensor) for p in params) else None
+        self._params = (cast(list[torch.Tensor], params)
+                        if params and all(isinstance(p, torch.Tensor) for p in params) else None)
         self._lock = threading.Lock()
         self._closed = False
-        self._bound = None  # the program's own gradient tensors (bind_grads), or None
+        self._bound: Optional[list[torch.Tensor]] = None  # the program's own gradient tensors (bind_grads)
         self.generation = 0
         self.iterations = 0  # completed wait() calls
         self._hook = Hook(spec) if spec is not None else Hook(None, *pair)
         self._agree_then_build()
-        self._layout = Layout.first(self.specs, self.bucket_cap, self.first_bucket_cap)
+        self._layout: Layout = Layout.first(self.specs, self.bucket_cap, self.first_bucket_cap)
         self._start_iteration()
 
     # ---- settings, agreed across ranks (settings.py) --------------------------------------
 
-    def _agree(self):
+    def _agree(self) -> None:
         """COLLECTIVE: every rank has the same settings, or every rank raises."""
         _settings.agree_on(self._group, self.specs, _settings.describe(
             self.specs, op=self.op, bucket_cap=self.bucket_cap, first_bucket_cap=self.first_bucket_cap,
@@ -124,7 +165,7 @@ class Reducer:
             divide_by_initial_world_size=self.divide_by_initial_world_size, hook=self._hook.identity))
         self._stale = False
 
-    def _agree_then_build(self):
+    def _agree_then_build(self) -> None:
         """Compare the settings, the hook as it will be built included, then build the hook
         for the group: a gossip state's groups are themselves a collective."""
         self._hook.plan()
@@ -132,28 +173,29 @@ class Reducer:
         self._hook.build(self._group)
         self._fold_scale()
 
-    def _fold_scale(self):
+    def _fold_scale(self) -> None:
         # pybridge's summing hooks let the 1/size of 'avg' be folded into the gradient copy
         # (set_grad); any other hook gets the plain local gradients and averages itself.
         world = self._group.size
         self._base_scale = 1.0 / world if self._hook.prescales and self.op == AVG and world > 1 else None
 
-    def _start_iteration(self):
+    def _start_iteration(self) -> None:
         self._it = Iteration(self._layout, self._hook, self._group, self._params, self._base_scale,
                              record_order=self._rebuild_pending)
 
     # ---- public API -----------------------------------------------------------------------
 
     @property
-    def group(self):
+    def group(self) -> _group.Group:
+        """The group the buckets are reduced over."""
         return self._group
 
     @property
-    def buckets(self):
+    def buckets(self) -> list[Bucket]:
         """The buckets (layout.Bucket: index, members, flat), in launch order."""
         return self._layout.buckets
 
-    def set_allow_unused(self, allow):
+    def set_allow_unused(self, allow: bool) -> None:
         """Change allow_unused between iterations (the DDP wrapper's _set_static_graph); the
         ranks compare it at the next iteration's first mark_ready/set_grad/wait."""
         with self._lock:
@@ -163,7 +205,7 @@ class Reducer:
             self.allow_unused = bool(allow)
             self._stale = True
 
-    def set_shapes(self, shapes):
+    def set_shapes(self, shapes: Iterable[Optional[Sequence[int]]]) -> None:
         """Give gradients shapes (same element counts) for callers that created the reducer
         from counts (C, Go): hooks such as PowerSGD compress matrices, not flat vectors.
         `shapes`: one shape per parameter, or None to keep that one's. Between iterations;
@@ -172,13 +214,14 @@ class Reducer:
             self._check_open()
             if any(self._it.ready):
                 raise InvalidArgument("set_shapes() must be called between iterations")
-            shapes = list(shapes)
-            if len(shapes) != len(self.specs):
-                raise InvalidArgument(f"got {len(shapes)} shapes for {len(self.specs)} parameters")
-            for i, shape in enumerate(shapes):
+            given = list(shapes)
+            if len(given) != len(self.specs):
+                raise InvalidArgument(f"got {len(given)} shapes for {len(self.specs)} parameters")
+            for i, shape in enumerate(given):
                 if shape is None:
                     continue
-                spec = _layout.parse_spec(i, (tuple(shape), self.specs[i].dtype, self.specs[i].device), None)
+                spec = _layout.parse_spec(i, (tuple(shape), self.specs[i].dtype, self.specs[i].device),
+                                          self.specs[i].device)
                 if spec.numel != self.specs[i].numel:
                     raise InvalidArgument(f"parameter {i}: shape {tuple(shape)} holds {spec.numel} elements, "
                                           f"the parameter has {self.specs[i].numel}")
@@ -187,54 +230,60 @@ class Reducer:
             self._stale = True
 
     @property
-    def num_params(self):
+    def num_params(self) -> int:
+        """How many parameters (gradients) the reducer has."""
         return len(self.specs)
 
     @property
-    def num_buckets(self):
+    def num_buckets(self) -> int:
+        """How many buckets the gradients are in now."""
         return len(self._layout.buckets)
 
     @property
-    def bucket_indices(self):
+    def bucket_indices(self) -> list[list[int]]:
         """Parameter indices of each bucket, in bucket (= launch) order and layout order."""
         return self._layout.indices
 
     @property
-    def launched(self):
+    def launched(self) -> int:
         """How many buckets of the current iteration have started their allreduce."""
         return self._it.next
 
     @property
-    def missing(self):
+    def missing(self) -> list[int]:
         """Indices not yet marked ready in the current iteration."""
-        return self._it.missing()
+        missing: list[int] = self._it.missing()
+        return missing
 
-    def name(self, i):
+    def name(self, i: int) -> str:
+        """Parameter i's name (given as names=), else "#i"."""
         return self.names[i] if self.names else f"#{i}"
 
-    def grad(self, i):
+    def grad(self, i: int) -> torch.Tensor:
         """The gradient view of parameter `i`: a tensor over the bucket's memory, in the
         parameter's shape. Valid until `generation` changes."""
         self._check(i)
         return self._layout.views[i]
 
-    def grads(self):
+    def grads(self) -> list[torch.Tensor]:
+        """Every gradient view (grad(i) for each i), valid until `generation` changes."""
         self._check_open()
         return list(self._layout.views)
 
-    def zero_grad(self):
+    def zero_grad(self) -> None:
         """Zero every bucket (for callers that accumulate into the views)."""
         self._check_open()
         with self._stream():
             for b in self._layout.buckets:
                 b.flat.zero_()
 
-    def _stream(self):
+    def _stream(self) -> ContextManager[Any]:
         """Copies, zeroing and launches run on the group's stream when it has one
         (streams.py), so they stay in order with the collectives."""
-        return streams.scope(self._group, cuda=self._on_cuda)
+        scope: ContextManager[Any] = streams.scope(self._group, cuda=self._on_cuda)
+        return scope
 
-    def register_comm_hook(self, state, hook):
+    def register_comm_hook(self, state: Any, hook: CommHook) -> None:
         """Communicate each full bucket with `hook(state, bucket) -> Future` (torch's DDP
         comm-hook contract; torch's own hooks work, see pybridge/algorithms/comm_hooks.py). Call it
         before the first gradient of an iteration is marked; every rank must register the
@@ -242,7 +291,19 @@ class Reducer:
         state's type and known settings) at the next iteration's first mark_ready, set_grad
         or wait, and all raise InvalidArgument there when they differ. It replaces the hook
         chosen before, whose state is closed if it has close() (the reducer owns its hook's
-        state). The hook must do its own averaging (torch's hooks do)."""
+        state). The hook must do its own averaging (torch's hooks do).
+
+        Example::
+
+            >>> import torch, pybridge
+            >>> from pybridge.algorithms.comm_hooks import HookContext, fp16_compress_hook
+            >>> r = pybridge.Reducer([(1000, "float32")])
+            >>> r.register_comm_hook(HookContext(r.group), fp16_compress_hook)
+            >>> r.set_grad(0, torch.ones(1000)); r.wait()
+            >>> r.grad(0)[:3]
+            tensor([1., 1., 1.])
+            >>> r.close()
+        """
         if not callable(hook):
             raise InvalidArgument(f"hook must be callable as hook(state, bucket), got {hook!r}")
         with self._lock:
@@ -255,7 +316,7 @@ class Reducer:
             self._it.scale = self._base_scale
             self._stale = True
 
-    def mark_ready(self, i):
+    def mark_ready(self, i: int) -> None:
         """Gradient `i` is written: once every gradient of its bucket is, and every earlier
         bucket has been launched, the bucket's allreduce starts (asynchronously). With
         gradients bound (bind_grads), gradient i is first copied from the program's tensor."""
@@ -266,11 +327,9 @@ class Reducer:
             self._check_mark(i)
             if self._bound is not None:
                 it.copy_in(i, self._bound[i])
-            if _obs.REC is not None:
-                _obs.REC.on_grad_ready()
             it.mark(i)
 
-    def set_grad(self, i, grad):
+    def set_grad(self, i: int, grad: torch.Tensor) -> None:
         """Copy `grad` (any tensor of parameter i's element count) into gradient i's view and
         mark it ready. For a gradient that lives elsewhere this is one pass instead of
         copy-then-mark: the averaging division is folded into the copy."""
@@ -284,11 +343,9 @@ class Reducer:
                 raise InvalidArgument(f"gradient {self.name(i)}: expected a tensor of {view.numel()} "
                                       f"elements, got {getattr(grad, 'shape', type(grad).__name__)}")
             it.copy_in(i, grad)
-            if _obs.REC is not None:
-                _obs.REC.on_grad_ready()
             it.mark(i)
 
-    def bind_grads(self, grads):
+    def bind_grads(self, grads: Optional[Iterable[torch.Tensor]]) -> None:
         """Reduce the program's own gradient tensors (torch DDP's default mode, for programs
         whose gradients live in their tensor library): from now on mark_ready(i) first copies
         grads[i] into its bucket, and wait() copies the reduced gradients back into grads.
@@ -301,20 +358,20 @@ class Reducer:
             if grads is None:
                 self._bound = None
                 return
-            grads = list(grads)
-            if len(grads) != len(self.specs):
-                raise InvalidArgument(f"got {len(grads)} gradients for {len(self.specs)} parameters")
+            given = list(grads)
+            if len(given) != len(self.specs):
+                raise InvalidArgument(f"got {len(given)} gradients for {len(self.specs)} parameters")
             views = self._layout.views
-            for i, (g, s) in enumerate(zip(grads, self.specs)):
+            for i, (g, s) in enumerate(zip(given, self.specs)):
                 if not isinstance(g, torch.Tensor) or g.numel() != s.numel or g.dtype != s.dtype \
                         or g.device != views[i].device or not g.is_contiguous():
                     got = (f"{tuple(g.shape)} {g.dtype} on {g.device}{'' if g.is_contiguous() else ', not contiguous'}"
                            if isinstance(g, torch.Tensor) else type(g).__name__)
                     raise InvalidArgument(f"gradient {self.name(i)}: expected a contiguous tensor of {s.numel} "
                                           f"{s.dtype} on {views[i].device}, got {got}")
-            self._bound = [g.view(s.shape) for g, s in zip(grads, self.specs)]
+            self._bound = [g.view(s.shape) for g, s in zip(given, self.specs)]
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: Optional[float] = None) -> None:
         """Wait for every bucket's allreduce and leave the reduced gradients in the views.
 
         Raises InvalidArgument naming the gradients never marked (unless allow_unused), and
@@ -342,7 +399,7 @@ class Reducer:
                     rec.wait_end(waited)
             self._complete(it)
 
-    def poll(self, timeout=0.0):
+    def poll(self, timeout: float = 0.0) -> bool:
         """wait() for at most `timeout` seconds (0: only look) without giving up the
         iteration: True when the gradients are reduced, the iteration then over as after
         wait(); False while buckets are still in flight, which go on (poll or wait again
@@ -373,7 +430,7 @@ class Reducer:
             self._complete(it)
             return True
 
-    def _end_marks(self):
+    def _end_marks(self) -> Iteration:
         """The start of an iteration's end, once per iteration (wait() or the first poll()):
         the unmarked gradients are an error, or (allow_unused) count with what their views
         hold and every bucket still to go is launched."""
@@ -391,7 +448,7 @@ class Reducer:
         it.ending = True
         return it
 
-    def _complete(self, it):
+    def _complete(self, it: Iteration) -> None:
         """The iteration's buckets are reduced (under the lock and stream): count it, copy
         bound gradients back, do the one rebuild if due, start the next iteration."""
         self.iterations += 1
@@ -399,7 +456,7 @@ class Reducer:
             for dst, view in zip(self._bound, it.views):
                 dst.copy_(view)
         if self._rebuild_pending:
-            order = it.order + [i for b in it.buckets for i in b.members if not it.ready[i]]
+            order = (it.order or []) + [i for b in it.buckets for i in b.members if not it.ready[i]]
             self._rebuild_pending = False
             self._rebuild(order)
         self._start_iteration()
@@ -411,7 +468,7 @@ class Reducer:
 
     # ---- uneven inputs (join.py; the shadow exchange is dispatch.shadow) ------------------
 
-    def _begin(self):
+    def _begin(self) -> None:
         """The first mark_ready, set_grad or wait of an iteration: with join, count the ranks
         still training (and raise nothing: joined ranks shadow us); then the settings check
         after a change."""
@@ -427,7 +484,7 @@ class Reducer:
         if self._stale:  # until the ranks agree, every call of the iteration checks again
             self._agree()
 
-    def set_divisor(self, n):
+    def set_divisor(self, n: int) -> None:
         """Average this iteration's gradients over `n` ranks instead of the world size
         (torch Join's divide_by_initial_world_size=False: the ranks not yet joined). Before
         the iteration's first gradient is marked; wait() goes back to the world size. Only
@@ -439,11 +496,11 @@ class Reducer:
                 raise InvalidArgument("set_divisor() must be called before the iteration's first gradient")
             self._set_divisor(n)
 
-    def _set_divisor(self, n):
+    def _set_divisor(self, n: int) -> None:
         if self._base_scale is not None:
             self._it.scale = 1.0 / n
 
-    def shadow(self):
+    def shadow(self) -> None:
         """One iteration of a rank that has joined (no more batches): the collectives the
         ranks still training issue in theirs, with zeros for this rank's gradients, through
         the same hook in bucket order; then the one rebuild if it is still to come. This
@@ -462,7 +519,7 @@ class Reducer:
                 self._rebuild([i for b in self._layout.buckets for i in b.members])
             self._start_iteration()
 
-    def join(self):
+    def join(self) -> JoinResult:
         """This rank has no more batches: shadow the iterations of the ranks still training
         until every rank has joined (their reducer must have been created with join=True,
         like this one). Returns a join.JoinResult: `root`, the rank whose parameters every
@@ -477,11 +534,12 @@ class Reducer:
                                       "still training must count themselves each iteration")
             if any(self._it.ready):
                 raise InvalidArgument("join() must be called between iterations, not after marking gradients")
-        return _join.join_reducer(self)
+        result: JoinResult = _join.join_reducer(self)
+        return result
 
     # ---- state: checkpoints and elastic worlds --------------------------------------------
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """What a restart needs to continue the schedule: completed iterations and the hook's
         step counter (GossipGraD's step, PowerSGD's iteration). PowerSGD's error feedback and
         warm-start factors are each rank's own and are not kept: after a restart they start
@@ -490,7 +548,7 @@ class Reducer:
             self._check_open()
             return {"iterations": self.iterations, "hook_step": self._hook.step}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore state_dict()'s counters, between iterations."""
         if not isinstance(state, dict) or not isinstance(state.get("iterations"), int):
             raise InvalidArgument(f"reducer state must be a dict from state_dict(), got {state!r}")
@@ -502,7 +560,7 @@ class Reducer:
             if isinstance(state.get("hook_step"), int):
                 self._hook.step = state["hook_step"]
 
-    def rebind(self, group):
+    def rebind(self, group: _group.Group) -> None:
         """Reduce over another group of the same parameters from now on (elastic training's
         new world, pybridge.runtime.elastic). The iteration in progress is dropped (its gradients are
         rolled back with the rest of the state); buckets, views and bound gradients stay. A
@@ -522,7 +580,7 @@ class Reducer:
             self._rebuild_pending = self.rebuild
             self._start_iteration()
 
-    def close(self):
+    def close(self) -> None:
         """Release the buckets and close the hook's state if it has close() (a GossipState's
         thread and groups). Views already handed out keep their memory alive."""
         with self._lock:
@@ -532,29 +590,30 @@ class Reducer:
             state = self._hook.detach()
         dispatch.close_state(state)
 
-    def __enter__(self):
+    def __enter__(self) -> "Reducer":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self.buckets)} buckets, generation {self.generation}"
         return f"<pybridge.Reducer {len(self.specs)} params, {state}>"
 
     # ---- internals ------------------------------------------------------------------------
 
-    def _check_open(self):
+    def _check_open(self) -> None:
         if self._closed:
             raise Closed("reducer is closed")
         if self._group.closed:  # also on 1 rank, where no collective would notice
             raise Closed("the process group this reducer was made from was finalized")
 
-    def _check(self, i):
+    def _check(self, i: int) -> None:
         self._check_open()
         index("gradient index", i, len(self.specs), f"{len(self.specs)} parameters")
 
-    def _check_mark(self, i):
+    def _check_mark(self, i: int) -> None:
         self._check(i)
         if self._it.ending:
             raise InvalidArgument(
@@ -566,7 +625,7 @@ class Reducer:
                 "gradient may be marked once between wait() calls (if a parameter is "
                 "used several times, mark it after its gradient is complete)")
 
-    def _rebuild(self, order):
+    def _rebuild(self, order: list[int]) -> None:
         """The one rebuild: every rank lays out rank 0's order (one broadcast)."""
         if self._group.size > 1:
             t = torch.tensor(order, dtype=torch.int64, device=self._group.device)
@@ -574,7 +633,7 @@ class Reducer:
             order = t.tolist()
         self._relayout(order)
 
-    def _relayout(self, order):
+    def _relayout(self, order: list[int]) -> None:
         new = self._layout.arranged(self.specs, order, self.bucket_cap, self.first_bucket_cap)
         if new is not None:  # other buckets: views handed out before are stale
             self._layout = new

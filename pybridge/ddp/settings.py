@@ -48,20 +48,22 @@ def resolve_compression(c):
 
 
 def hook_choice(hook, state, compression):
-    """(a built-in hook chosen by settings, or None; (state, hook) of a callable, or None).
+    """(a hook chosen by settings or by name, or None; (state, hook) of a callable, or None).
     compression= is another name for a built-in hook: 'fp16' is hook=HOOK_FP16."""
     alias = _COMPRESSION_HOOK[compression]
     if hook is None:
         spec, pair = comm_hooks.BuiltinHook(alias), None
-    elif isinstance(hook, (comm_hooks.BuiltinHook, comm_hooks.GossipHook)):
+    elif isinstance(hook, (comm_hooks.BuiltinHook, comm_hooks.GossipHook, comm_hooks.NamedHook)):
         spec, pair = hook, None
+    elif isinstance(hook, str):  # a name of comm_hooks.HOOKS: a built-in's or a registered one
+        spec, pair = comm_hooks.by_name(hook), None
     elif isinstance(hook, int) and not isinstance(hook, bool):
         spec, pair = comm_hooks.BuiltinHook(hook), None
     elif callable(hook):
         spec, pair = None, (state, hook)
     else:
-        raise InvalidArgument(f"hook must be callable as hook(state, bucket), a PB_HOOK_* code, or a "
-                              f"comm_hooks.BuiltinHook or GossipHook, got {hook!r}")
+        raise InvalidArgument(f"hook must be callable as hook(state, bucket), a hook's name, a PB_HOOK_* code, "
+                              f"or a comm_hooks.BuiltinHook or GossipHook, got {hook!r}")
     if spec is not None and state is not None:
         raise InvalidArgument("hook_state goes with a callable hook; a built-in hook makes its own state")
     if compression != COMPRESS_NONE and not (isinstance(spec, comm_hooks.BuiltinHook) and spec.code == alias):
@@ -76,6 +78,94 @@ def resolve_op(op):
     if isinstance(code, bool) or code not in (AVG, SUM):
         raise InvalidArgument(f"reducer op must be 'avg' or 'sum' (codes {AVG}, {SUM}), got {op!r}")
     return code
+
+
+# ---- the C ABI's words for the settings: pb_reducer_options, which Go's options fill too ------
+
+
+def _named(prefix):
+    """{header name: value} of the ABI's constants that start with `prefix`."""
+    return {name: getattr(abi, name) for name in dir(abi) if name.startswith(prefix)}
+
+
+def _listing(named):
+    return ", ".join(f"{name} ({value})" for name, value in named.items())
+
+
+def _mask(named):
+    mask = 0
+    for value in named.values():
+        mask |= value
+    return mask
+
+
+REDUCER_FLAGS = _named("PB_REDUCER_")
+# What each reducer flag sets: a Reducer keyword and the value the flag gives it (the other
+# when it is clear); PB_REDUCER_BUCKET_VIEW is the attachment's (flag_keywords).
+_FLAG_KEYWORDS = {"PB_REDUCER_ALLOW_UNUSED": ("allow_unused", True), "PB_REDUCER_NO_REBUILD": ("rebuild", False),
+                  "PB_REDUCER_JOIN": ("join", True),
+                  "PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE": ("divide_by_initial_world_size", False)}
+WIRES = _named("PB_HOOK_WIRE_")  # hook_flags: the hierarchical hook's wire type, named by its suffix
+HOOK_FLAGS = {"PB_HOOK_NO_WARM_START": abi.PB_HOOK_NO_WARM_START, **WIRES}
+TOPOLOGIES = {name: code for name, code in _named("PB_GOSSIP_").items() if code != abi.PB_GOSSIP_NONE}
+
+
+def flag_keywords(flags, attach=False):
+    """(Reducer keywords, bucket_view) from a word of PB_REDUCER_* flags (C's
+    pb_reducer_options.flags; Go's With... options set them). bucket_view is for
+    pb_reducer_attach (`attach`), the one call that takes PB_REDUCER_BUCKET_VIEW. An unknown
+    bit is refused, naming the flags the header defines."""
+    if isinstance(flags, bool) or not isinstance(flags, int) or flags & ~_mask(REDUCER_FLAGS):
+        raise InvalidArgument(f"unknown reducer flags {flags if isinstance(flags, bool) else hex(flags)}; "
+                              f"valid: {_listing(REDUCER_FLAGS)}")
+    keywords = {keyword: value if flags & REDUCER_FLAGS[name] else not value
+                for name, (keyword, value) in _FLAG_KEYWORDS.items()}
+    bucket_view = bool(flags & abi.PB_REDUCER_BUCKET_VIEW)
+    if bucket_view and not attach:
+        raise InvalidArgument("flags: PB_REDUCER_BUCKET_VIEW goes with pb_reducer_attach (the parameters' .grad "
+                              "become bucket views); pb_reducer_create's gradients are bucket views already")
+    return keywords, bucket_view
+
+
+def hook_of(hook=abi.PB_HOOK_ALLREDUCE, *, rank=1, flags=0, start_iter=2, ranks_per_node=0,
+            topology=abi.PB_GOSSIP_NONE, gossip_ranks_per_node=0, seed=0, sync_every=0):
+    """The built-in hook C's reducer options choose: `hook` (a PB_HOOK_* code) with its
+    settings and hook_flags `flags` (PB_HOOK_NO_WARM_START for PowerSGD, one PB_HOOK_WIRE_*
+    for the hierarchical hook), a comm_hooks.BuiltinHook; or, when `topology` is a gossip
+    topology (not PB_GOSSIP_NONE), gossip with its settings, a comm_hooks.GossipHook:
+    gossip takes the hook's place, so `hook` must stay PB_HOOK_ALLREDUCE."""
+    if isinstance(flags, bool) or not isinstance(flags, int) or flags & ~_mask(HOOK_FLAGS):
+        raise InvalidArgument(f"unknown hook flags {flags if isinstance(flags, bool) else hex(flags)}; "
+                              f"valid: {_listing(HOOK_FLAGS)}")
+    wires = [name for name, bit in WIRES.items() if flags & bit]
+    if len(wires) > 1:
+        raise InvalidArgument(f"hook_flags has {' and '.join(wires)}; choose one")
+    if wires and hook != abi.PB_HOOK_HIERARCHICAL:
+        raise InvalidArgument(f"hook_flags {wires[0]} goes with PB_HOOK_HIERARCHICAL, but hook is {hook}; "
+                              "for a plain allreduce on a half wire use PB_HOOK_FP16 or PB_HOOK_BF16")
+    if topology == abi.PB_GOSSIP_NONE:
+        return comm_hooks.BuiltinHook(hook, rank=rank, start_iter=start_iter,
+                                      warm_start=not flags & abi.PB_HOOK_NO_WARM_START, ranks_per_node=ranks_per_node,
+                                      compression=wires[0][len("PB_HOOK_WIRE_"):].lower() if wires else None)
+    if topology not in TOPOLOGIES.values() or isinstance(topology, bool):
+        raise InvalidArgument(f"unknown gossip topology {topology}; use PB_GOSSIP_NONE ({abi.PB_GOSSIP_NONE}), "
+                              f"{_listing(TOPOLOGIES)}")
+    if hook != abi.PB_HOOK_ALLREDUCE:
+        raise InvalidArgument(f"gossip (gossip_topology {topology}) takes the hook's place, but hook is {hook}: "
+                              "leave hook at PB_HOOK_ALLREDUCE, or gossip_topology at PB_GOSSIP_NONE")
+    name = next(n for n, code in TOPOLOGIES.items() if code == topology)
+    return comm_hooks.GossipHook(name[len("PB_GOSSIP_"):].lower(), ranks_per_node=gossip_ranks_per_node, seed=seed,
+                                 sync_every=sync_every)
+
+
+COMPRESSIONS = _named("PB_COMPRESS_")
+
+
+def compression_hook(code):
+    """The PB_HOOK_* code a PB_COMPRESS_* code stands for (pb_reducer_new's compression)."""
+    if isinstance(code, bool) or code not in COMPRESSIONS.values():
+        raise InvalidArgument(f"unknown compression {code}; use {_listing(COMPRESSIONS)}")
+    return _COMPRESSION_HOOK[code]
 
 
 def bucket_caps(bucket_cap_mb=None, first_bucket_cap_mb=None):
@@ -140,4 +230,5 @@ def _values(group, values):
 __all__ = ["MiB", "DEFAULT_BUCKET_CAP_MB", "DEFAULT_FIRST_BUCKET_CAP_MB",
            "COMPRESS_NONE", "COMPRESS_FP16", "COMPRESS_BF16", "NAMES",
            "resolve_compression", "hook_choice", "resolve_op", "bucket_caps", "resolve_cap",
-           "describe", "agree_on"]
+           "describe", "agree_on", "REDUCER_FLAGS", "WIRES", "HOOK_FLAGS", "TOPOLOGIES", "COMPRESSIONS", "flag_keywords", "hook_of",
+           "compression_hook"]

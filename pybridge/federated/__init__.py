@@ -10,9 +10,9 @@ from .sampling import sample_clients
 from .results import Result, RoundResults
 from .server import Server
 from .staleness import Staleness
-from .strategies import CentralDP, FedAdagrad, FedAdam, FedYogi, ServerSGD
+from .strategies import CentralDP, FedAdagrad, FedAdam, FedYogi, ServerSGD, Strategy, register_strategy
 from .worker import Task, Worker
 
 __all__ = ["FedAvg", "FedAvgRounds", "Server", "Result", "RoundResults", "Worker", "Task", "Header", "TRAIN",
            "EVALUATE", "sample_clients", "ServerSGD", "FedAdam", "FedYogi", "FedAdagrad", "CentralDP", "Staleness",
-           "StaleUpdate", "proximal_loss", "add_proximal_grad"]
+           "Strategy", "register_strategy", "StaleUpdate", "proximal_loss", "add_proximal_grad"]

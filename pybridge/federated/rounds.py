@@ -20,7 +20,8 @@ from .modes import BUFFERED
 from .protocol import EVALUATE, TRAIN, flat
 from .results import client_list
 from .staleness import parse as parse_staleness
-from .strategies import ServerOptimizer, ServerSGD
+from ..base.registry import provides
+from .strategies import ServerSGD, Strategy
 
 
 class FedAvgRounds:
@@ -36,7 +37,8 @@ class FedAvgRounds:
 
     or `rounds.train_round(clients, model, lr=1.0)` for all three steps. Use it from one thread.
 
-    strategy: a strategies.ServerOptimizer (default ServerSGD(eta=1.0): plain FedAvg).
+    strategy: a strategies.Strategy, such as a ServerOptimizer (default ServerSGD(eta=1.0):
+    plain FedAvg) or strategies.build(name) of a registered one.
     dp: a strategies.CentralDP (clip each client's delta, add Gaussian noise per step).
     buffer_size, staleness, max_staleness: the buffered modes' K (default 10 for fedbuff,
     1 for fedasync), staleness function (a staleness.Staleness or a string such as
@@ -51,8 +53,8 @@ class FedAvgRounds:
         self.server = server
         self.mode = getattr(server, "mode", "async")
         self.buffered = self.mode in BUFFERED
-        if strategy is not None and not isinstance(strategy, ServerOptimizer):
-            raise InvalidArgument(f"strategy must be a pybridge.federated.strategies optimizer, got {strategy!r}")
+        if strategy is not None:
+            provides(f"strategy {strategy!r}", strategy, Strategy)
         self.strategy = strategy if strategy is not None else ServerSGD()
         self.dp = dp
         if not self.buffered and (buffer_size, staleness, max_staleness) != (None, None, None):

@@ -1,26 +1,19 @@
-"""The server side, client assignment: the links, the worker states, handing clients to
-workers and collecting their results as they finish, and the round modes' loop (run_round).
-
-The buffered modes' hand-out (stream.py) and the round loop both go through the hand-out
-seam below (idle_workers, take_client, assign, next_outcome, retry_client, ...); the
+"""The server side of a federation, client assignment: its settings, the model's versions,
+the hand-out seam that both loops drive (idle_workers, take_client, assign, next_outcome,
+retry_client, ...), what an answer is worth (_judge) and shutdown. The loops: the round
+modes' in roundloop.py (run_round makes it), the buffered modes' in stream.py; the
 aggregation of what comes back is rounds.py, buffered.py (UpdateBuffer) and aggregate.py.
 
-Completion detection: one listener thread per worker blocks in a read of that worker's up
-stream (uplink.py) and queues what arrives, after checking each header against the task the
-worker holds and the model it was sent (a worker that breaks the protocol is retired); the server's own thread takes results from the
-queue in completion order and gives the worker that sent one its next client at once.
-A receive from ANY rank (gloo's recv_anysource) would need one thread in all, but when a
-worker dies it only times out, without saying which; a receive per worker fails at once
-with the connection, so the error names the worker (docs/federated.md has the figures,
-from bench/federated_mechanisms.py).
+Completion detection: one listener thread per worker (listener.py) reads that worker's up
+stream and queues what arrives; the server's own thread takes the events in completion
+order, workers.py turns each into an Outcome and moves the worker's state, and the worker
+that sent a result gets its next client at once.
 """
 
 import collections
 import queue
-import threading
 import time
 import warnings
-from dataclasses import dataclass
 
 import torch
 
@@ -28,35 +21,20 @@ from ..base import dtypes
 from ..comm import world as _world
 from ..comm.group import ABORT_POLL_SECONDS
 from ..base.checks import integer, positive_seconds
-from ..errors import (Closed, CommError, InvalidArgument, PyBridgeError, Timeout, UpdateRefused, WorkerFailed,
-                      WorkerTimeout, classify)
-from . import metrics as _metrics
-from . import uplink
+from ..errors import Closed, CommError, InvalidArgument, PyBridgeError, UpdateRefused, WorkerFailed
+from . import roundloop, uplink
+from .listener import Listeners
 from .modes import BUFFERED as BUFFERED_MODES, MODES
 from .results import Outcome, Result, RoundResults, client_list
 from .integrity import max_norm_setting, refusal
 from .stream import Stream
-from .protocol import (DEFAULT_LINK_TIMEOUT, DEFAULT_MAX_SAMPLES, EVALUATE, FAILED, MAX_MESSAGE, MIN_EVALUATE_BYTES,
-                       NAMES, SERVER, TERMINATE, TRAIN, UPDATE, Header, Links, decode_message, flat)
+from .protocol import (DEFAULT_LINK_TIMEOUT, DEFAULT_MAX_SAMPLES, EVALUATE, FAILED, SERVER, TRAIN, Links,
+                       decode_message, flat)
+from .workers import Workers
 
 REFUSED_RETRIES = 1  # with requeue, a client whose update was refused is handed out once more
 # How long close() lets the terminates it sent leave before it closes the links (see close()).
 FAREWELL_SECONDS = 5.0
-
-
-@dataclass
-class Assignment:
-    """A client handed to a worker: its round (model version), client, command (TRAIN or
-    EVALUATE), the worker's hand-out count `seq` (its answer must repeat it), when, and the
-    size and dtype code of the model it was sent (a TRAIN answer must match them)."""
-
-    round: int
-    client: int
-    command: int
-    seq: int
-    start: float
-    numel: int = 0
-    dtype: int = 0
 
 
 class Server:
@@ -116,38 +94,32 @@ class Server:
         try:
             listener = uplink.Listener(self._links.store, self.workers)
             self.up_address = listener.address  # (host, port) the workers connected to; closed now
-            self._conns = listener.accept(g.timeout)
+            conns = listener.accept(g.timeout)
         except BaseException:
             self._links.close()
             raise
-        self._expect = {}  # worker rank -> the Assignment its next answer must answer (listeners read it)
-        self._terminating = set()  # workers sent a terminate: their acknowledgement is expected
-        self._live = set(self.workers)  # connected and taking clients (idle or busy)
-        self.lost = {}  # worker rank -> the error that retired it (a stalled one's until it answers)
-        self._gone = set()  # retired for good: connection lost or out of protocol
-        self._stalled = {}  # worker rank -> the assignment it timed out on: taken back if it answers
         self._round = 0  # the model version: the round number (buffered modes: moves at every step)
         self._current = None  # the latest round's RoundResults
         self._model = None  # the current version's model, sent to workers that hold an older one
-        self._has = {}  # worker rank -> the round of the model it holds
-        self._busy = {}  # worker rank -> Assignment, of this round or an abandoned one
-        self._seq = dict.fromkeys(self.workers, 0)
-        self._events = queue.Queue()
-        self._farewells = []  # (worker, terminate sent and not waited for)
         self.closed = False
-        self._listeners = {w: threading.Thread(target=self._listen, args=(w,), daemon=True,
-                                               name=f"pybridge-federated-{w}") for w in self._conns}
+        self._workers = Workers(self.workers, self._links)
         for w in self.workers:
-            if w not in self._conns:
-                self._events.put(("lost", w, CommError(f"it did not connect its up link within {g.timeout:g} s")))
-        for t in self._listeners.values():
-            t.start()
+            if w not in conns:
+                self._workers.events.put(("lost", w, CommError(f"it did not connect its up link within "
+                                                               f"{g.timeout:g} s")))
+        self._listeners = Listeners(conns, self._workers, self._links.device, self.link_timeout, self.timeout,
+                                    lambda: self._max_samples)
 
     @property
     def round(self):
         """The current round, which is the model's version: what the headers' round field
         carries (in the buffered modes it moves at every model step)."""
         return self._round
+
+    @property
+    def lost(self):
+        """{worker rank: the error that retired it} (a stalled worker's until it answers)."""
+        return self._workers.lost
 
     @property
     def current(self):
@@ -218,69 +190,13 @@ class Server:
                                   "model and advance the round for nothing")
         model = flat(model, "model").to(self._links.device)
         self._drain()
-        if not self._live:
-            raise WorkerFailed(f"no federated workers are left (lost: {self._lost_text()})")
+        if not self._workers.live:
+            raise WorkerFailed(f"no federated workers are left (lost: {self._workers.lost_text()})")
         self.new_version(model.clone())
-        self._send_model(self.idle_workers())
+        self._workers.send_model(self.idle_workers(), self._model, self.round)
         command = EVALUATE if evaluate else TRAIN
-        rr = self._current = RoundResults(self.round, command, self._results(command, collections.deque(clients)))
+        rr = self._current = RoundResults(self.round, command, roundloop.results(self, command, collections.deque(clients)))
         return rr
-
-    def _send_model(self, workers):
-        """The round's model to idle `workers`, point to point and concurrently. Not a
-        collective broadcast: that couples every worker to every other, so one that died
-        unnoticed would leave the others waiting inside it, with no way to reach them;
-        a send fails only for its own worker, which is then retired like any other."""
-        links, model = self._links, self._model
-        h = Header(UPDATE, self.round, length=model.numel(), dtype=dtypes.code(model.dtype))
-        sends = []
-        for w in workers:  # every one is idle, waiting for a header
-            try:
-                links.send_header(h, w, links.down)
-                sends.append((w, links.isend_payload(model, w, links.down)))
-            except PyBridgeError as exc:
-                self._events.put(("lost", w, exc))
-        for w, work in sends:
-            try:
-                work.wait()
-                self._has[w] = self.round
-            except PyBridgeError as exc:
-                self._events.put(("lost", w, exc))
-
-    def _results(self, command, pending):
-        """The round modes' loop: hand out `pending` through the seam below and yield the
-        round's Results as they come (async: a worker's next client at once; sync: in waves)."""
-        mine = self.round
-        refusals = collections.Counter()
-        while True:
-            self.check_open()
-            if self.round != mine:
-                raise InvalidArgument(f"round {mine} was abandoned: round {self.round} started before its "
-                                      "results were all taken (the server runs one round at a time)")
-            if self.mode == "async" or not self._out():  # sync: a wave once the last one is back
-                for w in self.idle_workers():
-                    client = self.take_client(pending, w)
-                    if client is not None:
-                        self.assign(w, client, command)
-            if not self._out():
-                if not pending:
-                    return
-                if not self.busy_workers():  # nobody left to free up (a straggler of an earlier round would)
-                    raise self.unassignable(pending)
-            outcome = self.next_outcome()
-            a = outcome.assignment
-            if a is None or a.round != mine:
-                continue  # a worker lost while idle, taken back, or late from an abandoned round
-            if outcome.kind == Outcome.RESULT:
-                yield outcome.value
-            elif self.retry_client(outcome, refusals):
-                pending.appendleft(a.client)
-            else:
-                raise outcome.value
-
-    def _out(self):
-        """Whether a client of the current round is out."""
-        return any(a.round == self.round for a in self._busy.values())
 
     # ---- FedBuff / FedAsync (stream.py): the one entry into the buffered modes -----------------
 
@@ -294,8 +210,8 @@ class Server:
             raise InvalidArgument(f"in mode {self.mode} the model must be on the group's device "
                                   f"({self._links.device}), not {model.device}")
         self._drain()
-        if not self._live:
-            raise WorkerFailed(f"no federated workers are left (lost: {self._lost_text()})")
+        if not self._workers.live:
+            raise WorkerFailed(f"no federated workers are left (lost: {self._workers.lost_text()})")
         return Stream(self, model)
 
     # ---- the hand-out seam: what run_round's loop and the buffered stream drive -----------------
@@ -323,11 +239,15 @@ class Server:
 
     def idle_workers(self):
         """Live workers that hold no client, in rank order: those take clients now."""
-        return [w for w in self.workers if w in self._live and w not in self._busy]
+        return self._workers.idle()
 
     def busy_workers(self):
         """Workers holding a client (of this round or version, or an earlier one), in rank order."""
-        return sorted(self._busy)
+        return sorted(self._workers.busy)
+
+    def out(self):
+        """Whether a client of the current round (version) is out."""
+        return self._workers.out(self.round)
 
     def take_client(self, pending, worker):
         """Take out of `pending` (a deque of client ids) the first client `worker` may hold
@@ -342,33 +262,22 @@ class Server:
         """Hand `client` to the idle `worker` to train or evaluate (`command`) on the current
         version, sending the model first if the worker holds an older one. A send that fails
         is a LOST outcome of next_outcome, not an error here."""
-        if self._has.get(worker) != self.round:  # back from an earlier round's client, or taken back
-            self._send_model([worker])
-            if self._has.get(worker) != self.round:
-                return self._assign_failed(worker, client, command)
-        self._seq[worker] += 1
-        a = self._busy[worker] = Assignment(self.round, client, command, self._seq[worker], time.monotonic(),
-                                            self._model.numel(), dtypes.code(self._model.dtype))
-        self._expect[worker] = a  # before the header goes out: the answer cannot come sooner
-        try:  # the worker is waiting for it, so this returns at once
-            self._links.send_header(Header(command, self.round, client, seq=a.seq), worker, self._links.down)
-        except PyBridgeError as exc:
-            self._events.put(("lost", worker, exc))
+        self._workers.assign(worker, client, command, self.round, self._model)
 
     def next_outcome(self):
         """Wait for the next answer or loss among the busy workers (at least one must be
         busy): an Outcome of kind RESULT, FAILED, REFUSED, LOST or BACK (results.py). A
         worker past its client's timeout is stalled here (LOST, with a WorkerTimeout)."""
         while True:
-            w, due = min(self._busy.items(), key=lambda kv: kv[1].start)
+            w, due = min(self._workers.busy.items(), key=lambda kv: kv[1].start)
             left = due.start + self.timeout - time.monotonic()
             try:  # in slices: an aborted group (Group.abort) ends the wait, which no socket does
-                event = self._events.get(timeout=min(max(left, 0.0), ABORT_POLL_SECONDS))
+                event = self._workers.events.get(timeout=min(max(left, 0.0), ABORT_POLL_SECONDS))
             except queue.Empty:
                 self._links.group.check_aborted("the federated server's wait for a result")
                 if left > ABORT_POLL_SECONDS:
                     continue
-                return self._stall(w, due)
+                return self._workers.stall(w, due, self.timeout)
             outcome = self._handle(event)
             if outcome is not None:
                 return outcome
@@ -389,148 +298,29 @@ class Server:
 
     def unassignable(self, pending):
         """The error for clients `pending` that no worker left can take (the caller raises it)."""
-        if self._live:  # live workers, but none holds these clients' data
+        if self._workers.live:  # live workers, but none holds these clients' data
             held = "; ".join(f"client {c}: workers {sorted(self.affinity[c])}" for c in pending)
             return WorkerFailed(f"clients {list(pending)} of round {self.round} can go only to workers that are "
-                                f"lost ({held}; lost: {self._lost_text()})")
-        return WorkerFailed(f"no federated workers are left (lost: {self._lost_text()}); "
+                                f"lost ({held}; lost: {self._workers.lost_text()})")
+        return WorkerFailed(f"no federated workers are left (lost: {self._workers.lost_text()}); "
                             f"clients {list(pending)} of round {self.round} were not done")
-
-    # ---------------------------------------------------------------------------------------------
-
-    def _assign_failed(self, w, client, command):
-        """The model could not reach `w` (its loss is queued): hold the client as out, so
-        that handling the loss gives it back (requeue) or names it."""
-        self._busy[w] = Assignment(self.round, client, command, self._seq[w], time.monotonic())
 
     # ---- events from the listeners ------------------------------------------------------------
 
-    def _listen(self, w):
-        """Read everything worker `w` sends on its up stream, in order, until its terminate
-        acknowledgement or its end. Each header is checked (_check) before anything more is
-        read or allocated; a worker that breaks the protocol is reported ("retire") and its
-        stream closed, dropping what it sent."""
-        conn = self._conns[w]
-        if self._links.device.type == "cuda":
-            torch.cuda.set_device(self._links.device)  # the current device is per thread
-        answered = 0  # the seq of the last task it answered
-        try:
-            while True:
-                fields = conn.read_header(self.link_timeout, self.timeout)
-                h = Header(*fields)
-                self._check(w, h, answered)
-                what = f"{NAMES[h.command]} message (round {h.round}, client {h.client})"
-                payload = conn.read_tensor(h.length, h.dtype, self.timeout, f"its {what}'s payload") \
-                    if h.length else None
-                text = conn.read_bytes(h.metrics, self.timeout, f"its {what}'s metrics")
-                end = conn.read_bytes(len(uplink.TRAILER), self.timeout, f"its {what}'s end mark")
-                if end != uplink.TRAILER:
-                    raise uplink.Misbehaved(f"its {what} did not end where its header said (more bytes "
-                                            f"than announced, or fewer): {end!r} instead of the end mark")
-                try:
-                    metrics = _metrics.decode(text)
-                except Exception as exc:  # noqa: BLE001 - CorruptData: named, the worker retired
-                    raise uplink.Misbehaved(f"its {what} has bad metrics: {exc}") from None
-                if payload is not None and payload.device != self._links.device:
-                    payload = payload.to(self._links.device)
-                if h.command != TERMINATE:
-                    answered = h.seq
-                self._events.put(("message", w, h, payload, metrics, time.monotonic()))
-                if h.command == TERMINATE:
-                    return
-        except uplink.Misbehaved as exc:
-            self._events.put(("retire", w, str(exc)))
-        except EOFError:
-            self._events.put(("lost", w, CommError(f"worker rank {w} closed its up link")))
-        except Timeout as exc:
-            self._events.put(("lost", w, Timeout(f"worker rank {w} sent nothing: {exc}")))
-        except Exception as exc:  # noqa: BLE001 - reported to the server's thread
-            self._events.put(("lost", w, classify(exc)))
-        finally:
-            conn.close()
-
-    def _check(self, w, h, answered):
-        """Raise uplink.Misbehaved unless header `h` from worker `w` is one the server
-        expects: the acknowledgement of a terminate it was sent, or the answer to its open
-        task (round, client, seq; a TRAIN result of the model's exact size and dtype,
-        an EVALUATE payload at most the model's bytes or MIN_EVALUATE_BYTES, a FAILED text of
-        at most MAX_MESSAGE bytes) with a sample count in [0, max_samples] and metrics of at
-        most metrics.MAX_BYTES. Checked before any byte of the payload is read or allocated."""
-        def bad(why):
-            return uplink.Misbehaved(f"its header (command {h.command}, round {h.round}, client {h.client}, seq "
-                                     f"{h.seq}, samples {h.samples}, length {h.length}, dtype code {h.dtype}, "
-                                     f"metrics {h.metrics}) {why}")
-        if h.command not in NAMES or h.command == UPDATE:
-            raise bad(f"has an unknown command {h.command}")
-        if not 0 <= h.metrics <= _metrics.MAX_BYTES:
-            raise bad(f"announces {h.metrics} bytes of metrics (at most {_metrics.MAX_BYTES})")
-        if not 0 <= h.samples <= self._max_samples:
-            raise bad(f"claims {h.samples} samples (at most max_samples = {self._max_samples})")
-        if h.command == TERMINATE:
-            if w not in self._terminating:
-                raise bad("acknowledges a terminate it was not sent")
-            if h.length or h.metrics:
-                raise bad("is a terminate acknowledgement with a payload")
-            return
-        a = self._expect.get(w)
-        if a is None or a.seq <= answered:
-            raise bad("answers no task (it holds none)")
-        if (h.round, h.client, h.seq) != (a.round, a.client, a.seq) or h.command not in (a.command, FAILED):
-            raise bad(f"does not answer its task ({NAMES[a.command]} client {a.client}, round {a.round}, "
-                      f"seq {a.seq})")
-        if h.dtype not in dtypes.BY_CODE:
-            raise bad(f"has an unknown dtype code {h.dtype}")
-        size = dtypes.BY_CODE[h.dtype].itemsize
-        if h.command == TRAIN and (h.length, h.dtype) != (a.numel, a.dtype):
-            raise bad(f"announces an update of {h.length} elements of dtype code {h.dtype}; the model it was "
-                      f"sent has {a.numel} of dtype code {a.dtype}")
-        if h.command == EVALUATE:
-            limit = max(a.numel * dtypes.BY_CODE[a.dtype].itemsize, MIN_EVALUATE_BYTES)
-            if not 0 <= h.length <= limit // size:
-                raise bad(f"announces an evaluation of {h.length} elements (at most {limit} bytes)")
-        if h.command == FAILED and (h.dtype != dtypes.UINT8 or not 0 <= h.length <= MAX_MESSAGE):
-            raise bad(f"announces a failure text of {h.length} elements of dtype code {h.dtype} "
-                      f"(at most {MAX_MESSAGE} bytes, dtype code {dtypes.UINT8})")
-
-    def _stall(self, w, a):
-        """`w` held its client past the timeout: stop giving it clients, but keep listening,
-        so that it is taken back once it answers (its late result is dropped)."""
-        err = WorkerTimeout(f"federated worker rank {w} did not return client {a.client} (round {a.round}) "
-                            f"within {self.timeout:g} s", w, a.client, a.round)
-        del self._busy[w]
-        self._live.discard(w)
-        self._stalled[w] = a
-        self.lost[w] = err
-        return Outcome(Outcome.LOST, a, err)
-
     def _handle(self, event):
-        if event[0] == "retire":
-            return self._retire_misbehaved(*event[1:])
-        if event[0] == "lost":
-            _, w, exc = event
-            if w in self._gone:
-                return None
-            a = self._busy.pop(w, None)
-            self._stalled.pop(w, None)
-            held = f" while it held client {a.client} (round {a.round})" if a else ""
-            err = WorkerFailed(f"federated worker rank {w} was lost{held}: {exc}", w, a and a.client,
-                               a and a.round)
-            err.__cause__ = exc
-            self._retire(w, err)
-            return Outcome(Outcome.LOST, a, err)
-        _, w, h, payload, metrics, arrived = event
-        if h.command == TERMINATE or w in self._gone:
-            return None  # an acknowledgement (its listener has ended), or a retired worker's
-        if w in self._stalled:
-            a = self._stalled.pop(w)
-            if _answers(h, a):
-                self._live.add(w)
-                del self.lost[w]
-                return Outcome(Outcome.BACK, None, None)
-            return self._out_of_turn(w, h, None)
-        a = self._busy.pop(w, None)
-        if a is None or not _answers(h, a):
-            return self._out_of_turn(w, h, a)
+        """The Outcome of one event (workers.py moves the worker's state); a worker retired
+        for breaking the protocol is warned about and noted in the round's `retired`."""
+        outcome = self._workers.handle(event, self.round, self._judge)
+        if event[0] == "retire" and outcome is not None:
+            warnings.warn(str(outcome.value), RuntimeWarning, stacklevel=2)
+            if self._current is not None:
+                self._current.retired[event[1]] = outcome.value
+        return outcome
+
+    def _judge(self, w, h, payload, metrics, arrived, a):
+        """The Outcome of worker `w`'s answer `h` to its assignment `a`: its reported
+        failure, a late result of an abandoned round (dropped by the caller), a training
+        update that does not fit the model or is refused (integrity.refusal), or a Result."""
         if h.command == FAILED:
             text = decode_message(payload) if payload is not None else ""
             return Outcome(Outcome.FAILED, a, WorkerFailed(
@@ -554,54 +344,14 @@ class Server:
         return Outcome(Outcome.RESULT, a, Result(h.command, h.round, h.client, w, h.samples, payload,
                                                  arrived - a.start, metrics))
 
-    def _retire_misbehaved(self, w, why):
-        """Worker `w` broke the protocol (`why`): retire it, dropping what it sent."""
-        if w in self._gone:
-            return None
-        a = self._busy.pop(w, None)
-        held = a or self._stalled.pop(w, None) or self._expect.get(w)
-        where = f" (client {held.client}, round {held.round})" if held else ""
-        err = WorkerFailed(f"federated worker rank {w} was retired{where}: {why}; what it sent was dropped",
-                           w, held and held.client, held and held.round)
-        warnings.warn(str(err), RuntimeWarning, stacklevel=2)
-        if self._current is not None:
-            self._current.retired[w] = err
-        self._retire(w, err, stop=True)
-        return Outcome(Outcome.LOST, a, err)
-
-    def _out_of_turn(self, w, h, a):
-        err = WorkerFailed(f"federated worker rank {w} sent an unexpected {h.name} message "
-                           f"(round {h.round}, client {h.client}, seq {h.seq})", w, a and a.client,
-                           a and a.round)
-        self._retire(w, err, stop=True)
-        return Outcome(Outcome.LOST, a, err)
-
-    def _retire(self, w, err, stop=False):
-        """Stop using worker `w` for good. One still connected (`stop`: it answered out of
-        turn) gets a terminate, not waited for, so that it stops instead of waiting for
-        tasks, and its listener ends with the acknowledgement."""
-        self._live.discard(w)
-        self._gone.add(w)
-        self.lost[w] = err
-        if stop:
-            self._terminating.add(w)
-            try:
-                self._farewells.append((w, self._links.isend_header(Header(TERMINATE, self.round), w,
-                                                                    self._links.down)))
-            except PyBridgeError:
-                pass  # its connection is gone too: nothing left to stop
-
     def _drain(self):
         """Take in the notices already queued (losses, late results, stalled workers back)."""
         while True:
             try:
-                event = self._events.get_nowait()
+                event = self._workers.events.get_nowait()
             except queue.Empty:
                 return
             self._handle(event)
-
-    def _lost_text(self):
-        return "; ".join(f"rank {w}: {e}" for w, e in sorted(self.lost.items())) or "none"
 
     # ---- shutdown ---------------------------------------------------------------------------
 
@@ -620,58 +370,41 @@ class Server:
         if timeout is not None:
             timeout = positive_seconds("timeout", timeout)
         self.closed = True
-        links = self._links
-        aborted = links.group.aborted is not None  # its connections are shut: nobody is waited for
+        ws, listeners = self._workers, self._listeners
+        aborted = self._links.group.aborted is not None  # its connections are shut: nobody is waited for
         if aborted:
             timeout = 0.0
         now = time.monotonic()
         try:
             self._drain()
             deadline = {}
-            for w in sorted(self._live | set(self._stalled)):
-                a = self._busy.get(w) or self._stalled.get(w)
+            for w in sorted(ws.live | set(ws.stalled)):
+                a = ws.busy.get(w) or ws.stalled.get(w)
                 deadline[w] = now + timeout if timeout is not None else \
                     (a.start + self.timeout if a else now + self.timeout)
-                self._terminating.add(w)
                 try:  # not waited for: a busy worker takes it after its client
-                    self._farewells.append((w, links.isend_header(Header(TERMINATE, self.round), w, links.down)))
+                    ws.terminate(w, self.round)
                 except PyBridgeError as exc:
                     self._handle(("lost", w, exc))
-            for w, t in self._listeners.items():  # a listener ends with its worker's acknowledgement
-                t.join(max(deadline.get(w, now) - time.monotonic(), 0.0))  # retired ones: below
+            for w in listeners.threads:  # a listener ends with its worker's acknowledgement
+                listeners.join(w, deadline.get(w, now))  # retired ones: below
         finally:
             # Workers still busy past their deadline are cut off; a cut closes every
             # connection of the down link, so the terminates of the others leave first.
-            stuck = {w for w, t in self._listeners.items() if t.is_alive() and w not in self._gone}
+            stuck = {w for w in listeners.threads if listeners.alive(w) and w not in ws.gone}
             until = time.monotonic() + (0.0 if aborted else FAREWELL_SECONDS)
-            self._send_farewells(until, skip=stuck)
-            for w, t in self._listeners.items():
+            ws.send_farewells(until, skip=stuck)
+            for w in listeners.threads:
                 if w not in stuck:  # a retired worker's listener ends on its own, or with its acknowledgement
-                    t.join(max(until - time.monotonic(), 0.0))
-            for w, t in self._listeners.items():
-                if t.is_alive():
-                    self._conns[w].shutdown()  # its listener's read ends at once
+                    listeners.join(w, until)
+            for w in listeners.threads:
+                if listeners.alive(w):
+                    listeners.shutdown(w)  # its listener's read ends at once
                     if w in stuck:
-                        links.cut(w)  # and the worker's wait for a task on the down links
-            for t in self._listeners.values():
-                t.join(5.0)
-            links.close()
-
-    def _send_farewells(self, until, skip):
-        """Let the terminates sent (and not waited for) leave, until `until`, except those to
-        the workers in `skip`. Gloo sends a message only once its receiver has posted the
-        receive: a retired worker still busy with its last answer had not, and closing the
-        links (or cutting another worker) dropped its terminate, so it failed with "lost the
-        server" instead of stopping (seen in the suite; tests/test_federated.py makes it
-        happen). Bounded: workers that never receive cost close() FAREWELL_SECONDS at most."""
-        for w, work in self._farewells:
-            if w in skip:
-                continue
-            try:
-                work.wait(max(until - time.monotonic(), 0.001))
-            except PyBridgeError:
-                pass  # that worker's connection is gone, or it never received: it is cut off
-        self._farewells = []
+                        self._links.cut(w)  # and the worker's wait for a task on the down links
+            for w in listeners.threads:
+                listeners.join(w, time.monotonic() + 5.0)
+            self._links.close()
 
     def __enter__(self):
         return self
@@ -679,7 +412,3 @@ class Server:
     def __exit__(self, *exc):
         self.close()
 
-
-def _answers(h, a):
-    """Whether header `h` answers assignment `a` (its result, or its reported failure)."""
-    return (h.round, h.client, h.seq) == (a.round, a.client, a.seq) and h.command in (a.command, FAILED)

@@ -17,14 +17,39 @@ written once per step. ServerSGD without momentum steps in the model's dtype, ex
 torch.optim.SGD does, so FedAvg rounds keep their bits. `eta_l` is the clients' learning
 rate in the paper's notation: recorded with each step, used by the workers (the server
 does not send it).
+
+STRATEGIES is the one registry of strategies by name: the built-ins (BUILTIN, each with its
+C code PB_FED_STRATEGY_<NAME>) and those a program registers with register_strategy. A
+strategy provides `Strategy` (the Protocol FedAvgRounds relies on).
 """
 
 import math
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from ..base.checks import positive_finite
+from ..base.registry import Registry, describe, provides
 from ..errors import InvalidArgument
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """name, eta, step(model, g, lr) and settings(): what FedAvgRounds uses of a server strategy.
+
+    `name` is its key in STRATEGIES; `eta` the server learning rate a step given none uses
+    (FedAvgRounds sets it when a round is given an lr); `step(model, g, lr)` moves the flat
+    model by the pseudo-gradient g (float64, same length) at lr (None: eta);
+    `settings()` is recorded with every step in `history`. A strategy class also says in
+    `SETTINGS` which keywords besides eta it takes (C's pb_fed_options fields of those
+    names reach it); none when it has no SETTINGS."""
+
+    name: str
+    eta: float
+
+    def step(self, model: torch.Tensor, g: torch.Tensor, lr: float | None = None) -> None: ...
+
+    def settings(self) -> dict[str, Any]: ...
 
 
 def _unit(name, value, *, closed=False):
@@ -126,23 +151,59 @@ class FedYogi(_Adaptive):
         self.v.sub_((1 - self.beta2) * d2 * torch.sign(self.v - d2))
 
 
-# The one registry of server strategies, by name. C codes are the header's
-# PB_FED_STRATEGY_<NAME> and Go's FedStrategy constants (tests/test_federated_registry.py
-# checks both); the MNIST example's --server-opt takes these names.
-STRATEGIES = {c.name: c for c in (ServerSGD, FedAdagrad, FedAdam, FedYogi)}
+# The one registry of server strategies, by name: the built-ins, then register_strategy's.
+# The built-ins' C codes are the header's PB_FED_STRATEGY_<NAME> and Go's FedStrategy
+# constants (tests/test_federated_registry.py checks both); C's strategy_name, Go's
+# WithServerOptimizerName and the MNIST example's --server-opt take any name here.
+STRATEGIES: Registry[Any] = Registry("server strategy")
+for _builtin in (ServerSGD, FedAdagrad, FedAdam, FedYogi):
+    STRATEGIES.register(_builtin.name, _builtin)
+BUILTIN = tuple(STRATEGIES)  # the names with a C code
+
+
+def _settings_of(make):
+    return tuple(getattr(make, "SETTINGS", ()))
+
+
+def register_strategy(name, make):
+    """Register the server strategy `make` as `name`, for FedAvgRounds' users to choose by
+    name: `strategies.build(name)`, C's `pb_fed_options.strategy_name`, Go's
+    `WithServerOptimizerName`. `make(eta=..., **settings)` builds it (a class, usually a
+    ServerOptimizer subclass), its `SETTINGS` naming the keywords besides eta it takes.
+    Checked here by building one with its defaults (what a C caller's eta 0 asks for),
+    which must provide `Strategy` with `name` equal to `name`.
+
+    As torch's rendezvous registry: registering the same class again does nothing; another
+    under a registered name (a built-in's included) is InvalidArgument naming both. Each
+    process that chooses it registers it: a C or Go program imports the module that does
+    (pb_import_module, ImportModule)."""
+    what = f"register_strategy({name!r}, {describe(make)})"
+    if not callable(make):
+        raise InvalidArgument(f"{what}: the strategy must be a class (or callable) building it, got {make!r}")
+    settings = getattr(make, "SETTINGS", ())
+    if not isinstance(settings, (tuple, list)) or not all(isinstance(k, str) for k in settings):
+        raise InvalidArgument(f"{what}: SETTINGS must be a tuple of keyword names, got {settings!r}")
+    try:
+        probe = make()
+    except Exception as exc:
+        raise InvalidArgument(f"{what}: {describe(make)}() must build a strategy with its defaults, "
+                              f"but raised {type(exc).__name__}: {exc}") from exc
+    provides(f"{what}: {describe(make)}()", probe, Strategy)
+    if probe.name != name:
+        raise InvalidArgument(f"{what}: its name is {probe.name!r}, not {name!r} (settings() and the "
+                              "history name a strategy by `name`)")
+    STRATEGIES.register(name, make)
 
 
 def build(name, eta=None, **settings):
     """The strategy registered as `name`, at server learning rate `eta` (None: its default),
     given those of `settings` it takes (its SETTINGS) and none of the others: a C caller
     passes every pb_fed_options field whatever the strategy."""
-    make = STRATEGIES.get(name)
-    if make is None:
-        raise InvalidArgument(f"unknown server strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
-    unknown = sorted(set(settings).difference(*(c.SETTINGS for c in STRATEGIES.values())))
+    make = STRATEGIES.lookup(name)
+    unknown = sorted(set(settings).difference(*(_settings_of(c) for c in STRATEGIES.values())))
     if unknown:
         raise InvalidArgument(f"no server strategy takes {', '.join(unknown)}")
-    given = {k: v for k, v in settings.items() if k in make.SETTINGS}
+    given = {k: v for k, v in settings.items() if k in _settings_of(make)}
     return make(**given) if eta is None else make(eta=eta, **given)
 
 

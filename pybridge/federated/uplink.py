@@ -32,6 +32,8 @@ import time
 import torch
 
 from ..base import dtypes, netif
+from ..comm import group as _group
+from ..comm import rendezvous
 from ..errors import CommError, Timeout
 
 HEADER = struct.Struct("<8q")  # protocol.FIELDS, in order
@@ -71,14 +73,11 @@ def uplink_address():
 
 
 def _store_host():
-    import torch.distributed as dist
     try:
-        store = dist.distributed_c10d._get_default_store()
-    except Exception:  # noqa: BLE001 - no default group: fall back on the environment
+        store = _group.world_store()
+    except Exception:  # noqa: BLE001 - no world: fall back on the environment
         return None
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    return store.host if isinstance(store, dist.TCPStore) else None
+    return rendezvous.tcp_host(store)
 
 
 def _key(w):

@@ -7,7 +7,11 @@ the launcher unpickle (run) what it wrote. Here the store listens on the endpoin
 only, every value in it is sealed (a value written without the secret is refused before
 torch reads it) and the run id is derived from the secret.
 
-Registered as "pybridge-c10d" and "pybridge-static" when pybridge-launch starts torchrun.
+"pybridge-etcd" is the same dynamic rendezvous over the job's store in etcd (base/etcd_store.py):
+no launcher hosts it, so any node may die and the others still meet there.
+
+Registered as "pybridge-c10d", "pybridge-static" and "pybridge-etcd" when pybridge-launch
+starts torchrun.
 """
 
 import datetime
@@ -21,11 +25,12 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handl
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous, create_rdzv_handler
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
+from ..base import etcd_store as _etcd_store
 from ..base import netif
 from ..base import sealed_store as _sealed
 from ..base import secret as _secret
 
-C10D, STATIC = "pybridge-c10d", "pybridge-static"
+C10D, STATIC, ETCD = "pybridge-c10d", "pybridge-static", "pybridge-etcd"
 
 
 def store(host, port, timeout, *, world_size=None, hosting=None):
@@ -58,6 +63,24 @@ def _c10d(params):
     return create_handler(s, _Backend(s, params.run_id), params)
 
 
+class _EtcdBackend(C10dRendezvousBackend):
+    @property
+    def name(self):
+        return ETCD
+
+
+def _etcd(params):
+    # The endpoints, TLS and users as the workers get them (PYBRIDGE_ETCD_*, set by the launcher)
+    settings = _etcd_store.settings(params.endpoint)
+    timeout = params.get_as_int("read_timeout", 60)
+    client = _etcd_store.connect(settings, timeout)
+    store = _etcd_store.store(client, f"{_etcd_store.ROOT}/{params.run_id}/launch", timeout)
+    sealed = _sealed.protect(store, _secret.job_secret())
+    handler = create_handler(sealed, _EtcdBackend(sealed, params.run_id), params)
+    handler.keep = (store, sealed)  # torch holds the Python stores by C++ pointers only
+    return handler
+
+
 class _Static(StaticTCPRendezvous):
     def get_backend(self):
         return STATIC
@@ -82,3 +105,5 @@ def register():
         registry.handler_registry.register(C10D, _c10d)
     if STATIC not in known:
         registry.handler_registry.register(STATIC, _static)
+    if ETCD not in known:
+        registry.handler_registry.register(ETCD, _etcd)

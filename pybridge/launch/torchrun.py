@@ -64,6 +64,7 @@ import signal
 import socket
 import sys
 import tempfile
+from typing import Any, Callable, Optional, Sequence, Union, cast
 
 from .._version import __version__
 from ..base import jobenv, netif
@@ -82,6 +83,19 @@ STDERR_TAIL_LINES = 30
 _WORKER_SHIM = r"""
 import os, sys
 mode, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+launcher = int(os.environ.get("PYBRIDGE_LAUNCHER_PID", "0"))
+if launcher:
+    # End with the launcher: SIGKILL when it dies, however it dies (kill -9, the OOM killer),
+    # so that a dead node is dead whole and its GPUs are freed. Kept across the exec of a
+    # C or Go target. Set after the fork, so a launcher that died before it is checked too.
+    import ctypes, signal
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != launcher:
+        sys.stderr.write("pybridge-launch: the launcher (pid %d) is gone; not starting\n" % launcher)
+        sys.exit(1)
 local_rank = int(os.environ.get("LOCAL_RANK", "0"))
 gpus = int(os.environ.get("PYBRIDGE_NUM_GPUS", "0"))
 if gpus > 0:
@@ -132,7 +146,7 @@ except OSError as exc:
 """
 
 
-def _parser():
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, allow_abbrev=False,
         description="Start one process per GPU (or N CPU processes) running TARGET, over torch's "
@@ -151,8 +165,16 @@ def _parser():
                    help="same as the HOST of --rdzv-endpoint")
     p.add_argument("--master-port", "--master_port", type=int, default=None,
                    help="same as the PORT of --rdzv-endpoint")
-    p.add_argument("--rdzv-id", "--rdzv_id", default="pybridge",
-                   help="job id shared by all launchers of a dynamic (c10d) rendezvous")
+    p.add_argument("--rdzv-id", "--rdzv_id", default=None,
+                   help="job id shared by all launchers of a dynamic (c10d) rendezvous (default 'pybridge'), and "
+                        "the job's name in etcd with --rdzv-backend etcd (default on one node: a new one)")
+    p.add_argument("--rdzv-backend", "--rdzv_backend", default=None, choices=("c10d", "static", "etcd", "etcd-v2"),
+                   help="etcd: the ranks (and on several nodes the launchers) meet in etcd, at the members "
+                        "--rdzv-endpoint lists (HOST:PORT,HOST:PORT,...), so that no node hosts the store "
+                        "(docs/elastic.md); default: node 0 hosts it (c10d, or static with --node-rank)")
+    p.add_argument("--rdzv-conf", "--rdzv_conf", default=None, metavar="KEY=VALUE,...",
+                   help="etcd's TLS and users: cacert=FILE,cert=FILE,key=FILE,user=NAME (the password in "
+                        "PYBRIDGE_ETCD_PASSWORD, never on the command line)")
     p.add_argument("--standalone", action="store_true",
                    help="single node, private rendezvous on a free port (the default for --nnodes 1 "
                         "without an endpoint)")
@@ -188,6 +210,9 @@ def _parser():
     p.add_argument("--trace", metavar="DIR", default=None,
                    help="record every rank: traces, metrics (JSON lines, TensorBoard) into DIR, merged into "
                         "DIR/trace.json when the ranks end (docs/observability.md; `pybridge report DIR`)")
+    p.add_argument("--trace-steps", type=int, default=None, metavar="N",
+                   help="with --trace: each rank's trace keeps the latest N steps' events (default 2000; "
+                        "0: every step); the metrics count every step")
     p.add_argument("--trace-torch", action="store_true",
                    help="with --trace: also libtorch's operations on every thread of each rank (torch.profiler; "
                         "a Go or C++ program's forward and backward), for short runs")
@@ -196,6 +221,9 @@ def _parser():
                         "talks on (loopback on one node; --metrics-addr to choose)")
     p.add_argument("--metrics-addr", default=None, metavar="ADDR",
                    help="the address the metrics endpoints listen on (default: as the job's stores)")
+    p.add_argument("--otel", action="store_true",
+                   help="export each rank's metrics through OpenTelemetry (OTLP/HTTP to "
+                        "OTEL_EXPORTER_OTLP_ENDPOINT; docs/observability.md)")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-m", "--module", action="store_true", help="TARGET is a Python module")
     p.add_argument("--no-python", action="store_true",
@@ -211,10 +239,11 @@ def _parser():
 
 # The options torchrun also reads from PET_* variables (Kubernetes' PyTorchJob sets them).
 PET_OPTIONS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "master_addr", "master_port",
-               "rdzv_id", "standalone", "max_restarts", "monitor_interval", "log_dir", "no_python", "module"}
+               "rdzv_id", "rdzv_backend", "rdzv_conf", "standalone", "max_restarts", "monitor_interval", "log_dir",
+               "no_python", "module"}
 
 
-def _from_slurm(opts):
+def _from_slurm(opts: argparse.Namespace) -> None:
     """Under srun (one launcher per node), the node count, node rank and rendezvous that
     the flags (and PET_* variables) leave unsaid; a warning in an allocation without srun."""
     job = jobenv.launcher_job()
@@ -230,14 +259,14 @@ def _from_slurm(opts):
     if opts.node_rank is None:
         opts.node_rank = job.node_rank
         taken.append(f"--node-rank {job.node_rank} (SLURM_NODEID)")
-    if _endpoint(opts) is None and job.endpoint is not None:
+    if _endpoint(opts) is None and job.endpoint is not None and not _etcd(opts):
         opts.rdzv_endpoint = "%s:%d" % job.endpoint
         taken.append(f"--rdzv-endpoint {opts.rdzv_endpoint} ({job.sources['endpoint']})")
     if taken:
         print(f"{PROG}: from srun: {', '.join(taken)}", file=sys.stderr, flush=True)
 
 
-def _gpu_count():
+def _gpu_count() -> int:
     try:
         import torch
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -245,7 +274,7 @@ def _gpu_count():
         return 0
 
 
-def _nproc(value, gpus):
+def _nproc(value: str, gpus: int) -> int:
     value = value or os.environ.get("PYBRIDGE_NPROC") or "auto"
     if value == "auto":
         return gpus or DEFAULT_CPU_NPROC
@@ -263,8 +292,54 @@ def _nproc(value, gpus):
     return n
 
 
-def _endpoint(opts):
-    """HOST:PORT from --rdzv-endpoint or --master-addr/--master-port, or None."""
+def _etcd(opts: argparse.Namespace) -> bool:
+    """--rdzv-backend etcd (or etcd-v2, torchrun's other name)."""
+    return opts.rdzv_backend in ("etcd", "etcd-v2")
+
+
+def etcd_settings(opts: argparse.Namespace) -> str:
+    """--rdzv-backend etcd: check the members and settings, and hand them to the workers (and
+    this launcher's own rendezvous) as PYBRIDGE_RDZV_* and PYBRIDGE_ETCD_*, which init reads."""
+    from ..base import etcd_store
+    if opts.master_addr or opts.master_port:
+        raise SystemExit(f"{PROG}: --rdzv-backend etcd takes the members in --rdzv-endpoint, "
+                         "not --master-addr/--master-port")
+    try:
+        conf = etcd_store.conf(opts.rdzv_conf)
+        if "password" in conf:
+            raise InvalidArgument(f"--rdzv-conf password=: put the password in {etcd_store.CONF_ENV['password']} "
+                                  "(a command line is readable by every user of the machine)")
+        conf = {k: os.path.abspath(v) if k in ("cacert", "cert", "key") else v for k, v in conf.items()}
+        etcd_store.settings(opts.rdzv_endpoint or "", conf)  # the checks, with the environment's password
+    except InvalidArgument as exc:
+        raise SystemExit(f"{PROG}: --rdzv-endpoint/--rdzv-conf: {exc}") from None
+    job = opts.rdzv_id or jobenv_id()
+    if job is None:
+        if _max_nodes(opts) > 1:
+            raise SystemExit(f"{PROG}: --rdzv-backend etcd on several nodes needs --rdzv-id, the same on every "
+                             "node and another for every job (it names the job in etcd)")
+        job = f"pybridge-{secrets.token_hex(8)}"
+    os.environ.update({etcd_store.ENV_BACKEND: "etcd", etcd_store.ENV_ENDPOINT: opts.rdzv_endpoint,
+                       etcd_store.ENV_ID: job})
+    os.environ.update({etcd_store.CONF_ENV[k]: v for k, v in conf.items()})
+    return job
+
+
+def jobenv_id() -> Optional[str]:
+    """The job's id from SLURM (the same on every node of a step), or None."""
+    from ..base import etcd_store
+    try:
+        job: Optional[str] = etcd_store.job_id(None, {k: v for k, v in os.environ.items() if k.startswith("SLURM_")})
+        return job
+    except InvalidArgument:
+        return None
+
+
+def _endpoint(opts: argparse.Namespace) -> Optional[tuple[str, int]]:
+    """HOST:PORT from --rdzv-endpoint or --master-addr/--master-port, or None (also with etcd,
+    where no node hosts the rendezvous)."""
+    if _etcd(opts):
+        return None
     if opts.rdzv_endpoint:
         if opts.master_addr or opts.master_port:
             raise SystemExit(f"{PROG}: give --rdzv-endpoint or --master-addr/--master-port, not both")
@@ -279,7 +354,7 @@ def _endpoint(opts):
     return None
 
 
-def _check_port_free(host, port):
+def _check_port_free(host: str, port: int) -> None:
     """Refuse a rendezvous port that another program holds on this machine, before torchrun
     connects to that program and waits for ever (c10d) or fails seconds later (static)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
@@ -298,12 +373,12 @@ def _check_port_free(host, port):
                              "without one gets a free port)") from None
 
 
-def _max_nodes(opts):
+def _max_nodes(opts: argparse.Namespace) -> int:
     """The most nodes the job may have: --nnodes N, or MAX of --nnodes MIN:MAX."""
     return int(str(opts.nnodes).split(":")[-1])
 
 
-def torchrun_args(opts, log_dir, gpus):
+def torchrun_args(opts: argparse.Namespace, log_dir: str, gpus: Callable[[], int]) -> tuple[list[str], int]:
     """The torchrun argument list equivalent to our options (worker command included), and the
     number of processes on this node. gpus: a function returning the number of GPUs (it imports
     torch, so it is called after the cheap checks)."""
@@ -314,7 +389,15 @@ def torchrun_args(opts, log_dir, gpus):
             "--monitor-interval", str(opts.monitor_interval),
             "--shutdown-timeout", str(opts.shutdown_timeout),
             "--log-dir", log_dir, "--tee", "3", "--no-python"]
-    if opts.standalone or (endpoint is None and max_nodes == 1):
+    if _etcd(opts) and max_nodes > 1:
+        # The launchers meet in etcd too: torch's dynamic rendezvous over the sealed store
+        # there (launch/rdzv.py), so that no node hosts it. Its state is a pickle: sealed.
+        if _secret.job_secret() is None:
+            raise SystemExit(f"{PROG}: --rdzv-backend etcd on several nodes needs the job secret: set {_secret.ENV} "
+                             f"(or {_secret.ENV_FILE}) to the same value on every node (docs/launcher.md)")
+        args += ["--rdzv-backend", "pybridge-etcd", "--rdzv-endpoint", opts.rdzv_endpoint,
+                 "--rdzv-id", _secret.run_id(_secret.job_secret(), os.environ["PYBRIDGE_RDZV_ID"] + "-launch")]
+    elif opts.standalone or (endpoint is None and max_nodes == 1):
         if opts.node_rank not in (None, 0):
             raise SystemExit(f"{PROG}: --node-rank {opts.node_rank} needs a multi-node job "
                              "(--nnodes and --rdzv-endpoint)")
@@ -345,14 +428,14 @@ def torchrun_args(opts, log_dir, gpus):
                              f"set {_secret.ENV} (or {_secret.ENV_FILE}) to the same value on every node, or "
                              "give --node-rank (docs/launcher.md, 'The job secret')")
         args += ["--rdzv-backend", "pybridge-c10d", "--rdzv-endpoint", f"{endpoint[0]}:{endpoint[1]}",
-                 "--rdzv-id", _secret.run_id(key, opts.rdzv_id), *_local_addr(endpoint[0])]
+                 "--rdzv-id", _secret.run_id(key, opts.rdzv_id or "pybridge"), *_local_addr(endpoint[0])]
     command = worker_command(opts)  # checks the target before gpus() imports torch
     nproc = _nproc(opts.nproc_per_node, gpus())
     args = ["--nproc-per-node", str(nproc), *args, *command]
     return args, nproc
 
 
-def _local_addr(host):
+def _local_addr(host: str) -> list[str]:
     """--local-addr: this node's address towards the rendezvous host, which the workers get
     as MASTER_ADDR where rank 0 hosts their store (and binds it), instead of the hostname."""
     try:
@@ -361,7 +444,7 @@ def _local_addr(host):
         return []
 
 
-def job_secret(multi_node):
+def job_secret(multi_node: bool) -> None:
     """The job secret for this launcher's workers, in the environment they inherit: the one
     given (PYBRIDGE_SECRET or PYBRIDGE_SECRET_FILE), else a new one for a single-node job.
     A multi-node job without one is told what it risks (the launchers of the nodes cannot
@@ -378,7 +461,7 @@ def job_secret(multi_node):
               "(docs/launcher.md, 'The job secret')", file=sys.stderr, flush=True)
 
 
-def worker_command(opts):
+def worker_command(opts: argparse.Namespace) -> list[str]:
     """The command each worker runs: the shim (per-rank device), then TARGET and its args."""
     if opts.module:
         mode = "module"
@@ -397,7 +480,7 @@ def worker_command(opts):
     return [sys.executable, "-c", _WORKER_SHIM, mode, target, *opts.args]
 
 
-def elastic_main(opts):
+def elastic_main(opts: argparse.Namespace) -> int:
     """--elastic: this launcher supervises its workers itself (launch_elastic.py)."""
     from .elastic import Supervisor  # imports torch.distributed: only for --elastic
     if ":" in str(opts.nnodes):
@@ -431,7 +514,8 @@ def elastic_main(opts):
         raise SystemExit(f"{PROG}: cannot host the elastic store at {endpoint[0]}:{endpoint[1]}: "
                          f"{exc.strerror or exc} (--rdzv-endpoint must name an address of node 0)") from None
     try:
-        return sup.run()
+        status: int = sup.run()
+        return status
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
         sup.stop()
@@ -440,7 +524,7 @@ def elastic_main(opts):
         _merge_trace(opts)
 
 
-def _tail(path, lines=STDERR_TAIL_LINES):
+def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> Optional[str]:
     try:
         with open(path, errors="replace") as f:
             text = f.read()
@@ -449,7 +533,7 @@ def _tail(path, lines=STDERR_TAIL_LINES):
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])
 
 
-def _stderr_log(log_dir, local_rank):
+def _stderr_log(log_dir: str, local_rank: int) -> Optional[str]:
     """The newest attempt's stderr log of a local rank under torchrun's log folder."""
     found = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), "stderr.log"))
     if not found:
@@ -461,15 +545,17 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "PB_ERR_C
               "remote worker crashing")
 
 
-def _lost_a_peer(stderr_tail):
-    return bool(stderr_tail) and any(words in stderr_tail for words in _PEER_LOST)
+def _lost_a_peer(stderr_tail: Optional[str]) -> bool:
+    return stderr_tail is not None and any(words in stderr_tail for words in _PEER_LOST)
 
 
-def _stopped_by_us(failure):
-    return failure.exitcode == -signal.SIGTERM
+def _stopped_by_us(failure: Any) -> bool:
+    stopped: bool = failure.exitcode == -signal.SIGTERM
+    return stopped
 
 
-def format_failure(exc, log_dir, node_rank, exit_time=None):
+def format_failure(exc: Any, log_dir: str, node_rank: Optional[int],
+                   exit_time: Optional[Callable[[Optional[int]], Optional[float]]] = None) -> tuple[str, int]:
     """A report of a torchrun ChildFailedError, and the exit status to leave with.
 
     The first rank that failed on its own is reported with its stderr tail; ranks that torchrun
@@ -498,7 +584,8 @@ def format_failure(exc, log_dir, node_rank, exit_time=None):
         f = failures[rank]
         where = f"local rank {f.local_rank}" + (f", node {node_rank}" if node_rank is not None else "")
         how = f"failed with exit code {f.exitcode}" if f.exitcode >= 0 else signal_exit(f.exitcode)
-        when = f" ({times[rank] - times[own[0]]:.3f} s after rank {own[0]})" if precise and i else ""
+        when = f" ({cast(float, times[rank]) - cast(float, times[own[0]]):.3f} s after rank {own[0]})" \
+            if precise and i else ""
         out.append(f"{PROG}: rank {rank} ({where}) {how}{when}")
         if i == 0:
             status = f.exitcode if 0 < f.exitcode < 256 else (128 - f.exitcode if f.exitcode < 0 else 1)
@@ -517,7 +604,7 @@ def format_failure(exc, log_dir, node_rank, exit_time=None):
     return "\n".join(out), min(max(status, 1), 255)
 
 
-def _kept(log_dir):
+def _kept(log_dir: str) -> bool:
     """Keep our temporary log folder after a failure, and say so, if any file in it holds
     something; ranks that wrote nothing leave only empty logs, not worth keeping."""
     for path in glob.glob(os.path.join(log_dir, "**"), recursive=True):
@@ -530,18 +617,22 @@ def _kept(log_dir):
     return False
 
 
-def _worker_settings(opts, gpus, nproc):
+def _worker_settings(opts: argparse.Namespace, gpus: int, nproc: int) -> None:
     """What the workers inherit from this launcher, with torchrun's agent or the elastic one:
     the GPU count and isolation the worker shim picks its device by, the CPUs it binds
-    each process to, and the network interface of a multi-node job."""
+    each process to, the network interface of a multi-node job, and this launcher's pid
+    (the shim ends the worker when the launcher dies)."""
     os.environ["PYBRIDGE_NUM_GPUS"] = str(gpus)
     os.environ["PYBRIDGE_ISOLATE_GPUS"] = "1" if opts.isolate_gpus else "0"
+    os.environ["PYBRIDGE_LAUNCHER_PID"] = str(os.getpid())  # the shim's parent: it dies with us
     _bind_cpus(opts, nproc)
     _choose_interface(opts)
 
 
-def _observe_settings(opts):
-    """--trace and --metrics-port as the variables each worker's observe/ reads at init."""
+def _observe_settings(opts: argparse.Namespace) -> None:
+    """--trace, --metrics-port and --otel as the variables each worker's observe/ reads at init."""
+    if opts.otel:
+        os.environ["PYBRIDGE_OTEL"] = "1"
     if opts.trace:
         path = os.path.abspath(opts.trace)
         try:
@@ -551,14 +642,18 @@ def _observe_settings(opts):
         os.environ["PYBRIDGE_TRACE"] = path
         if opts.trace_torch:
             os.environ["PYBRIDGE_TRACE_TORCH"] = "1"
-    elif opts.trace_torch:
-        raise SystemExit(f"{PROG}: --trace-torch needs --trace DIR")
+        if opts.trace_steps is not None:
+            if opts.trace_steps < 0:
+                raise SystemExit(f"{PROG}: --trace-steps must be >= 0 (0: every step), got {opts.trace_steps}")
+            os.environ["PYBRIDGE_TRACE_STEPS"] = str(opts.trace_steps)
+    elif opts.trace_torch or opts.trace_steps is not None:
+        raise SystemExit(f"{PROG}: --trace-torch and --trace-steps need --trace DIR")
     if opts.metrics_port is not None:
         if not 0 < opts.metrics_port < 65536:
             raise SystemExit(f"{PROG}: --metrics-port must be 1..65535, got {opts.metrics_port}")
         os.environ["PYBRIDGE_METRICS_PORT"] = str(opts.metrics_port)
         addr = opts.metrics_addr
-        endpoint = _endpoint(opts)
+        endpoint = _towards(opts)
         if addr is None and endpoint is not None and _max_nodes(opts) > 1:
             try:  # the address this node talks to the rendezvous host on, as _local_addr gives the stores
                 addr = netif.local_address_towards(endpoint[0])
@@ -569,7 +664,7 @@ def _observe_settings(opts):
               f"{opts.metrics_port}+L/metrics", file=sys.stderr, flush=True)
 
 
-def _merge_trace(opts):
+def _merge_trace(opts: argparse.Namespace) -> None:
     """Merge the rank files this node can see into DIR/trace.json and say where it is. On
     several nodes each launcher merges the files in its DIR (all ranks' on shared storage)."""
     if not opts.trace:
@@ -584,7 +679,7 @@ def _merge_trace(opts):
           flush=True)
 
 
-def _bind_cpus(opts, nproc):
+def _bind_cpus(opts: argparse.Namespace, nproc: int) -> None:
     """Split this launcher's CPUs among its nproc processes (cpubind.py); the shim binds each."""
     cpus = cpubind.allowed()
     topo = cpubind.topology(cpus)
@@ -600,7 +695,17 @@ def _bind_cpus(opts, nproc):
     print(f"{PROG}: {cpubind.describe(mode, cpu_plan)}", file=sys.stderr, flush=True)
 
 
-def _prefix_node(opts):
+def _towards(opts: argparse.Namespace) -> Optional[tuple[str, int]]:
+    """(host, port) the job's traffic is told apart by: node 0's rendezvous, or with etcd
+    (which no node hosts) its first member."""
+    if _etcd(opts):
+        from ..base import etcd_store
+        first: tuple[str, int] = etcd_store.parse_endpoints(opts.rdzv_endpoint)[1][0]
+        return first
+    return _endpoint(opts)
+
+
+def _prefix_node(opts: argparse.Namespace) -> Union[int, str, None]:
     """The node in the ranks' line prefix: None on one node, else the node rank, or this
     host's name when a dynamic rendezvous gives the node its rank later."""
     if _max_nodes(opts) == 1:
@@ -608,10 +713,10 @@ def _prefix_node(opts):
     return opts.node_rank if opts.node_rank is not None else socket.gethostname()
 
 
-def _choose_interface(opts):
+def _choose_interface(opts: argparse.Namespace) -> None:
     """Multi-node: name the interface that reaches the rendezvous host for gloo and NCCL
     (pybridge/base/netif.py says why), unless the user named one."""
-    endpoint = _endpoint(opts)
+    endpoint = _towards(opts)
     if endpoint is None or _max_nodes(opts) == 1:
         return
     if "GLOO_SOCKET_IFNAME" in os.environ and "NCCL_SOCKET_IFNAME" in os.environ:
@@ -628,7 +733,18 @@ def _choose_interface(opts):
           file=sys.stderr, flush=True)
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """pybridge-launch: start this node's workers (one per GPU, or --nproc-per-node) running
+    a Python script, a module (-m) or any program (--no-python), restart them, and say which
+    rank failed and why. `argv`: the command line without the program name (default
+    sys.argv[1:]). Returns the exit status (0 when every rank finished). docs/launcher.md.
+
+    Example::
+
+        >>> from pybridge.launch import main
+        >>> main(["--nproc-per-node", "2", "train.py", "--epochs", "3"])  # doctest: +SKIP
+        0
+    """
     forward_signals()  # first: a scheduler's warning may come while the launcher starts
     opts = _parser().parse_args(argv)
     try:
@@ -638,6 +754,13 @@ def main(argv=None):
     if opts.max_restarts < 0:
         raise SystemExit(f"{PROG}: --max-restarts must be >= 0")
     job_secret(_max_nodes(opts) > 1)
+    if _etcd(opts):
+        if opts.elastic:
+            raise SystemExit(f"{PROG}: --elastic over etcd is not there yet: the elastic membership still lives in "
+                             "node 0's launcher (docs/elastic.md)")
+        etcd_settings(opts)
+    elif opts.rdzv_conf:
+        raise SystemExit(f"{PROG}: --rdzv-conf is for --rdzv-backend etcd")
     if opts.elastic:
         return elastic_main(opts)
     own_log_dir = opts.log_dir is None

@@ -10,11 +10,11 @@ import time
 _ns = time.perf_counter_ns
 
 
-def now_us():
+def now_us() -> float:
     """Now, in microseconds of the monotonic clock (a float, as Chrome traces take)."""
     return _ns() / 1000.0
 
 
-def wall_anchor():
+def wall_anchor() -> tuple[float, float]:
     """(monotonic µs, Unix-epoch µs) read together: ties a trace to the calendar."""
     return now_us(), time.time_ns() / 1000.0

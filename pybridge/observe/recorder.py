@@ -58,13 +58,17 @@ def _collective_args(name, dur, args):
 
 class Recorder:
     """Records for one rank into `out_dir` (None: metrics only, for a Prometheus endpoint);
-    `every`: steps per metrics row (JSON lines, TensorBoard)."""
+    `every`: steps per metrics row (JSON lines, TensorBoard); `keep_steps`: the trace keeps
+    the events of the latest this many steps (0: all)."""
 
-    def __init__(self, out_dir, *, rank, world_size, local_rank=0, every=50):
+    def __init__(self, out_dir, *, rank, world_size, local_rank=0, every=50, keep_steps=0):
         self.dir = out_dir
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
         self.tracing = bool(out_dir)
         self.events = []
+        self.keep_steps = keep_steps
+        self._step_ends = []  # len(events) after each step kept (keep_steps)
+        self.dropped_steps = 0  # steps whose events were dropped to keep memory bounded
         self._lock = threading.Lock()
         self._tracks = {}  # group uid -> collectives track
         self._labels = {}  # collectives track -> its name
@@ -86,15 +90,17 @@ class Recorder:
         self.step = _Step(clock.now_us())
         self.flight = collections.deque(maxlen=FLIGHT_ENTRIES)  # [group, seq, op, issued, wall ns, done]
         self.torch_ops = None  # torchops.TorchOps when libtorch's operations are profiled too
+        self.metrics_address = None  # (host, port) of the Prometheus endpoint, when observe.start serves one
         self.closed = False
 
     # ---- tracks and raw events -------------------------------------------------------
 
-    def collectives_track(self, uid, label):
-        tid = self._tracks.get(uid)
+    def collectives_track(self, g):
+        """Group g's collectives track (named once, when first used)."""
+        tid = self._tracks.get(g.uid)
         if tid is None:
-            tid = self._tracks[uid] = FIRST_COLLECTIVES + len(self._tracks)
-            self._labels[tid] = f"collectives ({label})"
+            tid = self._tracks[g.uid] = FIRST_COLLECTIVES + len(self._tracks)
+            self._labels[tid] = f"collectives ({g.describe()})"
         return tid
 
     def complete(self, tid, name, cat, start, dur, args=None):
@@ -163,15 +169,16 @@ class Recorder:
         if self.tracing:
             # the args as a tuple: made into a dict (bandwidths too) only when written, off the hot path
             args = (_COLLECTIVE_ARGS, uid, seq, op.nbytes, g.size, issued, synchronous)
-            self.events.append(("X", self.collectives_track(uid, g.describe()), name, "comm", start,
+            self.events.append(("X", self.collectives_track(g), name, "comm", start,
                                 max(done - start, 0.0), args))
 
     def poll(self):
         """Look at what is in flight: an asynchronous collective or a bucket found done is
         stamped done now. Completion is seen here, at the program's next call into the
-        library (each gradient marked ready, each collective issued, each wait), not by a
-        callback: a future's callback runs Python on the backend's thread, whose hand-over of
-        the interpreter lock cost about 0.2 ms per collective (bench/observe.py)."""
+        library (the first gradient marked ready and each bucket's last, each collective
+        issued, each wait), not by a callback: a future's callback runs Python on the
+        backend's thread, whose hand-over of the interpreter lock cost about 0.2 ms per
+        collective (bench/observe.py)."""
         inflight, buckets = self._inflight, self._buckets
         now = None
         if inflight and inflight[0][1].done():  # they finish in order
@@ -300,7 +307,22 @@ class Recorder:
             if s.bwd_first is not None:
                 self.events.append(("X", BACKWARD, "backward (grads ready)", "compute", s.bwd_first,
                                     backward, None))
+            if self.keep_steps:
+                self._trim()
         self.metrics.step(self.steps, args)
+
+    def _trim(self):
+        """Keep the latest `keep_steps` steps' events: once twice as many are held, the older
+        half goes (amortized: one cut per keep_steps steps), so a long run's trace stays
+        bounded in memory and on disk, as a flight recorder's ring does."""
+        ends = self._step_ends
+        ends.append(len(self.events))
+        keep = self.keep_steps
+        if len(ends) > 2 * keep:
+            cut = ends[-keep - 1]
+            del self.events[:cut]
+            self.dropped_steps += len(ends) - keep
+            self._step_ends = [e - cut for e in ends[-keep:]]
 
     def scalar(self, name, value, step=None):
         if step is None:  # the step just ended counts, held back or not
@@ -320,7 +342,8 @@ class Recorder:
                 "local_rank": self.local_rank, "host": socket.gethostname(), "pid": os.getpid(),
                 "clock": "CLOCK_MONOTONIC, microseconds", "clock_offset_us": self.clock_offset_us,
                 "clock_uncertainty_us": self.clock_uncertainty_us, "clock_synced": self.clock_synced,
-                "monotonic_at_wall_us": [mono, wall], "steps": self.steps}
+                "monotonic_at_wall_us": [mono, wall], "steps": self.steps, "dropped_steps": self.dropped_steps,
+                "keep_steps": self.keep_steps}
 
     def chrome_events(self):
         """This rank's events as Chrome Trace Event dicts (pid = rank)."""

@@ -4,4 +4,9 @@ Every place the library records something reads this one name first (`rec = stat
 so with tracing and metrics off a hot path pays one attribute load and one comparison.
 """
 
-REC = None
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
+
+REC: "Optional[Recorder]" = None

@@ -12,13 +12,14 @@ import ctypes
 import functools
 import os
 import zlib
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 _POLY = 0xEDB88320  # IEEE polynomial, bit-reversed (bit 31 is x^0), as zlib uses it
 
 
-def _mulmod(a, b):
+def _mulmod(a: int, b: int) -> int:
     """Product of two polynomials mod P, both in bit-reversed form."""
     p = 0
     for i in range(32):
@@ -29,7 +30,7 @@ def _mulmod(a, b):
 
 
 @functools.lru_cache(maxsize=64)
-def _x_pow_8n(n):
+def _x_pow_8n(n: int) -> int:
     """x^(8n) mod P, by square and multiply (segment lengths repeat, hence the cache)."""
     result, base = 0x80000000, 0x80000000 >> 8  # x^0, x^8
     while n:
@@ -40,7 +41,7 @@ def _x_pow_8n(n):
     return result
 
 
-def crc32_combine(crc1, crc2, len2):
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     """CRC-32 of A + B given crc1 = crc32(A), crc2 = crc32(B) and len2 = len(B)."""
     if len2 <= 0:
         return crc1
@@ -58,20 +59,23 @@ def crc32_combine(crc1, crc2, len2):
 
 _BACKENDS = ("isal", "zlib-ng", "libdeflate", "zlib")
 _LIBDEFLATE_MIN = 4096  # below this the ctypes call costs more than it saves
-_impl = None  # (name, crc32(data, crc) -> int), chosen on first use
+_Crc = Callable[[Any, int], int]  # crc32(data, crc)
+_impl: Optional[tuple[str, _Crc]] = None  # (name, crc32(data, crc) -> int), chosen on first use
 
 
-def _isal():
+def _isal() -> _Crc:
     from isal import isal_zlib
-    return isal_zlib.crc32
+    fn: _Crc = isal_zlib.crc32
+    return fn
 
 
-def _zlib_ng():
+def _zlib_ng() -> _Crc:
     from zlib_ng import zlib_ng
-    return zlib_ng.crc32
+    fn: _Crc = zlib_ng.crc32
+    return fn
 
 
-def _libdeflate():
+def _libdeflate() -> _Crc:
     for name in ("libdeflate.so.0", "libdeflate.so", "libdeflate.dylib"):
         try:  # plain dlopen: ctypes.util.find_library would spawn processes
             fn = ctypes.CDLL(name).libdeflate_crc32
@@ -80,20 +84,21 @@ def _libdeflate():
         fn.restype = ctypes.c_uint32
         fn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
 
-        def crc32(data, crc=0):  # ctypes releases the GIL during the call
+        def crc32(data: Any, crc: int = 0) -> int:  # ctypes releases the GIL during the call
             if len(data) >= _LIBDEFLATE_MIN:
                 arr = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
                 if arr.flags.c_contiguous:
-                    return fn(crc, arr.ctypes.data, arr.nbytes)
+                    value: int = fn(crc, arr.ctypes.data, arr.nbytes)
+                    return value
             return zlib.crc32(data, crc)
         return crc32
     raise ImportError("libdeflate is not installed")
 
 
-_LOADERS = {"isal": _isal, "zlib-ng": _zlib_ng, "libdeflate": _libdeflate, "zlib": lambda: zlib.crc32}
+_LOADERS: dict[str, Callable[[], _Crc]] = {"isal": _isal, "zlib-ng": _zlib_ng, "libdeflate": _libdeflate, "zlib": lambda: zlib.crc32}
 
 
-def _works(fn):
+def _works(fn: _Crc) -> bool:
     """The CRC-32 check value, computed in two steps (so the running-CRC argument is honoured),
     also from a numpy array (what the reader passes)."""
     try:
@@ -102,7 +107,7 @@ def _works(fn):
         return False
 
 
-def _choose():
+def _choose() -> tuple[str, _Crc]:
     global _impl
     wanted = os.environ.get("PYBRIDGE_RECORDIO_CRC", "").strip().lower()
     chain = _BACKENDS[_BACKENDS.index(wanted):] if wanted in _BACKENDS else _BACKENDS
@@ -118,12 +123,12 @@ def _choose():
     return _impl
 
 
-def backend():
+def backend() -> str:
     """Name of the implementation crc32_update uses: 'isal', 'zlib-ng', 'libdeflate' or 'zlib'."""
     return (_impl or _choose())[0]
 
 
-def crc32_update(crc, arr):
+def crc32_update(crc: int, arr: Any) -> int:
     """zlib.crc32(arr, crc) for a C-contiguous buffer (numpy uint8 arrays included), computed
     by the fastest backend available."""
     return (_impl or _choose())[1](arr, crc)

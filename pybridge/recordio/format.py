@@ -21,10 +21,11 @@ with zlib's max_length, so a crafted payload that would expand further is refuse
 
 import struct
 import zlib
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import cramjam
 import numpy as np
+import numpy.typing as npt
 
 from ..base.jobenv import env_int
 from ..base.checks import integer
@@ -65,8 +66,20 @@ class Header(NamedTuple):
     num_records: int
 
 
-def compressor_id(compressor) -> int:
-    """Accept 0/1/2 or 'none'/'snappy'/'gzip' (any case)."""
+_Bytes = npt.NDArray[np.uint8]
+_Int64 = npt.NDArray[np.int64]
+_Payload = Union[bytes, bytearray, memoryview, _Bytes]
+
+
+def compressor_id(compressor: Union[str, int]) -> int:
+    """Accept 0/1/2 or 'none'/'snappy'/'gzip' (any case).
+
+    Example::
+
+        >>> from pybridge import recordio
+        >>> recordio.compressor_id("Snappy"), recordio.compressor_id(2)
+        (1, 2)
+    """
     if isinstance(compressor, str):
         cid = COMPRESSORS.get(compressor.strip().lower())
         if cid is None:
@@ -78,7 +91,7 @@ def compressor_id(compressor) -> int:
     return int(compressor)
 
 
-def decoded_limit(value=None) -> int:
+def decoded_limit(value: Optional[int] = None) -> int:
     """The decoded-size cap: `value` if given, else PYBRIDGE_RECORDIO_MAX_DECODED, else
     MAX_DECODED_BYTES."""
     name = "max_decoded_bytes"
@@ -89,15 +102,17 @@ def decoded_limit(value=None) -> int:
     return integer(name, value, low=1, high=1 << 62, expected="a byte count of at least 1")
 
 
-def pack_header(checksum, compressor, size, num_records) -> bytes:
+def pack_header(checksum: int, compressor: int, size: int, num_records: int) -> bytes:
+    """A chunk's 20-byte header."""
     return HEADER.pack(MAGIC, checksum, compressor, size, num_records)
 
 
-def unpack_header(buf) -> Header:
+def unpack_header(buf: _Payload) -> Header:
+    """The header at the start of `buf` (its magic not checked here)."""
     return Header(*HEADER.unpack_from(buf))
 
 
-def where(path, chunk=None, offset=None) -> str:
+def where(path: object, chunk: Optional[int] = None, offset: Optional[int] = None) -> str:
     """'path: chunk 3, byte offset 1234' (the parts that are known)."""
     ctx = [] if chunk is None else [f"chunk {chunk}"]
     if offset is not None:
@@ -105,24 +120,27 @@ def where(path, chunk=None, offset=None) -> str:
     return f"{path}: {', '.join(ctx)}" if ctx else str(path)
 
 
-def _with_context(cls, path, chunk, offset, msg):
+def _with_context(cls: type[Any], path: object, chunk: Optional[int], offset: Optional[int], msg: str) -> Any:
     err = cls(f"{where(path, chunk, offset)}: {msg}")
     err.path, err.chunk, err.offset = str(path), chunk, offset
     return err
 
 
-def corrupt(path, chunk, offset, msg) -> CorruptData:
+def corrupt(path: object, chunk: Optional[int], offset: Optional[int], msg: str) -> CorruptData:
     """CorruptData naming the file, the chunk index and the chunk's byte offset (also as attributes)."""
-    return _with_context(CorruptData, path, chunk, offset, msg)
+    err: CorruptData = _with_context(CorruptData, path, chunk, offset, msg)
+    return err
 
 
-def io_failure(path, chunk, offset, msg) -> IOFailure:
-    return _with_context(IOFailure, path, chunk, offset, msg)
+def io_failure(path: object, chunk: Optional[int], offset: Optional[int], msg: str) -> IOFailure:
+    """IOFailure naming the file, the chunk index and the byte offset (also as attributes)."""
+    err: IOFailure = _with_context(IOFailure, path, chunk, offset, msg)
+    return err
 
 
 # ---------------------------------------------------------------- compression
 
-def compress(compressor, payload) -> bytes:
+def compress(compressor: int, payload: _Payload) -> Any:  # bytes-like (cramjam's Buffer for snappy)
     """Compress a raw chunk payload. Snappy is the framing (stream) format, as Go's snappy.NewWriter."""
     if compressor == NONE:
         return payload
@@ -134,12 +152,12 @@ def compress(compressor, payload) -> bytes:
     raise InvalidArgument(f"unknown compressor {compressor!r}")
 
 
-def _too_big(what, limit):
+def _too_big(what: str, limit: int) -> FormatError:
     return FormatError(f"{what} decodes to more than {limit} bytes, the most a chunk may decode to "
                        f"(max_decoded_bytes / {MAX_DECODED_ENV}; default {MAX_DECODED_BYTES})")
 
 
-def _snappy_framed_size(data, limit) -> int:
+def _snappy_framed_size(data: Any, limit: int) -> int:
     """Uncompressed size of a Snappy framing-format stream, read from its frame headers.
 
     Knowing it lets us decompress into one preallocated buffer instead of a growing one, and
@@ -181,10 +199,11 @@ def _snappy_framed_size(data, limit) -> int:
     return total
 
 
-def _gunzip(data, limit):
+def _gunzip(data: _Payload, limit: int) -> bytes:
     """Inflate a gzip stream (one member or several) into at most `limit` bytes: zlib's
     max_length stops each step at the bytes still allowed, plus one to see that it was more."""
-    pieces, rest, total = [], bytes(data), 0
+    pieces: list[bytes] = []
+    rest, total = bytes(data), 0
     try:
         while True:  # a gzip stream may hold several members
             d = zlib.decompressobj(31)
@@ -203,7 +222,8 @@ def _gunzip(data, limit):
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
-def decompress(compressor, data, alloc=None, limit=MAX_DECODED_BYTES):
+def decompress(compressor: int, data: _Payload, alloc: Optional[Callable[[int], _Bytes]] = None,
+               limit: int = MAX_DECODED_BYTES) -> _Bytes:
     """Decompress a chunk payload; returns a uint8 numpy array of at most `limit` bytes
     (FormatError, before allocating more, for a payload that would decode to more).
 
@@ -216,7 +236,7 @@ def decompress(compressor, data, alloc=None, limit=MAX_DECODED_BYTES):
         size = _snappy_framed_size(memoryview(data), limit)
         try:
             dest = (alloc(size) if alloc else np.empty(size, np.uint8))[:size]
-            written = cramjam.snappy.decompress_into(data, dest)
+            written: int = cramjam.snappy.decompress_into(data, dest)
         except cramjam.DecompressionError as exc:
             raise FormatError(f"snappy payload does not decode: {exc}") from None
         if written != size:
@@ -231,12 +251,12 @@ def decompress(compressor, data, alloc=None, limit=MAX_DECODED_BYTES):
 
 class Records(NamedTuple):
     """Where each record's bytes lie inside a decoded payload."""
-    starts: np.ndarray  # int64, first data byte (after the length prefix)
-    lengths: np.ndarray  # int64
+    starts: _Int64  # first data byte (after the length prefix)
+    lengths: _Int64
     stride: int  # 4 + record size when every record has the same size, else 0
 
 
-def parse_records(payload, num_records) -> Records:
+def parse_records(payload: Any, num_records: int) -> Records:
     """Locate the records of a decoded payload, checking every length against the payload end.
 
     Fast path: the common fixed-size case (e.g. MNIST) is checked and located with numpy,
@@ -259,7 +279,7 @@ def parse_records(payload, num_records) -> Records:
     return _walk(payload, size, n)
 
 
-def _walk(payload, size, n) -> Records:
+def _walk(payload: Any, size: int, n: int) -> Records:
     unpack = _U32.unpack_from
     mv = memoryview(payload)
     starts, lengths = [0] * n, [0] * n
@@ -280,7 +300,7 @@ def _walk(payload, size, n) -> Records:
     return Records(np.array(starts, np.int64), np.array(lengths, np.int64), 0)
 
 
-def gather_into(out, payload, recs: Records, a, b):
+def gather_into(out: _Bytes, payload: _Bytes, recs: Records, a: int, b: int) -> None:
     """Copy records [a, b) of a payload, without their length prefixes, into `out`: a uint8
     array of exactly their total size."""
     if b <= a:

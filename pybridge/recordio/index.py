@@ -12,10 +12,12 @@ written only for files that scanned clean, and failures to write it are ignored 
 import os
 import struct
 import zlib
-from typing import NamedTuple
+from typing import IO, Any, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
+import numpy.typing as npt
 
+from ..errors import CorruptData
 from .format import COMPRESSOR_NAMES, HEADER_SIZE, MAGIC, MAGIC_BYTES, corrupt, io_failure, unpack_header
 
 SIDECAR_SUFFIX = ".rioidx"
@@ -28,6 +30,8 @@ CHUNK_DTYPE = np.dtype([("offset", "<i8"), ("size", "<i8"), ("records", "<i8"),
 
 
 class ChunkInfo(NamedTuple):
+    """One chunk of a file, as its header and the index say."""
+
     ordinal: int  # position among all chunks of the file, corrupt ones included
     offset: int  # byte offset of the chunk header
     compressor: int
@@ -37,14 +41,16 @@ class ChunkInfo(NamedTuple):
     first_record: int  # record number of the chunk's first record in the file
 
     @property
-    def compressor_name(self):
+    def compressor_name(self) -> str:
+        """"none", "snappy", "gzip" (or "unknown(N)")."""
         return COMPRESSOR_NAMES.get(self.compressor, f"unknown({self.compressor})")
 
 
 class Index:
     """The good chunks of one file, in file order, as numpy columns."""
 
-    def __init__(self, path, file_size, mtime_ns, table, corrupt_errors=()):
+    def __init__(self, path: str, file_size: int, mtime_ns: int, table: npt.NDArray[Any],
+                 corrupt_errors: Sequence[CorruptData] = ()) -> None:
         self.path = path
         self.file_size = file_size
         self.mtime_ns = mtime_ns
@@ -54,35 +60,39 @@ class Index:
         self.corrupt_errors = list(corrupt_errors)  # CorruptData for chunks skipped at scan time
 
     @property
-    def num_chunks(self):
+    def num_chunks(self) -> int:
+        """How many good chunks the file has."""
         return len(self.table)
 
     @property
-    def num_records(self):
+    def num_records(self) -> int:
+        """How many records its good chunks hold."""
         return int(self.first[-1])
 
-    def chunk(self, i) -> ChunkInfo:
+    def chunk(self, i: int) -> ChunkInfo:
+        """Good chunk i's ChunkInfo."""
         row = self.table[i]
         return ChunkInfo(int(row["ordinal"]), int(row["offset"]), int(row["compressor"]),
                          int(row["size"]), int(row["records"]), int(row["checksum"]),
                          int(self.first[i]))
 
-    def chunks(self):
+    def chunks(self) -> list[ChunkInfo]:
+        """Every good chunk's ChunkInfo, in file order."""
         return [self.chunk(i) for i in range(self.num_chunks)]
 
-    def locate(self, record):
+    def locate(self, record: int) -> int:
         """Position (in this index) of the chunk holding `record`."""
         return int(np.searchsorted(self.first, record, side="right")) - 1
 
 
-def _pread(f, size, offset, path, chunk):
+def _pread(f: IO[bytes], size: int, offset: int, path: str, chunk: Optional[int]) -> bytes:
     try:
         return os.pread(f.fileno(), size, offset)
     except OSError as exc:
         raise io_failure(path, chunk, offset, f"read failed: {exc.strerror or exc}") from exc
 
 
-def _plausible(f, path, offset, file_size):
+def _plausible(f: IO[bytes], path: str, offset: int, file_size: int) -> bool:
     """Does a header that looks valid start at `offset`? (used to resynchronize)"""
     raw = _pread(f, HEADER_SIZE, offset, path, None)
     if len(raw) < HEADER_SIZE:
@@ -92,7 +102,7 @@ def _plausible(f, path, offset, file_size):
         offset + HEADER_SIZE + h.size <= file_size
 
 
-def _resync(f, path, start, file_size):
+def _resync(f: IO[bytes], path: str, start: int, file_size: int) -> int:
     """Offset of the next plausible chunk header at or after `start`, or file_size."""
     block = 1 << 20
     pos = start
@@ -107,7 +117,7 @@ def _resync(f, path, start, file_size):
     return file_size
 
 
-def scan(f, path, skip_corrupt=False, allow_empty=False) -> Index:
+def scan(f: IO[bytes], path: str, skip_corrupt: bool = False, allow_empty: bool = False) -> Index:
     """Index an open file by walking its chunk headers.
 
     Bad headers raise CorruptData naming the chunk and its byte offset, unless skip_corrupt:
@@ -121,11 +131,13 @@ def scan(f, path, skip_corrupt=False, allow_empty=False) -> Index:
     size = st.st_size
     if size == 0 and not allow_empty:
         raise corrupt(path, 0, 0, "file is empty: a RecordIO file holds at least one chunk")
-    rows, errors = [], []
+    rows: list[tuple[int, int, int, int, int, int]] = []
+    errors: list[CorruptData] = []
     offset, ordinal = 0, 0
     while offset < size:
         raw = _pread(f, HEADER_SIZE, offset, path, ordinal)
-        problem, skip_to = None, None
+        problem: str
+        skip_to: Optional[int] = None
         if len(raw) < HEADER_SIZE:
             problem = f"truncated chunk: the file ends {len(raw)} bytes into the {HEADER_SIZE}-byte header"
         else:
@@ -162,11 +174,12 @@ def scan(f, path, skip_corrupt=False, allow_empty=False) -> Index:
     return Index(path, size, st.st_mtime_ns, table, errors)
 
 
-def sidecar_path(path, cache):
-    return path + SIDECAR_SUFFIX if cache is True else os.fspath(cache)
+def sidecar_path(path: str, cache: Union[bool, str, "os.PathLike[str]"]) -> str:
+    """Where the sidecar index of `path` is: <path>.rioidx for cache=True, else `cache`."""
+    return path + SIDECAR_SUFFIX if isinstance(cache, bool) else os.fspath(cache)  # (never called with False)
 
 
-def load_sidecar(path, side, st):
+def load_sidecar(path: str, side: str, st: os.stat_result) -> Optional[Index]:
     """The cached Index if the sidecar matches the data file's size and mtime, else None."""
     try:
         with open(side, "rb") as f:
@@ -184,7 +197,8 @@ def load_sidecar(path, side, st):
     return Index(path, fsize, mtime, table)
 
 
-def save_sidecar(index, side):
+def save_sidecar(index: Index, side: str) -> None:
+    """Write `index` to the sidecar `side` (atomically; a failure is ignored: it is a cache)."""
     body = index.table.tobytes()
     head = _SIDECAR_HEAD.pack(_SIDECAR_MAGIC, _SIDECAR_VERSION, index.file_size, index.mtime_ns,
                               index.num_chunks, zlib.crc32(body))
@@ -200,7 +214,8 @@ def save_sidecar(index, side):
             pass
 
 
-def build_index(f, path, skip_corrupt=False, allow_empty=False, cache=False) -> Index:
+def build_index(f: IO[bytes], path: str, skip_corrupt: bool = False, allow_empty: bool = False,
+                cache: Union[bool, str, "os.PathLike[str]"] = False) -> Index:
     """Index of an open file, from the sidecar cache when `cache` (True or a sidecar path) and valid."""
     side = sidecar_path(path, cache) if cache else None
     if side:

@@ -9,7 +9,8 @@ import glob
 import os
 import queue
 import threading
-
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, Optional, Union
 
 from ..base import agree
 from ..base.checks import index, integer
@@ -18,14 +19,21 @@ from ..observe import clock as _clock
 from ..observe import state as _obs
 from .batch import Batch, decode_fixed  # noqa: F401 - decode_fixed is part of the loader API
 from .index import SIDECAR_SUFFIX
-from .partition import DynamicPartition, LocalStore, _merge, chunk_tasks, dataset_name, next_instance, num_batches, plan_remaining, static_shard
-from .reader import Reader, join
+from .partition import (DynamicPartition, LocalStore, Store, Task, _merge, chunk_tasks, dataset_name, next_instance,
+                        num_batches, plan_remaining, static_shard)
+from .reader import Reader, Span, join
+
+if TYPE_CHECKING:
+    from ..comm.group import Group
+
+_Path = Union[str, "os.PathLike[str]"]
+_Plan = list[tuple[int, int]]
 
 PARTITIONS = ("static", "dynamic")
 _OPEN_FILES = 8  # readers keeping a file descriptor at once
 
 
-def expand_files(files):
+def expand_files(files: Union[_Path, Iterable[_Path]]) -> list[str]:
     """A list of paths, or one path / glob pattern string (sorted; sidecar index files skipped)."""
     if isinstance(files, (str, os.PathLike)):
         pattern = os.fspath(files)
@@ -46,27 +54,28 @@ class _End:
 
 
 class _Failed:
-    def __init__(self, exc):
+    def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 
 
 class _Pass:
     """One pass over the rank's share: an iterator fed by a prefetch thread (or inline)."""
 
-    def __init__(self, gen, prefetch, check):
+    def __init__(self, gen: Generator[Batch, None, None], prefetch: int, check: Callable[[], None]) -> None:
         self._gen = gen
         self._check = check  # raises when the loader may no longer be read
         self.handed = 0  # batches given to the caller (the loader's position)
         self._stop = threading.Event()
         self._done = False
-        self._thread = None
+        self._thread: Optional[threading.Thread] = None
+        self._q: "queue.Queue[object]"
         if prefetch > 0:
             self._q = queue.Queue(maxsize=prefetch)
             self._thread = threading.Thread(target=self._produce, name="pybridge-recordio-prefetch",
                                             daemon=True)
             self._thread.start()
 
-    def _put(self, item):
+    def _put(self, item: object) -> bool:
         while not self._stop.is_set():
             try:
                 self._q.put(item, timeout=0.1)
@@ -75,7 +84,7 @@ class _Pass:
                 continue
         return False
 
-    def _produce(self):
+    def _produce(self) -> None:
         try:
             for batch in self._gen:
                 if not self._put(batch):
@@ -86,10 +95,10 @@ class _Pass:
         finally:
             self._gen.close()
 
-    def __iter__(self):
+    def __iter__(self) -> "_Pass":
         return self
 
-    def __next__(self):
+    def __next__(self) -> Batch:
         rec = _obs.REC
         if rec is None:
             return self._next()
@@ -98,7 +107,7 @@ class _Pass:
         rec.on_loader(start, len(item))
         return item
 
-    def _next(self):
+    def _next(self) -> Batch:
         if self._done:
             raise StopIteration
         self._check()
@@ -112,22 +121,23 @@ class _Pass:
             return item
         while True:
             try:
-                item = self._q.get(timeout=0.5)
+                got = self._q.get(timeout=0.5)
                 break
             except queue.Empty:
                 if not self._thread.is_alive() and self._q.empty():
                     self._done = True
                     raise RuntimeError("recordio prefetch thread ended without a result") from None
-        if item is _End:
+        if got is _End:
             self._done = True
             raise StopIteration
-        if isinstance(item, _Failed):
+        if isinstance(got, _Failed):
             self._done = True
-            raise item.exc
+            raise got.exc
+        assert isinstance(got, Batch)
         self.handed += 1
-        return item
+        return got
 
-    def close(self):
+    def close(self) -> None:
         self._done = True
         self._stop.set()
         if self._thread is not None:
@@ -171,12 +181,30 @@ class Loader:
     decoded chunks: shuffling small tasks of files with big (32 MiB) chunks decodes a whole
     chunk for a few records. For fine-grained shuffling, write smaller chunks
     (Writer(max_chunk_bytes=...), `pack --max-chunk-bytes`).
+
+    Example::
+
+        >>> import pybridge
+        >>> from pybridge import recordio
+        >>> for shard in range(2):
+        ...     n = recordio.write_file(f"train-{shard}.recordio", [bytes([i, i]) for i in range(32)])
+        >>> loader = recordio.Loader("train-*.recordio", batch_size=8, shuffle=True)   # after init()
+        >>> for epoch in range(2):
+        ...     loader.set_epoch(epoch)
+        ...     for batch in loader:               # this rank's share: 64 records over the ranks
+        ...         arrays = batch.decode([("label", "u1", ()), ("x", "u1", ())])
+        >>> len(loader) == 64 // 8 // pybridge.size()
+        True
+        >>> loader.close()
     """
 
-    def __init__(self, files, batch_size, *, partition="static", group=None, num_replicas=None, rank=None,
-                 shuffle=False, seed=0, drop_last=False, task_records=None, store=None, name=None,
-                 prefetch=2, skip_corrupt=False, verify_checksums=True, index_cache=False, epoch=0,
-                 max_decoded_bytes=None):
+    def __init__(self, files: Union[_Path, Iterable[_Path]], batch_size: int, *, partition: str = "static",
+                 group: "Optional[Group]" = None, num_replicas: Optional[int] = None, rank: Optional[int] = None,
+                 shuffle: bool = False, seed: int = 0, drop_last: bool = False, task_records: Optional[int] = None,
+                 store: Optional[Store] = None, name: Optional[str] = None, prefetch: int = 2,
+                 skip_corrupt: bool = False, verify_checksums: bool = True,
+                 index_cache: Union[bool, _Path] = False, epoch: int = 0,
+                 max_decoded_bytes: Optional[int] = None) -> None:
         batch_size = integer("batch_size", batch_size, low=1)
         if partition not in PARTITIONS:
             raise InvalidArgument(f"partition must be 'static' or 'dynamic', got {partition!r}")
@@ -199,14 +227,15 @@ class Loader:
         self.num_replicas = integer("num_replicas", num_replicas, low=1)
         self.rank = index("rank", rank, self.num_replicas, f"num_replicas {self.num_replicas}")
         self.files = expand_files(files)
-        self._readers = {}
-        self._open_order = []
+        self._readers: dict[str, Reader] = {}
+        self._open_order: list[str] = []
         self._lock = threading.Lock()
-        self._pass = None
-        self._position = None  # (epoch, plan, _Pass) of the latest pass: what state_dict reports
-        self._resume = None  # (epoch, plan) the next pass of that epoch reads (load_state_dict)
-        self._layout = None
-        self._passes = {}  # epoch -> passes started (keys the dynamic counters)
+        self._pass: Optional[_Pass] = None
+        # (epoch, plan, _Pass) of the latest pass: what state_dict reports
+        self._position: Optional[tuple[int, _Plan, _Pass]] = None
+        self._resume: Optional[tuple[int, _Plan]] = None  # (epoch, plan) the next pass of that epoch reads
+        self._layout: Optional[str] = None
+        self._passes: dict[int, int] = {}  # epoch -> passes started (keys the dynamic counters)
         self.closed = False
         try:
             for path in self.files:
@@ -224,7 +253,7 @@ class Loader:
         if self.num_records == 0:
             self.close()
             raise InvalidArgument(f"the dataset ({len(self.files)} files) holds no records")
-        self._dynamic = None
+        self._dynamic: Optional[DynamicPartition] = None
         if partition == "dynamic":
             if store is None:
                 if group is not None and self.num_replicas > 1:
@@ -242,10 +271,11 @@ class Loader:
         self.epoch = 0
         self.set_epoch(epoch)
 
-    def _check_same_everywhere(self, store):
+    def _check_same_everywhere(self, store: Store) -> None:
         """Ranks opening a dynamic loader over other files or options would each count on
         counters of their own and read records twice: compare once, through the store."""
         g = self._group  # the loader's group (a store of the caller's own is not checked)
+        assert g is not None
         row = (len(self.files), self.num_records, self.batch_size, self.shuffle, self.seed, self.drop_last,
                dataset_name(self.tasks))
         try:
@@ -259,16 +289,16 @@ class Loader:
 
     # ------------------------------------------------------------ epoch and size
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Epoch of the next pass (changes the shuffle; keys the dynamic counters)."""
         self.epoch = integer("epoch", epoch, low=0)
 
-    def set_prefetch(self, batches):
+    def set_prefetch(self, batches: int) -> None:
         """Batches prepared ahead on the background thread from the next pass on (0: none)."""
         self.prefetch = _prefetch_count(batches)
 
     @property
-    def num_batches(self):
+    def num_batches(self) -> Optional[int]:
         """Batches per pass on this rank (static partition; None for dynamic); for an epoch
         resumed by load_state_dict, the batches of what is left of it."""
         if self.partition == "dynamic":
@@ -280,28 +310,30 @@ class Loader:
             plan = self._position[1]
         return num_batches(sum(n for _, n in plan), self.num_replicas, self.batch_size, self.drop_last)
 
-    def __len__(self):
-        if self.partition == "dynamic":
+    def __len__(self) -> int:
+        n = self.num_batches
+        if n is None:
             raise TypeError("a dynamic partition has no fixed number of batches per rank")
-        return self.num_batches
+        return n
 
     @property
-    def corrupt_chunks(self):
+    def corrupt_chunks(self) -> int:
         """Corrupt chunks skipped so far (skip_corrupt), over all files."""
         return sum(r.corrupt_chunks for r in self._readers.values())
 
     @property
-    def skipped_records(self):
+    def skipped_records(self) -> int:
         """Records lost in chunks found corrupt while reading (skip_corrupt)."""
         return sum(r.skipped_records for r in self._readers.values())
 
     @property
-    def corrupt_errors(self):
+    def corrupt_errors(self) -> list[Exception]:
+        """The CorruptData of every chunk skipped so far (skip_corrupt), over all files."""
         return [e for r in self._readers.values() for e in r.corrupt_errors]
 
     # ------------------------------------------------------------ reading
 
-    def _reader(self, path):
+    def _reader(self, path: str) -> Reader:
         r = self._readers[path]
         with self._lock:
             if path in self._open_order:
@@ -311,16 +343,17 @@ class Loader:
                 self._readers[self._open_order.pop(0)].release()
         return r
 
-    def _pieces_stream(self, epoch, pass_no, plan):
+    def _pieces_stream(self, epoch: int, pass_no: int, plan: _Plan) -> Iterator[Task]:
         if self._dynamic is not None:
             return self._dynamic.claims(epoch, pass_no)
         return iter(static_shard(self.tasks, self.num_replicas, self.rank, batch_size=self.batch_size,
                                  epoch=epoch, seed=self.seed, shuffle=self.shuffle,
                                  drop_last=self.drop_last, plan=plan))
 
-    def _batches(self, epoch, pass_no, plan):
+    def _batches(self, epoch: int, pass_no: int, plan: _Plan) -> Generator[Batch, None, None]:
         """Generator of this pass's batches (runs on the prefetch thread)."""
-        batch, want = [], self.batch_size
+        batch: list[Span] = []
+        want = self.batch_size
         for task in self._pieces_stream(epoch, pass_no, plan):
             first, left = task.first, task.count
             while left:
@@ -333,7 +366,7 @@ class Loader:
         if want < self.batch_size and not (self.drop_last and self._dynamic is not None):
             yield join(batch)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Batch]:
         """Start a pass over this rank's share for the current epoch."""
         self._check_usable()
         self._end_pass()
@@ -348,16 +381,16 @@ class Loader:
 
     # ------------------------------------------------------------ position (checkpoints)
 
-    def _full_plan(self):
+    def _full_plan(self) -> _Plan:
         return [(0, self.num_records)]
 
-    def _fingerprint(self):
+    def _fingerprint(self) -> str:
         """Names the record stream's layout (files' names, task boundaries), not the paths."""
         if self._layout is None:  # computed once: a checkpoint may be saved every step
             self._layout = dataset_name([(os.path.basename(t.file), t.first, t.count) for t in self.tasks])
         return self._layout
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The loader's position, to resume mid-epoch (static partition only): the epoch and
         the ranges of that epoch's record stream not yet handed out by any rank.
 
@@ -380,7 +413,7 @@ class Loader:
                 "layout": self._fingerprint(), "shuffle": self.shuffle, "seed": self.seed,
                 "remaining": [[int(s), int(n)] for s, n in left]}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state_dict() (saved on any number of ranks): the next pass reads the
         rest of the saved epoch, shared over this loader's ranks; later epochs are whole."""
         self._check_usable()
@@ -397,7 +430,7 @@ class Loader:
         if differ:
             raise InvalidArgument("the loader state is of another dataset or order: " + ", ".join(differ))
         epoch = state["epoch"]
-        plan = []
+        plan: _Plan = []
         for item in state["remaining"]:
             ok = (isinstance(item, (list, tuple)) and len(item) == 2
                   and all(type(v) is int and v >= 0 for v in item))  # exactly what state_dict writes
@@ -410,7 +443,7 @@ class Loader:
         self._position = None
         self._resume = (self.epoch, _merge(plan))
 
-    def rebind(self, group):
+    def rebind(self, group: "Group") -> None:
         """Share the data over another group from now on (elastic training's new world): the
         pass in progress ends, and the next one splits what its position holds over the new
         ranks (load_state_dict with a committed position first, as State.reset does)."""
@@ -424,13 +457,13 @@ class Loader:
         self._group = group
         self.num_replicas, self.rank = group.size, group.rank
 
-    def _check_usable(self):
+    def _check_usable(self) -> None:
         if self.closed:
             raise Closed("loader is closed")
         if self._group is not None and self._group.closed:
             raise Closed("the process group this loader was opened with was finalized")
 
-    def next_batch(self):
+    def next_batch(self) -> Optional[Batch]:
         """Scanner-style: the next Batch of the current pass, or None when it ends.
 
         The call after None starts the next pass (call set_epoch before it). None (or the
@@ -442,6 +475,7 @@ class Loader:
         self._check_usable()
         if self._pass is None or self._pass._done:
             iter(self)
+        assert self._pass is not None  # (iter made it)
         try:
             return next(self._pass)
         except StopIteration:
@@ -451,47 +485,49 @@ class Loader:
             self._end_pass()
             raise
 
-    def _end_pass(self):
+    def _end_pass(self) -> None:
         p, self._pass = self._pass, None
         if p is not None:
             p.close()
 
-    def close(self):
+    def close(self) -> None:
         """Stop prefetching and close every file. Safe to call twice."""
         self._end_pass()
         for r in self._readers.values():
             r.close()
         self.closed = True
 
-    def __enter__(self):
+    def __enter__(self) -> "Loader":
         return self
 
-    def __exit__(self, *_):
+    def __exit__(self, kind: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self._end_pass()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"<recordio.Loader files={len(self.files)} records={self.num_records} "
                 f"batch_size={self.batch_size} {self.partition} rank={self.rank}/{self.num_replicas}>")
 
 
-def _prefetch_count(n):
+def _prefetch_count(n: int) -> int:
     return integer("prefetch", n, low=0)
 
 
 _OPEN_FIELDS = ("files", "records", "batch", "shuffle", "seed", "drop_last", "data")
 
 
-def _describe_open(row):
+def _describe_open(row: Iterable[Any]) -> str:
     return "opened " + ", ".join(f"{v} {k}" if k in ("files", "records") else f"{k} {v}"
                                  for k, v in zip(_OPEN_FIELDS, row))
 
 
-def _live_group():
+def _live_group() -> "Optional[Group]":
     from ..comm import world  # late: keeps `import pybridge.recordio` free of process-group state
-    return world.current() if world.is_initialized() else None
+    live: Optional[Group] = world.current() if world.is_initialized() else None
+    return live

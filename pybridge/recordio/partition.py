@@ -24,7 +24,7 @@ seed and epoch), the same one gossip's topology uses, so that every rank derives
 
 import hashlib
 import threading
-from typing import NamedTuple
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -34,18 +34,23 @@ from ..base.shuffle import permutation
 
 
 class Task(NamedTuple):
+    """A contiguous range of one file's records: the unit a rank reads."""
+
     file: str
     first: int  # first record number within the file
-    count: int
+    count: int  # type: ignore[assignment]  # (shadows tuple.count: the field's name is public)
 
 
-def chunk_tasks(file, chunk_first, task_records=None):
+_Plan = list[tuple[int, int]]  # (start, count) ranges of an epoch's record stream
+
+
+def chunk_tasks(file: str, chunk_first: Iterable[int], task_records: Optional[int] = None) -> list[Task]:
     """Tasks for one file from its chunk boundaries (Index.first: each chunk's first record,
     then the total): one per chunk, split into pieces of at most task_records records."""
     if task_records is not None:
         task_records = integer("task_records", task_records, low=1)
     bounds = [int(b) for b in chunk_first]
-    tasks = []
+    tasks: list[Task] = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         step = task_records or (hi - lo)
         for s in range(lo, hi, max(step, 1)):
@@ -53,39 +58,48 @@ def chunk_tasks(file, chunk_first, task_records=None):
     return tasks
 
 
-def make_tasks(files, counts, task_records=None):
+def make_tasks(files: Sequence[str], counts: Sequence[int], task_records: Optional[int] = None) -> list[Task]:
     """Tasks from per-file record counts: pieces of at most task_records (default: whole files)."""
     if len(files) != len(counts):
         raise InvalidArgument(f"{len(files)} files but {len(counts)} record counts")
     return [t for f, n in zip(files, counts) for t in chunk_tasks(f, [0, int(n)], task_records)]
 
 
-def epoch_order(tasks, epoch=0, seed=0, shuffle=False):
+def epoch_order(tasks: Iterable[Task], epoch: int = 0, seed: int = 0, shuffle: bool = False) -> list[Task]:
     """The tasks in the order every rank uses for this epoch."""
-    tasks = list(tasks)
+    listed = list(tasks)
     if not shuffle:
-        return tasks
-    return [tasks[i] for i in permutation(len(tasks), seed, epoch)]
+        return listed
+    return [listed[i] for i in permutation(len(listed), seed, epoch)]
 
 
-def per_rank_records(total, num_replicas, batch_size=1, drop_last=False):
+def per_rank_records(total: int, num_replicas: int, batch_size: int = 1, drop_last: bool = False) -> int:
     """Records each rank reads per epoch under the static partition."""
     if drop_last:
         return (total // num_replicas) // batch_size * batch_size
     return -(-total // num_replicas)
 
 
-def num_batches(total, num_replicas, batch_size=1, drop_last=False):
-    """Batches each rank gets per epoch under the static partition (equal on every rank)."""
+def num_batches(total: int, num_replicas: int, batch_size: int = 1, drop_last: bool = False) -> int:
+    """Batches each rank gets per epoch under the static partition (equal on every rank).
+
+    Example::
+
+        >>> from pybridge import recordio
+        >>> recordio.num_batches(1000, num_replicas=3, batch_size=64)                  # 334 records each
+        6
+        >>> recordio.num_batches(1000, num_replicas=3, batch_size=64, drop_last=True)  # 320 each
+        5
+    """
     return -(-per_rank_records(total, num_replicas, batch_size, drop_last) // batch_size)
 
 
-def _check_rank(num_replicas, rank):
+def _check_rank(num_replicas: int, rank: int) -> tuple[int, int]:
     num_replicas = integer("num_replicas", num_replicas, low=1)
     return num_replicas, index("rank", rank, num_replicas, f"num_replicas {num_replicas}")
 
 
-def take(ordered, start, count):
+def take(ordered: Sequence[Task], start: int, count: int) -> list[Task]:
     """Pieces covering `count` records of the task stream from position `start`, wrapping
     around to the stream's start when it runs out (the padding of drop_last=False)."""
     total = sum(t.count for t in ordered)
@@ -94,7 +108,7 @@ def take(ordered, start, count):
     if total == 0:
         raise InvalidArgument("the dataset holds no records")
     ends = np.cumsum([t.count for t in ordered])
-    pieces = []
+    pieces: list[Task] = []
     pos = start % total
     i = int(np.searchsorted(ends, pos, side="right"))
     while count > 0:
@@ -113,8 +127,9 @@ def take(ordered, start, count):
     return pieces
 
 
-def static_shard(tasks, num_replicas, rank, *, batch_size=1, epoch=0, seed=0, shuffle=False,
-                 drop_last=False, plan=None):
+def static_shard(tasks: Iterable[Task], num_replicas: int, rank: int, *, batch_size: int = 1, epoch: int = 0,
+                 seed: int = 0, shuffle: bool = False, drop_last: bool = False,
+                 plan: Optional[_Plan] = None) -> list[Task]:
     """This rank's pieces (Tasks, in read order) for the epoch under the static partition.
 
     plan: the part of the epoch's record stream to share out, as (start, count) ranges of
@@ -136,8 +151,8 @@ def static_shard(tasks, num_replicas, rank, *, batch_size=1, epoch=0, seed=0, sh
 # ranks, reads each record that is left exactly once (plus the padding of drop_last=False
 # when the rest does not divide evenly).
 
-def _merge(ranges):
-    out = []
+def _merge(ranges: Iterable[tuple[int, int]]) -> _Plan:
+    out: _Plan = []
     for start, count in ranges:
         if count <= 0:
             continue
@@ -148,10 +163,10 @@ def _merge(ranges):
     return out
 
 
-def plan_ranges(plan, start, count):
+def plan_ranges(plan: _Plan, start: int, count: int) -> _Plan:
     """Stream ranges of plan positions [start, start + count), wrapping around the plan."""
     total = sum(n for _, n in plan)
-    out = []
+    out: _Plan = []
     if count <= 0:
         return out
     if total == 0:
@@ -170,13 +185,13 @@ def plan_ranges(plan, start, count):
     return _merge(out)
 
 
-def plan_share(plan, num_replicas, rank, batch_size=1, drop_last=False):
+def plan_share(plan: _Plan, num_replicas: int, rank: int, batch_size: int = 1, drop_last: bool = False) -> _Plan:
     """Stream ranges rank `rank` of `num_replicas` reads from the plan, in read order."""
     m = per_rank_records(sum(n for _, n in plan), num_replicas, batch_size, drop_last)
     return plan_ranges(plan, rank * m, m)
 
 
-def plan_remaining(plan, num_replicas, batch_size, drop_last, batches):
+def plan_remaining(plan: _Plan, num_replicas: int, batch_size: int, drop_last: bool, batches: int) -> _Plan:
     """The plan left once every rank has read `batches` batches of its share (a static
     partition reads in lockstep): each rank's unread positions, in rank order. Padding
     (positions past the plan's end) is dropped: those records were read at the start."""
@@ -185,7 +200,7 @@ def plan_remaining(plan, num_replicas, batch_size, drop_last, batches):
     total = sum(n for _, n in plan)
     m = per_rank_records(total, num_replicas, batch_size, drop_last)
     done = min(batches * batch_size, m)
-    left = []
+    left: _Plan = []
     for r in range(num_replicas):
         lo, hi = r * m + done, min((r + 1) * m, total)
         if lo < hi:
@@ -193,30 +208,38 @@ def plan_remaining(plan, num_replicas, batch_size, drop_last, batches):
     return _merge(left)
 
 
+class Store(Protocol):
+    """What a dynamic partition needs of a store: torch.distributed's Store.add."""
+
+    def add(self, key: str, amount: int, /) -> int:
+        """Add `amount` to the counter `key` (0 at first) atomically; returns the new value."""
+
+
 class LocalStore:
     """An in-process stand-in for a torch.distributed Store (only add()), for one process."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values = {}
+        self._values: dict[str, int] = {}
 
-    def add(self, key, amount):
+    def add(self, key: str, amount: int) -> int:
+        """Add `amount` to the counter `key` (0 at first); returns the new value."""
         with self._lock:
             self._values[key] = self._values.get(key, 0) + int(amount)
             return self._values[key]
 
 
-def dataset_name(tasks, *settings):
+def dataset_name(tasks: Iterable[Any], *settings: Any) -> str:
     """A name that is the same on every rank for the same dataset and settings."""
     h = hashlib.sha1(repr((list(tasks), settings)).encode()).hexdigest()
     return h[:16]
 
 
 _instances_lock = threading.Lock()
-_instances = {}  # name -> dynamic partitions this process has numbered under that name
+_instances: dict[str, int] = {}  # name -> dynamic partitions this process has numbered under that name
 
 
-def next_instance(name):
+def next_instance(name: str) -> int:
     """0 for the first dynamic partition this process opens under `name`, then 1, 2, ...:
     the same sequence on every rank that opens its loaders in the same order."""
     with _instances_lock:
@@ -238,7 +261,8 @@ class DynamicPartition:
     (next_instance(name), as the Loader does) and it gets counters of its own.
     """
 
-    def __init__(self, tasks, store, *, name=None, shuffle=False, seed=0, instance=0):
+    def __init__(self, tasks: Iterable[Task], store: Store, *, name: Optional[str] = None, shuffle: bool = False,
+                 seed: int = 0, instance: int = 0) -> None:
         if not hasattr(store, "add"):
             raise InvalidArgument("store must have an add(key, amount) method (a torch.distributed Store)")
         self.tasks = list(tasks)
@@ -248,10 +272,11 @@ class DynamicPartition:
         self.name = name or dataset_name(self.tasks, self.shuffle, self.seed)
         self.instance = integer("instance", instance, low=0)
 
-    def key(self, epoch, pass_no=0):
+    def key(self, epoch: int, pass_no: int = 0) -> str:
+        """The store key of a pass's counter."""
         return f"pybridge/recordio/{self.name}/{self.instance}/epoch{epoch}/pass{pass_no}"
 
-    def claims(self, epoch=0, pass_no=0):
+    def claims(self, epoch: int = 0, pass_no: int = 0) -> Iterator[Task]:
         """Yield the tasks this rank claims, until every task of the pass is claimed."""
         order = epoch_order(self.tasks, epoch, self.seed, self.shuffle)
         key = self.key(epoch, pass_no)

@@ -31,10 +31,12 @@ import stat
 import sys
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor, wait
-from typing import NamedTuple
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from types import TracebackType
+from typing import IO, Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence, TypeVar, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import Closed, CorruptData, InvalidArgument
 from ..base.checks import integer
@@ -42,18 +44,22 @@ from .batch import Batch
 from .checksum import crc32_combine, crc32_update
 from .format import (HEADER_SIZE, NONE, FormatError, corrupt, decoded_limit, decompress, gather_into, io_failure,
                      parse_records)
-from .index import build_index
+from .format import Records
+from .index import ChunkInfo, build_index
 
 _PAGE = 4096
 _PIECE = 512 << 10  # read unit: a piece is checksummed while still hot in L2 (1 MiB per core here)
 _PARALLEL_MIN = 8 << 20  # chunks at least this big are read by several threads
 _SCATTER_MIN = 8 << 10  # equal-sized records at least this big are read straight into place
 _GROUP_BYTES = 512 << 10  # scatter reads: records per preadv call, by bytes (see _PIECE)
-_pool = None
+_pool: Optional[ThreadPoolExecutor] = None
 _pool_lock = threading.Lock()
+_Bytes = npt.NDArray[np.uint8]
+_Range = tuple[int, int]
+_T = TypeVar("_T")
 
 
-def _io_pool():
+def _io_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
@@ -61,7 +67,7 @@ def _io_pool():
         return _pool
 
 
-def _workers():
+def _workers() -> int:
     """Threads per large read, the caller included: PYBRIDGE_RECORDIO_THREADS, else min(4, CPUs)."""
     raw = os.environ.get("PYBRIDGE_RECORDIO_THREADS", "").strip()
     if raw.isdigit() and int(raw) > 0:
@@ -69,7 +75,7 @@ def _workers():
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def _run_split(work, ranges):
+def _run_split(work: Callable[[_Range], _T], ranges: Sequence[_Range]) -> list[_T]:
     """[work(r) for r in ranges], the first on the calling thread and the rest on the I/O pool:
     the caller would only wait otherwise, and one thread fewer competes for the cores."""
     futures = [_io_pool().submit(work, r) for r in ranges[1:]]
@@ -80,13 +86,13 @@ def _run_split(work, ranges):
     return [first] + [f.result() for f in futures]
 
 
-def _split(n, parts):
+def _split(n: int, parts: int) -> list[_Range]:
     """`parts` contiguous (lo, hi) ranges covering range(n)."""
     step = -(-n // parts)
     return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
 
-def _read_exact(fd, view, offset):
+def _read_exact(fd: int, view: memoryview, offset: int) -> int:
     """pread into `view` until full; returns the bytes read (fewer only at end of file)."""
     done, n = 0, len(view)
     while done < n:
@@ -97,7 +103,7 @@ def _read_exact(fd, view, offset):
     return done
 
 
-def _read_piecewise(fd, arr, offset, verify):
+def _read_piecewise(fd: int, arr: _Bytes, offset: int, verify: bool) -> tuple[int, int]:
     """Fill uint8 array `arr` from the file in cache-sized pieces, checksumming each while hot."""
     mv, n, done, crc = memoryview(arr), len(arr), 0, 0
     while done < n:
@@ -111,7 +117,7 @@ def _read_piecewise(fd, arr, offset, verify):
     return done, crc
 
 
-def _read_verified(fd, arr, offset, verify):
+def _read_verified(fd: int, arr: _Bytes, offset: int, verify: bool) -> tuple[int, int]:
     """(bytes read, CRC-32 of them or 0): large reads are split over the I/O threads."""
     n = len(arr)
     if n < _PARALLEL_MIN:
@@ -126,7 +132,7 @@ def _read_verified(fd, arr, offset, verify):
     return got, _combine(ranges, [c for _, c in results])
 
 
-def _combine(ranges, crcs):
+def _combine(ranges: Sequence[_Range], crcs: Sequence[int]) -> int:
     """CRC-32 of consecutive byte ranges joined, from the CRC of each."""
     crc = 0
     for (lo, hi), c in zip(ranges, crcs):
@@ -134,7 +140,7 @@ def _combine(ranges, crcs):
     return crc
 
 
-def _checksum(arr):
+def _checksum(arr: _Bytes) -> int:
     """CRC-32 of a uint8 array in memory; a large one is split over the I/O threads."""
     if len(arr) < _PARALLEL_MIN:
         return crc32_update(0, arr)
@@ -142,12 +148,13 @@ def _checksum(arr):
     return _combine(ranges, _run_split(lambda r: crc32_update(0, arr[r[0]:r[1]]), ranges))
 
 
-def _mmap_default():
+def _mmap_default() -> bool:
     """Map files unless PYBRIDGE_RECORDIO_MMAP is 0/false/no/off."""
     return os.environ.get("PYBRIDGE_RECORDIO_MMAP", "").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _read_uniform(fd, out, prefixes, offset, length, lo, hi, verify):
+def _read_uniform(fd: int, out: _Bytes, prefixes: npt.NDArray[Any], offset: int, length: int, lo: int, hi: int,
+                  verify: bool) -> tuple[bool, int]:
     """Read records lo..hi-1 of a chunk whose records are all `length` bytes: the data lands
     contiguous in `out` and the length prefixes in `prefixes`, so no copy is needed to strip
     them. The CRC is chained over prefix, record, prefix, ... in file order."""
@@ -157,7 +164,7 @@ def _read_uniform(fd, out, prefixes, offset, length, lo, hi, verify):
     crc, pos = 0, offset + lo * stride
     for g in range(lo, hi, group):
         ge = min(hi, g + group)
-        iov = []
+        iov: list[memoryview] = []
         for i in range(g, ge):
             iov.append(pre[4 * i:4 * i + 4])
             iov.append(rec[i * length:(i + 1) * length])
@@ -174,7 +181,7 @@ def _read_uniform(fd, out, prefixes, offset, length, lo, hi, verify):
 
 # A pooled buffer is reusable when nothing but the pool refers to it: each live batch view of
 # it holds a reference. Measured once, so that the test does not depend on the interpreter.
-def _refs(obj):
+def _refs(obj: object) -> int:
     return sys.getrefcount(obj)
 
 
@@ -195,19 +202,19 @@ class _BufferPool:
     18). A destination at the source's page offset is never in that window.
     """
 
-    def __init__(self, keep=4):
+    def __init__(self, keep: int = 4) -> None:
         self._lock = threading.Lock()
-        self._bufs = []
+        self._bufs: list[_Bytes] = []
         self._keep = keep
 
-    def take(self, size, file_offset=0):
+    def take(self, size: int, file_offset: int = 0) -> tuple[_Bytes, _Bytes]:
         """(owner, view): a pooled array, and a `size`-byte view of it whose address equals
         `file_offset` modulo 4096. Give back the owner; each live view keeps it from reuse."""
-        def fit(buf):
-            skip = (file_offset - buf.ctypes.data) % _PAGE
+        def fit(buf: _Bytes) -> Optional[int]:
+            skip: int = (file_offset - buf.ctypes.data) % _PAGE
             return skip if skip + size <= len(buf) else None
         with self._lock:
-            best = None
+            best: Optional[int] = None
             for i in range(len(self._bufs)):
                 if fit(self._bufs[i]) is not None and _refs(self._bufs[i]) <= _UNSHARED \
                         and (best is None or len(self._bufs[i]) < len(self._bufs[best])):
@@ -218,10 +225,10 @@ class _BufferPool:
             if n > _PIECE:  # round up so that chunks of similar sizes share buffers
                 n = -(-n // _PIECE) * _PIECE
             buf = np.empty(n, np.uint8)
-        skip = fit(buf)
+        skip = fit(buf) or 0  # (it fits: found so, or made to)
         return buf, buf[skip:skip + size]
 
-    def give(self, buf):
+    def give(self, buf: Optional[_Bytes]) -> None:
         if buf is None:
             return
         with self._lock:
@@ -243,28 +250,36 @@ class _Decoded:
 
     __slots__ = ("payload", "records", "buffer", "length")
 
-    def __init__(self, payload, records, buffer, length=None):
+    def __init__(self, payload: _Bytes, records: Optional[Records], buffer: Optional[_Bytes],
+                 length: Optional[int] = None) -> None:
         self.payload, self.records, self.buffer, self.length = payload, records, buffer, length
 
-    def lengths(self, a, b):
+    def lengths(self, a: int, b: int) -> npt.NDArray[np.int64]:
         if self.length is None:
+            assert self.records is not None  # (one of the two layouts)
             return self.records.lengths[a:b]
         return np.full(b - a, self.length, np.int64)
 
-    def view(self, a, b):
+    def view(self, a: int, b: int) -> Optional[_Bytes]:
         """Records [a, b) without a copy when they lie back to back, else None."""
         if self.length is None:
             return None
         return self.payload[a * self.length:b * self.length]
 
-    def address(self, a):
+    def address(self, a: int) -> int:
         """Memory address of record a (to place its copy at the same page offset)."""
-        start = a * self.length if self.length is not None else int(self.records.starts[a])
-        return self.payload.ctypes.data + start
+        start = a * self.length if self.length is not None else int(self._records.starts[a])
+        address: int = self.payload.ctypes.data + start
+        return address
 
-    def copy_into(self, out, a, b):
+    @property
+    def _records(self) -> Records:
+        assert self.records is not None  # a payload with its Records (length is None)
+        return self.records
+
+    def copy_into(self, out: _Bytes, a: int, b: int) -> None:
         if self.length is None:
-            gather_into(out, self.payload, self.records, a, b)
+            gather_into(out, self.payload, self._records, a, b)
         else:
             np.copyto(out, self.payload[a * self.length:b * self.length])
 
@@ -276,7 +291,7 @@ class Span(NamedTuple):
     b: int
 
 
-def join(spans) -> Batch:
+def join(spans: Iterable[Span]) -> Batch:
     """One Batch of the records of `spans`, in order: viewed in place when a single span's
     records lie back to back, else copied once into one buffer."""
     spans = [s for s in spans if s.b > s.a]
@@ -305,7 +320,7 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISCH
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-def open_regular(path):
+def open_regular(path: str) -> IO[bytes]:
     """Open a regular file for reading (unbuffered). Anything else is refused, naming what it
     is: opening a FIFO would block until a writer comes, and a device never ends. O_NONBLOCK
     makes the open itself return at once; it changes nothing for a regular file."""
@@ -340,10 +355,21 @@ class Reader:
     max_decoded_bytes: the most one compressed chunk may decompress to (default
         PYBRIDGE_RECORDIO_MAX_DECODED, else 256 MiB); a chunk that would decode to more is
         CorruptData (skipped under skip_corrupt), refused before that memory is allocated.
+
+    Example::
+
+        >>> from pybridge import recordio
+        >>> n = recordio.write_file("data.recordio", [b"%d" % i for i in range(10)])
+        >>> with recordio.Reader("data.recordio") as r:
+        ...     batch = r.read(3, 4)               # records 3..6: one buffer and its offsets
+        ...     print(r.num_records, batch.tolist())
+        10 [b'3', b'4', b'5', b'6']
     """
 
-    def __init__(self, path, *, skip_corrupt=False, verify_checksums=True, index_cache=False,
-                 allow_empty=False, cache_chunks=2, mmap=None, max_decoded_bytes=None):
+    def __init__(self, path: Union[str, "os.PathLike[str]"], *, skip_corrupt: bool = False,
+                 verify_checksums: bool = True, index_cache: Union[bool, str, "os.PathLike[str]"] = False,
+                 allow_empty: bool = False, cache_chunks: int = 2, mmap: Optional[bool] = None,
+                 max_decoded_bytes: Optional[int] = None) -> None:
         self.path = os.fspath(path)
         self.max_decoded_bytes = decoded_limit(max_decoded_bytes)
         self.use_mmap = _mmap_default() if mmap is None else bool(mmap)
@@ -352,35 +378,43 @@ class Reader:
         if int(cache_chunks) < 1:
             raise InvalidArgument(f"cache_chunks must be at least 1, got {cache_chunks!r}")
         self._cache_max = int(cache_chunks)
-        self._f = self._map = self._mapped = None
-        self._open()
+        self._f: Optional[IO[bytes]] = None
+        self._map: Optional[_mmap.mmap] = None
+        self._mapped: Optional[_Bytes] = None
+        f = self._open()
         try:
-            self.index = build_index(self._f, self.path, self.skip_corrupt, allow_empty, index_cache)
+            self.index = build_index(f, self.path, self.skip_corrupt, allow_empty, index_cache)
         except BaseException:
-            self._f.close()
+            f.close()
             raise
         self.corrupt_errors = list(self.index.corrupt_errors)  # every chunk skipped so far
-        self._bad = set()  # index positions found corrupt on read
-        self._last = None  # index position decoded last (to spot sequential reading)
-        self._ahead = None  # (index position, future of its CRC-32) being checksummed in advance
+        self._bad: set[int] = set()  # index positions found corrupt on read
+        self._last: Optional[int] = None  # index position decoded last (to spot sequential reading)
+        # (index position, future of its CRC-32) being checksummed in advance
+        self._ahead: Optional[tuple[int, Future[int]]] = None
         self.skipped_records = 0
-        self._cache = OrderedDict()  # index position -> _Decoded
+        self._cache: OrderedDict[int, _Decoded] = OrderedDict()  # index position -> _Decoded
         self.closed = False
 
     # ------------------------------------------------------------ file handle
 
-    def _open(self):
-        self._f = open_regular(self.path)
+    def _open(self) -> IO[bytes]:
+        f = self._f = open_regular(self.path)
         if self.use_mmap:
             try:
-                size = os.fstat(self._f.fileno()).st_size
+                size = os.fstat(f.fileno()).st_size
                 if size:  # an empty file cannot be mapped (and holds nothing to read)
-                    self._map = _mmap.mmap(self._f.fileno(), size, prot=_mmap.PROT_READ)
+                    self._map = _mmap.mmap(f.fileno(), size, prot=_mmap.PROT_READ)
                     self._mapped = np.frombuffer(self._map, np.uint8)
             except (OSError, ValueError):
                 self._map = self._mapped = None  # e.g. a filesystem without mmap: pread instead
+        return f
 
-    def release(self):
+    def _file(self) -> IO[bytes]:
+        """The open file (reopened after release())."""
+        return self._f if self._f is not None else self._open()
+
+    def release(self) -> None:
         """Close the file descriptor and drop cached chunks; the next read reopens (for many shards)."""
         self._take_ahead(None)
         while self._cache:
@@ -396,50 +430,56 @@ class Reader:
             self._f.close()
             self._f = None
 
-    def close(self):
+    def close(self) -> None:
+        """Release the file and its cached chunks for good."""
         self.release()
         self.closed = True
 
-    def __enter__(self):
+    def __enter__(self) -> "Reader":
         return self
 
-    def __exit__(self, *_):
+    def __exit__(self, kind: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         self.close()
 
     # ------------------------------------------------------------ metadata
 
     @property
-    def num_records(self):
+    def num_records(self) -> int:
+        """The records of the file's good chunks."""
         # No __len__ on purpose: list(reader) would preallocate from the headers' record counts,
         # which a corrupt header can make absurd.
         return self.index.num_records
 
     @property
-    def num_chunks(self):
+    def num_chunks(self) -> int:
+        """The file's good chunks."""
         return self.index.num_chunks
 
     @property
-    def chunks(self):
+    def chunks(self) -> list[ChunkInfo]:
+        """Each good chunk's ChunkInfo."""
         return self.index.chunks()
 
     @property
-    def corrupt_chunks(self):
+    def corrupt_chunks(self) -> int:
+        """Chunks skipped so far as corrupt (skip_corrupt)."""
         return len(self.corrupt_errors)
 
     # ------------------------------------------------------------ chunk decoding
 
-    def _evict(self):
+    def _evict(self) -> None:
         while len(self._cache) >= self._cache_max:
             _, old = self._cache.popitem(last=False)
             _buffers.give(old.buffer)
 
-    def _fail(self, info, msg):
+    def _fail(self, info: ChunkInfo, msg: str) -> CorruptData:
         return corrupt(self.path, info.ordinal, info.offset, msg)
 
-    def _read(self, info, arr):
+    def _read(self, info: ChunkInfo, arr: _Bytes) -> int:
         """Read the chunk's payload into `arr`; returns its CRC (0 when not verifying)."""
         try:
-            got, crc = _read_verified(self._f.fileno(), arr, info.offset + HEADER_SIZE, self.verify_checksums)
+            got, crc = _read_verified(self._file().fileno(), arr, info.offset + HEADER_SIZE, self.verify_checksums)
         except OSError as exc:
             raise io_failure(self.path, info.ordinal, info.offset, f"read failed: {exc.strerror or exc}") from exc
         if got != info.size:
@@ -447,14 +487,14 @@ class Reader:
                                    "(did the file change since it was indexed?)")
         return crc
 
-    def _check_crc(self, info, crc):
+    def _check_crc(self, info: ChunkInfo, crc: int) -> None:
         if self.verify_checksums and crc != info.checksum:
             raise self._fail(info, f"checksum mismatch: the header says 0x{info.checksum:08x}, "
                                    f"the payload has 0x{crc:08x}")
 
-    def _try_uniform(self, info):
+    def _try_uniform(self, info: ChunkInfo) -> Optional[_Decoded]:
         """Scatter-read an uncompressed chunk of equal, large records; None if it is not one."""
-        n, size, fd = info.num_records, info.size, self._f.fileno()
+        n, size, fd = info.num_records, info.size, self._file().fileno()
         start = info.offset + HEADER_SIZE
         if n < 1 or size < 4 or size % n:
             return None
@@ -466,8 +506,8 @@ class Reader:
         buf, out = _buffers.take(n * length, start + 4)
         prefixes = np.empty(n, "<u4")
         ranges = _split(n, _workers()) if size >= _PARALLEL_MIN else [(0, n)]
-        work = lambda r: _read_uniform(fd, out, prefixes, start, length, r[0], r[1],  # noqa: E731
-                                       self.verify_checksums)
+        def work(r: _Range) -> tuple[bool, int]:
+            return _read_uniform(fd, out, prefixes, start, length, r[0], r[1], self.verify_checksums)
         try:
             results = _run_split(work, ranges)
         except OSError as exc:
@@ -480,7 +520,7 @@ class Reader:
                                        [c for _, c in results]))
         return _Decoded(out, None, buf, length)
 
-    def _decode(self, pos):
+    def _decode(self, pos: int) -> _Decoded:
         info = self.index.chunk(pos)
         if self._f is None:
             self._open()
@@ -488,6 +528,7 @@ class Reader:
             dec = self._try_uniform(info)
             if dec is not None:
                 return dec
+        raw: Optional[_Bytes]
         scratch, raw = self._raw(pos, info)
         if info.compressor == NONE:
             payload, buf = raw, scratch
@@ -503,31 +544,31 @@ class Reader:
             raise self._fail(info, str(exc)) from None
         return _Decoded(payload, records, buf)
 
-    def _raw(self, pos, info):
+    def _raw(self, pos: int, info: ChunkInfo) -> tuple[Optional[_Bytes], _Bytes]:
         """(pooled buffer or None, the chunk's payload bytes as stored, checksum verified)."""
         if self._mapped is None:
             buf, raw = _buffers.take(info.size, info.offset + HEADER_SIZE)
             self._check_crc(info, self._read(info, raw))
             return buf, raw
-        raw = self._mapped_payload(info)
-        if raw is None:
-            have = os.fstat(self._f.fileno()).st_size - info.offset - HEADER_SIZE
+        mapped = self._mapped_payload(info)
+        if mapped is None:
+            have = os.fstat(self._file().fileno()).st_size - info.offset - HEADER_SIZE
             raise self._fail(info, f"truncated chunk: {max(0, have)} of {info.size} payload bytes are in "
                                    "the file (did the file change since it was indexed?)")
         if self.verify_checksums:
             crc = self._take_ahead(pos)
-            self._check_crc(info, _checksum(raw) if crc is None else crc)
-        return None, raw
+            self._check_crc(info, _checksum(mapped) if crc is None else crc)
+        return None, mapped
 
-    def _mapped_payload(self, info):
+    def _mapped_payload(self, info: ChunkInfo) -> Optional[_Bytes]:
         """View of a chunk's payload in the map, or None when the file no longer holds all of it:
         pages past the end of a file that shrank would raise SIGBUS, so check before touching."""
         start, end = info.offset + HEADER_SIZE, info.offset + HEADER_SIZE + info.size
-        if end > min(len(self._mapped), os.fstat(self._f.fileno()).st_size):
+        if self._mapped is None or end > min(len(self._mapped), os.fstat(self._file().fileno()).st_size):
             return None
         return self._mapped[start:end]
 
-    def _checksum_ahead(self, pos):
+    def _checksum_ahead(self, pos: int) -> None:
         """While records are copied out of chunk pos, checksum chunk pos+1 on the I/O pool when
         reading looks sequential: the two memory-bound passes then run on two cores."""
         sequential = pos == 0 or (self._last is not None and pos == self._last + 1)
@@ -540,7 +581,7 @@ class Reader:
         if raw is not None:  # (a truncated chunk is reported when it is read)
             self._ahead = (nxt, _io_pool().submit(crc32_update, 0, raw))
 
-    def _take_ahead(self, pos):
+    def _take_ahead(self, pos: Optional[int]) -> Optional[int]:
         """The CRC-32 computed in advance for chunk pos, else None; waits for any pending one, so
         that nothing reads the map once this returns."""
         ahead, self._ahead = self._ahead, None
@@ -549,11 +590,11 @@ class Reader:
         crc = ahead[1].result()
         return crc if ahead[0] == pos else None
 
-    def _decompressed(self, info, raw):
+    def _decompressed(self, info: ChunkInfo, raw: _Bytes) -> tuple[_Bytes, Optional[_Bytes]]:
         """(payload, pooled buffer holding it or None) of a compressed chunk's verified bytes."""
-        taken = []
+        taken: list[_Bytes] = []
 
-        def alloc(n):
+        def alloc(n: int) -> _Bytes:
             owner, view = _buffers.take(n)
             taken.append(owner)
             return view
@@ -563,7 +604,7 @@ class Reader:
             raise self._fail(info, str(exc)) from None
         return payload, (taken[0] if taken else None)
 
-    def _chunk(self, pos):
+    def _chunk(self, pos: int) -> Optional[_Decoded]:
         """Decoded chunk at index position `pos`, or None when it is corrupt and skipped."""
         hit = self._cache.get(pos)
         if hit is not None:
@@ -587,7 +628,7 @@ class Reader:
 
     # ------------------------------------------------------------ reading records
 
-    def _check_range(self, start, count):
+    def _check_range(self, start: int, count: int) -> None:
         if self.closed:
             raise Closed(f"{self.path}: reader is closed")
         for name, v in (("start", start), ("count", count)):
@@ -596,11 +637,12 @@ class Reader:
             raise InvalidArgument(f"{self.path}: records [{start}, {start + count}) are out of range; "
                                   f"the file holds {self.num_records}")
 
-    def spans(self, start, count):
+    def spans(self, start: int, count: int) -> list[Span]:
         """Spans of records [start, start + count), one per chunk touched (see join())."""
         self._check_range(start, count)
         start, left = int(start), int(count)
-        first, out = self.index.first, []
+        first = self.index.first
+        out: list[Span] = []
         pos = self.index.locate(start) if left else 0
         while left > 0:
             a = start - int(first[pos])
@@ -613,11 +655,11 @@ class Reader:
             pos += 1
         return out
 
-    def read(self, start, count) -> Batch:
+    def read(self, start: int, count: int) -> Batch:
         """Records [start, start + count) as one Batch (contiguous data + offsets)."""
         return join(self.spans(start, count))
 
-    def batches(self, batch_size, start=0, count=None):
+    def batches(self, batch_size: int, start: int = 0, count: Optional[int] = None) -> Iterator[Batch]:
         """Sequential scan in batches of `batch_size` records (the last may be shorter)."""
         integer("batch_size", batch_size, low=1)
         end = self.num_records if count is None else start + count
@@ -625,12 +667,12 @@ class Reader:
         for s in range(start, end, batch_size):
             yield self.read(s, min(batch_size, end - s))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[bytes]:
         """Every record as bytes (convenience; use batches() on hot paths)."""
         for batch in self.batches(4096):
             yield from batch.tolist()
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> bytes:
         n = self.num_records
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -n <= i < n:
             raise IndexError(f"record {i!r} is out of range for {n} records")
@@ -639,7 +681,7 @@ class Reader:
             raise IndexError(f"record {i} lies in a corrupt chunk that was skipped")
         return batch.tolist()[0]
 
-    def verify(self):
+    def verify(self) -> list[CorruptData]:
         """Read and check every chunk; returns the CorruptData found (scan-time ones included)."""
         problems = list(self.index.corrupt_errors)
         for pos in range(self.num_chunks):
@@ -652,11 +694,19 @@ class Reader:
             _buffers.give(dec.buffer)
         return problems
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<recordio.Reader {self.path!r} chunks={self.num_chunks} records={self.num_records}>"
 
 
-def read_file(path, **kw):
-    """All records of a file as a list of bytes (convenience)."""
+def read_file(path: Union[str, "os.PathLike[str]"], **kw: Any) -> list[bytes]:
+    """All records of a file as a list of bytes (convenience); `kw` are Reader's keywords.
+
+    Example::
+
+        >>> from pybridge import recordio
+        >>> n = recordio.write_file("small.recordio", [b"a", b"bc"])
+        >>> recordio.read_file("small.recordio")
+        [b'a', b'bc']
+    """
     with Reader(path, **kw) as r:
         return list(r)

@@ -3,8 +3,12 @@
 import os
 import struct
 import zlib
+from types import TracebackType
+from typing import IO, Any, Iterable, Optional, Union
 
 import numpy as np
+import numpy.typing as npt
+from typing_extensions import Buffer
 
 from ..errors import Closed, InvalidArgument
 from ..base.checks import integer
@@ -12,6 +16,7 @@ from .format import DEFAULT_MAX_CHUNK_BYTES, MAX_U32, compress, compressor_id, i
 
 _U32 = struct.Struct("<I")
 MAX_CHUNK_LIMIT = 1 << 31  # keeps payload + length prefixes far from the uint32 size field
+_Path = Union[str, "os.PathLike[str]"]
 
 
 class Writer:
@@ -24,14 +29,25 @@ class Writer:
     the Go library's default.
     Leaving a `with` block by an exception closes the file without writing the open chunk:
     the file then holds the chunks written so far, and is valid.
+
+    Example::
+
+        >>> from pybridge import recordio
+        >>> with recordio.Writer("train-00000.recordio", compressor="snappy") as w:
+        ...     for i in range(100):
+        ...         w.write(f"record {i}".encode())
+        >>> w.records_written, w.chunks_written
+        (100, 1)
     """
 
-    def __init__(self, file, compressor="snappy", max_chunk_bytes=DEFAULT_MAX_CHUNK_BYTES):
+    def __init__(self, file: Union[_Path, IO[bytes]], compressor: Union[str, int] = "snappy",
+                 max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES) -> None:
         self.compressor = compressor_id(compressor)
         self.max_chunk_bytes = integer("max_chunk_bytes", max_chunk_bytes, low=1, high=MAX_CHUNK_LIMIT,
                                        expected=f"in 1..{MAX_CHUNK_LIMIT}")
+        self._f: IO[bytes]
         if isinstance(file, (str, os.PathLike)):
-            self.path = os.fspath(file)
+            self.path: str = os.fspath(file)
             try:
                 self._f = open(self.path, "wb")
             except OSError as exc:
@@ -50,16 +66,16 @@ class Writer:
         self.chunks_written = 0
         self.closed = False
 
-    def _check(self):
+    def _check(self) -> None:
         if self.closed:
             raise Closed(f"{self.path}: writer is closed")
 
-    def _too_big(self, n, index=None):
+    def _too_big(self, n: int, index: Optional[int] = None) -> InvalidArgument:
         which = "record" if index is None else f"record {index}"
         return InvalidArgument(f"{self.path}: {which} of {n} bytes is larger than the chunk limit of "
                                f"{self.max_chunk_bytes} bytes (max_chunk_bytes)")
 
-    def write(self, record):
+    def write(self, record: Buffer) -> None:
         """Append one record (any bytes-like object)."""
         self._check()
         try:
@@ -80,11 +96,14 @@ class Writer:
         self._count += 1
         self.records_written += 1
 
-    def write_batch(self, data, offsets):
+    def write_batch(self, data: Union[Buffer, npt.NDArray[Any]], offsets: npt.ArrayLike) -> None:
         """Append records data[offsets[i]:offsets[i+1]], with no Python loop per record."""
         self._check()
-        data = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
-        offsets = np.asarray(offsets, np.int64)
+        raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+        offs = np.asarray(offsets, np.int64)
+        self._write_batch(raw, offs)
+
+    def _write_batch(self, data: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64]) -> None:
         if offsets.ndim != 1 or len(offsets) < 1:
             raise InvalidArgument("offsets must be a 1-d array of len(records) + 1")
         lengths = np.diff(offsets)
@@ -105,7 +124,8 @@ class Writer:
             self._append(data, offsets, lengths, i, j)
             i = j
 
-    def _append(self, data, offsets, lengths, i, j):
+    def _append(self, data: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
+                i: int, j: int) -> None:
         k, lo, hi = j - i, int(offsets[i]), int(offsets[j])
         lens = lengths[i:j]
         out = np.empty(hi - lo + 4 * k, np.uint8)
@@ -124,7 +144,7 @@ class Writer:
         self._count += k
         self.records_written += k
 
-    def flush(self):
+    def flush(self) -> None:
         """Close the open chunk (if it has records) and write it out."""
         self._check()
         if not self._count:
@@ -145,7 +165,7 @@ class Writer:
         self._payload = bytearray()
         self._raw = self._count = 0
 
-    def close(self):
+    def close(self) -> None:
         """Write the last chunk and close the file (a caller's file object is only flushed)."""
         if self.closed:
             return
@@ -162,10 +182,11 @@ class Writer:
             if self._owns and not self._f.closed:
                 self._f.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Writer":
         return self
 
-    def __exit__(self, exc_type, *_):
+    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         if exc_type is None:
             self.close()
         else:  # keep the original error; still release the file
@@ -173,12 +194,20 @@ class Writer:
             if self._owns:
                 self._f.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<recordio.Writer {self.path!r} records={self.records_written} chunks={self.chunks_written}>"
 
 
-def write_file(path, records, compressor="snappy", max_chunk_bytes=DEFAULT_MAX_CHUNK_BYTES):
-    """Write an iterable of records to `path`; returns the number of records."""
+def write_file(path: _Path, records: Iterable[Buffer], compressor: Union[str, int] = "snappy",
+               max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES) -> int:
+    """Write an iterable of records to `path`; returns the number of records.
+
+    Example::
+
+        >>> from pybridge import recordio
+        >>> recordio.write_file("tiny.recordio", [b"a", b"bc", b"def"], compressor="none")
+        3
+    """
     with Writer(path, compressor, max_chunk_bytes) as w:
         for r in records:
             w.write(r)

@@ -18,15 +18,30 @@ import io
 import os
 import re
 import tempfile
-from typing import Any, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional, Protocol, Union
 
 import torch
 
 from ..comm import collectives
+from ..comm import group as _group
 from ..comm import world as _world
 from .. import observe as _observe
 from ..base.checks import integer
 from ..errors import CorruptData, InvalidArgument, IOFailure
+
+_Path = Union[str, "os.PathLike[str]"]
+
+
+class Stateful(Protocol):
+    """What save() and restore() take: torch modules and optimizers, pybridge's Reducer and
+    recordio.Loader (layers above this one, so named here only by what they provide)."""
+
+    def state_dict(self) -> Any:
+        """What to keep."""
+
+    def load_state_dict(self, state_dict: Any, /) -> Any:
+        """Take back what state_dict() gave."""
+
 
 FORMAT = "pybridge-checkpoint"
 VERSION = 1
@@ -34,40 +49,43 @@ _FILE = re.compile(r"^step-(\d{12})\.pt$")
 
 
 class Restored(NamedTuple):
+    """What restore() found: the step, save()'s extra, the rank that sent it, the saving world's size."""
+
     step: int          # the step saved
     extra: Any         # save()'s extra
     source_rank: int   # the rank whose file was used
     world_size: int    # the world size of the run that saved it
 
 
-def path_for(directory, step):
+def path_for(directory: _Path, step: int) -> str:
+    """The file of `step`'s checkpoint in `directory`."""
     return os.path.join(os.fspath(directory), f"step-{step:012d}.pt")
 
 
-def checkpoints(directory):
+def checkpoints(directory: _Path) -> list[tuple[int, str]]:
     """(step, path) of every complete checkpoint in the folder, oldest first ([] if none)."""
-    directory = os.fspath(directory)
+    folder = os.fspath(directory)
     try:
-        names = os.listdir(directory)
+        names = os.listdir(folder)
     except FileNotFoundError:
         return []
     except OSError as exc:
-        raise IOFailure(f"cannot list checkpoint folder {directory}: {exc}") from exc
-    found = sorted((int(m.group(1)), os.path.join(directory, n)) for n in names if (m := _FILE.match(n)))
+        raise IOFailure(f"cannot list checkpoint folder {folder}: {exc}") from exc
+    found = sorted((int(m.group(1)), os.path.join(folder, n)) for n in names if (m := _FILE.match(n)))
     return found
 
 
-def newest(directory):
+def newest(directory: _Path) -> Optional[tuple[int, str]]:
     """(step, path) of the folder's newest checkpoint, or None."""
     found = checkpoints(directory)
     return found[-1] if found else None
 
 
-def _step(step):
+def _step(step: int) -> int:
     return integer("step", step, low=0, high=10**12 - 1, expected="an integer in [0, 10^12)")
 
 
-def _check_tensors(tensors):
+def _check_tensors(tensors: Optional[Mapping[str, torch.Tensor]]) -> Mapping[str, torch.Tensor]:
     if tensors is None:
         return {}
     if not isinstance(tensors, dict):
@@ -80,7 +98,9 @@ def _check_tensors(tensors):
     return tensors
 
 
-def state_of(step, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None, extra=None):
+def state_of(step: int, *, model: Optional[Stateful] = None, optimizer: Optional[Stateful] = None,
+             reducer: Optional[Stateful] = None, loader: Optional[Stateful] = None,
+             tensors: Optional[Mapping[str, torch.Tensor]] = None, extra: Any = None) -> dict[str, Any]:
     """The checkpoint as a dict (what encode() serializes and apply() loads). Its tensors
     are the objects' own (state_dict() shares memory), except `tensors`, copied to the CPU."""
     return {
@@ -95,19 +115,22 @@ def state_of(step, *, model=None, optimizer=None, reducer=None, loader=None, ten
     }
 
 
-def to_bytes(state):
+def to_bytes(state: dict[str, Any]) -> bytes:
+    """A checkpoint dict's bytes (torch.save)."""
     buf = io.BytesIO()
     torch.save(state, buf)
     return buf.getvalue()
 
 
-def encode(step, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None, extra=None):
+def encode(step: int, *, model: Optional[Stateful] = None, optimizer: Optional[Stateful] = None,
+           reducer: Optional[Stateful] = None, loader: Optional[Stateful] = None,
+           tensors: Optional[Mapping[str, torch.Tensor]] = None, extra: Any = None) -> bytes:
     """The checkpoint's bytes (what save() writes)."""
     return to_bytes(state_of(step, model=model, optimizer=optimizer, reducer=reducer, loader=loader,
                              tensors=tensors, extra=extra))
 
 
-def _write_atomic(path, data):
+def _write_atomic(path: str, data: bytes) -> None:
     folder = os.path.dirname(path)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -134,8 +157,9 @@ def _write_atomic(path, data):
 
 
 @_observe.recorded("checkpoint.save", "checkpoint")
-def save(directory, step, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None,
-         extra=None, keep=2):
+def save(directory: _Path, step: int, *, model: Optional[Stateful] = None, optimizer: Optional[Stateful] = None,
+         reducer: Optional[Stateful] = None, loader: Optional[Stateful] = None,
+         tensors: Optional[Mapping[str, torch.Tensor]] = None, extra: Any = None, keep: int = 2) -> str:
     """Write the state at `step` atomically to DIRECTORY/step-<step>.pt; return its path.
 
     model, optimizer: anything with state_dict()/load_state_dict() (torch modules and
@@ -144,6 +168,16 @@ def save(directory, step, *, model=None, optimizer=None, reducer=None, loader=No
     the batches it handed out). tensors: dict name -> tensor (copied). extra: plain data
     (numbers, strings, lists, dicts, tensors), returned by restore(). keep: checkpoints to
     keep in the folder, the newest ones (0 keeps all). Local: no collective.
+
+    Example::
+
+        >>> import torch
+        >>> from pybridge.runtime import checkpoint
+        >>> model = torch.nn.Linear(4, 2)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> path = checkpoint.save("ckpt", 100, model=model, optimizer=opt, extra={"epoch": 3})
+        >>> path
+        'ckpt/step-000000000100.pt'
     """
     keep = integer("keep", keep, low=0)
     path = path_for(directory, _step(step))
@@ -160,10 +194,10 @@ def save(directory, step, *, model=None, optimizer=None, reducer=None, loader=No
     return path
 
 
-def decode(data, source="checkpoint"):
+def decode(data: bytes, source: str = "checkpoint") -> dict[str, Any]:
     """The state dict from a checkpoint's bytes (CorruptData naming `source` if unreadable)."""
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        state: Any = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a bad file
         raise CorruptData(f"{source}: not a readable checkpoint: {exc}") from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -171,10 +205,11 @@ def decode(data, source="checkpoint"):
     if state.get("version") != VERSION:
         raise CorruptData(f"{source}: checkpoint version {state.get('version')!r}, this pybridge reads {VERSION}")
     _check_fields(state, source)
-    return state
+    checked: dict[str, Any] = state
+    return checked
 
 
-def _check_fields(state, source):
+def _check_fields(state: dict[str, Any], source: str) -> None:
     """The metadata restore() and apply() read, type-checked: CorruptData naming the field, not
     a ValueError (or a silently truncated float) from int() later."""
     for field, low, high, default in (("step", 0, 10**12 - 1, None), ("world_size", 1, 1 << 31, 1)):
@@ -188,7 +223,7 @@ def _check_fields(state, source):
         raise CorruptData(f"{source}: field 'tensors' is not a dict of name -> tensor")
 
 
-def _read(path):
+def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -196,13 +231,14 @@ def _read(path):
         raise IOFailure(f"cannot read checkpoint {path}: {exc}") from exc
 
 
-def _agree_and_fetch(directory, g):
+def _agree_and_fetch(directory: _Path, g: Optional[_group.Group]) -> Optional[tuple[bytes, str, int]]:
     """(bytes of the newest checkpoint any rank holds, its source description, source rank), or None."""
     if g is None or g.size == 1:
         mine = newest(directory)
         return None if mine is None else (_read(mine[1]), mine[1], 0)
+    failed: Optional[IOFailure] = None
     try:
-        mine, failed = newest(directory), None
+        mine = newest(directory)
     except IOFailure as exc:  # still join the all_gather, so the others fail too, not hang
         mine, failed = None, exc
     dev = g.device
@@ -217,8 +253,10 @@ def _agree_and_fetch(directory, g):
     if best < 0:
         return None
     src = steps.index(best)  # the lowest rank holding the newest step
-    data, error = None, None
+    data: Optional[bytes] = None
+    error: Optional[IOFailure] = None
     if g.rank == src:
+        assert mine is not None  # the lowest rank holding the newest step
         try:
             data = _read(mine[1])
         except IOFailure as exc:
@@ -231,16 +269,16 @@ def _agree_and_fetch(directory, g):
         if error is not None:
             raise error
         raise IOFailure(f"{source} could not be read on rank {src} (see that rank's error)")
-    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev) if g.rank == src and n
+    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev) if data is not None and n
            else torch.empty(n, dtype=torch.uint8, device=dev))
     if n:
         collectives.broadcast(buf, src, group=g)
-    if g.rank == src:
+    if data is not None and mine is not None:  # this rank sent it
         return data, mine[1], src
     return buf.cpu().numpy().tobytes(), source, src
 
 
-def _load_into(what, obj, state, source):
+def _load_into(what: str, obj: Any, state: Any, source: str) -> None:
     if state is None:
         raise InvalidArgument(f"{source} holds no {what} state, but a {what} was given to restore")
     try:
@@ -251,7 +289,7 @@ def _load_into(what, obj, state, source):
         raise InvalidArgument(f"{source}: the {what} state does not fit: {exc}") from exc
 
 
-def _check_fit(tensors, saved, source):
+def _check_fit(tensors: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tensor], source: str) -> None:
     """Every given tensor exists in the checkpoint with the same size and dtype, and the
     other way round; checked before anything is overwritten."""
     given, held = set(tensors), set(saved)
@@ -266,8 +304,10 @@ def _check_fit(tensors, saved, source):
 
 
 @_observe.recorded("checkpoint.restore", "checkpoint")
-def restore(directory, *, group=None, model=None, optimizer=None, reducer=None, loader=None, tensors=None,
-            strict=True, local=False) -> Optional[Restored]:
+def restore(directory: _Path, *, group: Optional[_group.Group] = None, model: Optional[Stateful] = None,
+            optimizer: Optional[Stateful] = None, reducer: Optional[Stateful] = None,
+            loader: Optional[Stateful] = None, tensors: Optional[Mapping[str, torch.Tensor]] = None,
+            strict: bool = True, local: bool = False) -> Optional[Restored]:
     """Load the newest checkpoint any rank holds into the objects given, on every rank.
 
     COLLECTIVE over `group` (default: the world when one is live; else, or with local=True,
@@ -277,6 +317,18 @@ def restore(directory, *, group=None, model=None, optimizer=None, reducer=None, 
     when no rank holds a checkpoint. tensors: dict name -> tensor, filled in place; with
     strict, the names must be those saved. The loader continues the saved epoch, shared over
     its own ranks (the world size may differ from the run that saved it).
+
+    Example::
+
+        >>> import torch
+        >>> from pybridge.runtime import checkpoint
+        >>> model = torch.nn.Linear(4, 2)
+        >>> checkpoint.restore("nothing-saved-here", model=model) is None   # nothing anywhere: no change
+        True
+        >>> path = checkpoint.save("ckpt", 7, model=model, extra="hello")
+        >>> got = checkpoint.restore("ckpt", model=model)   # every rank loads the newest step
+        >>> got.step, got.extra
+        (7, 'hello')
     """
     tensors = _check_tensors(tensors)
     g = None if local else group or (_world.current() if _world.is_initialized() else None)
@@ -292,7 +344,10 @@ def restore(directory, *, group=None, model=None, optimizer=None, reducer=None, 
     return Restored(state["step"], state.get("extra"), src, state.get("world_size", 1))
 
 
-def apply(state, source, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None, strict=True):
+def apply(state: dict[str, Any], source: str, *, model: Optional[Stateful] = None,
+          optimizer: Optional[Stateful] = None, reducer: Optional[Stateful] = None,
+          loader: Optional[Stateful] = None, tensors: Optional[Mapping[str, torch.Tensor]] = None,
+          strict: bool = True) -> None:
     """Load a decoded checkpoint `state` into the objects given (restore's last half; the
     elastic State's rollback). Tensors are checked to fit before anything is overwritten."""
     tensors = _check_tensors(tensors)

@@ -24,6 +24,7 @@ import datetime
 import functools
 import os
 import time
+from typing import Any, Callable, Mapping, Optional, TypeVar, Union, cast
 
 import torch
 import torch.distributed as dist
@@ -33,66 +34,71 @@ from ..base import secret as _secret
 from ..base import sealed_store as _sealed
 from ..comm import cancel as _cancel
 from ..comm import collectives
+from ..comm import group as _group
 from ..comm import world as _world
 from .. import observe as _observe
 from . import membership as _membership
 from ..comm import sockets as _sockets
 from ..errors import InvalidArgument, MembershipChanged, NotInitialized
+from typing_extensions import Concatenate, ParamSpec
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 LOST_AFTER = 10.0  # seconds without a heartbeat before a member counts as lost
 JOIN_TIMEOUT = 300.0  # seconds a round may take (a joiner waits for the members' next commit)
 
-_session = None  # the live _Session: the membership and the settings every world is made with
+_session: "Optional[_Session]" = None  # the live _Session: the membership and the settings every world is made with
 
 
 class _Session:
     """One process's elastic job: its membership and how each world's group is made. The
     world group points here (Group.elastic), so that its failures come to failed()."""
 
-    def __init__(self, membership, settings):
+    def __init__(self, membership: _membership.Membership, settings: dict[str, Any]) -> None:
         self.membership = membership
         self.settings = settings
-        self.world = None
-        self.group = None
-        self.last_change = None  # the MembershipChanged of the latest reset
-        self._kept = []  # the backends of the worlds left (see leave)
+        self.world: Optional[_membership.World] = None
+        self.group: Optional[_group.Group] = None
+        self.last_change: Optional[BaseException] = None  # the MembershipChanged of the latest reset
+        self._kept: list[Any] = []  # the backends of the worlds left (see leave)
 
-    def start(self, world):
+    def start(self, world: _membership.World) -> _group.Group:
         """The process group of `world` (a generation), over the store's keys for it."""
         host, port = self.membership.address
         s = self.settings
-        client = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=s["timeout"]),
-                               wait_for_workers=False)
+        client = dist.TCPStore(  # type: ignore[attr-defined]  # (not in torch.distributed's __all__)
+            host, port, None, False, datetime.timedelta(seconds=s["timeout"]), wait_for_workers=False)
         # sealed with the job secret where there is one: the world's roster and gloo's
         # address exchange cannot be read or redirected by an outsider
         store = _sealed.protect(client, _secret.job_secret(), f"{_membership.PREFIX}g{world.generation}/pg/")
         _world.loopback_gloo(host)
-        g = _world.init(backend=s["backend"], rank=world.rank, world_size=world.size,
-                        local_rank=s["local_rank"], timeout=s["timeout"], store=store,
-                        checked=s["checked"], watchdog=s["watchdog"])
+        g: _group.Group = _world.init(backend=s["backend"], rank=world.rank, world_size=world.size,
+                                      local_rank=s["local_rank"], timeout=s["timeout"], store=store,
+                                      checked=s["checked"], watchdog=s["watchdog"])
         g.elastic = self
         self.world, self.group = world, g
         return g
 
-    def failed(self, err):
+    def failed(self, err: BaseException) -> MembershipChanged:
         """A collective of the current world failed: leave it and agree on the next one."""
         if isinstance(err, MembershipChanged):
             return err
         return self.change(err)
 
     @_observe.recorded("elastic.change", "elastic")
-    def change(self, cause):
+    def change(self, cause: Union[BaseException, str]) -> MembershipChanged:
         """Leave the current world and agree on the next one; the MembershipChanged to raise
         (timed: when it began, the old world was torn down, the new one agreed on)."""
         seen = time.time()
         self.leave()
         left = time.time()
-        changed = self.membership.changed(self.world, cause=cause)
+        changed: MembershipChanged = self.membership.changed(self.world, cause=cause)
         if changed.seen_at is None:
             changed.seen_at, changed.left_at, changed.agreed_at = seen, left, time.time()
         return changed
 
-    def leave(self):
+    def leave(self) -> None:
         """Tear the current world down (its objects then fail with Closed). Its connections
         are shut down first (Group.sockets), so peers blocked on this rank fail at once."""
         g = self.group
@@ -110,8 +116,10 @@ class _Session:
                 _world._current = None
 
 
-def init(*, backend="auto", timeout=None, min_size=None, max_size=None, lost_after=None,
-         join_timeout=None, checked=None, watchdog=None, store_addr=None, member_id=None):
+def init(*, backend: str = "auto", timeout: Optional[float] = None, min_size: Optional[int] = None,
+         max_size: Optional[int] = None, lost_after: Optional[float] = None, join_timeout: Optional[float] = None,
+         checked: Optional[bool] = None, watchdog: Optional[float] = None, store_addr: Optional[str] = None,
+         member_id: Optional[str] = None) -> _group.Group:
     """Join an elastic job and return the world group (pybridge.init's elastic twin).
 
     The store comes from pybridge-launch --elastic (MASTER_ADDR:MASTER_PORT, hosted by the
@@ -134,8 +142,8 @@ def init(*, backend="auto", timeout=None, min_size=None, max_size=None, lost_aft
             raise InvalidArgument("an elastic job needs the launcher's store: run under pybridge-launch "
                                   "--elastic (MASTER_ADDR, MASTER_PORT) or give the store's address (host:port)")
         store_addr = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
-    host, _, port = str(store_addr).rpartition(":")
-    port = _port(port, store_addr)
+    host, _, port_text = str(store_addr).rpartition(":")
+    port = _port(port_text, store_addr)
     timeout = float(timeout if timeout is not None else env.get("PYBRIDGE_TIMEOUT") or _world.DEFAULT_TIMEOUT)
     settings = {"backend": backend, "timeout": timeout, "checked": checked, "watchdog": watchdog,
                 "local_rank": _world.env_int("LOCAL_RANK")}
@@ -151,7 +159,7 @@ def init(*, backend="auto", timeout=None, min_size=None, max_size=None, lost_aft
         return _session.start(m.first_world())
 
 
-def _port(text, whole):
+def _port(text: str, whole: str) -> int:
     try:
         port = int(text)
     except ValueError:
@@ -162,7 +170,7 @@ def _port(text, whole):
 
 
 @_observe.recorded("elastic.reset", "elastic")
-def reset(err=None):
+def reset(err: Optional[BaseException] = None) -> _group.Group:
     """Move onto the world agreed on after `err` (a MembershipChanged; default: the newest
     one this process agreed on) and return its group. The old world's objects fail with
     Closed; re-bind them (Reducer.rebind, Loader.rebind) or let State.reset do it."""
@@ -175,31 +183,45 @@ def reset(err=None):
     s.last_change = err
     s.leave()
     with _cancel.joining():
-        return s.start(world)
+        return s.start(cast(_membership.World, world))  # (the membership always holds a world by now)
 
 
-def _live_session():
+def _live_session() -> "_Session":
     if _session is None:
         raise NotInitialized("no elastic job: call pybridge.runtime.elastic.init() first")
     return _session
 
 
-def session():
+def session() -> "Optional[_Session]":
     """The live elastic session, or None (a world made by pybridge.init is not elastic)."""
     return _session
 
 
-def run(fn):
+def run(fn: Callable[Concatenate["State", _P], _R]) -> Callable[Concatenate["State", _P], _R]:
     """fn(state, ...) run until it returns, across membership changes (hvd.elastic.run).
 
     Every entry starts from one state on every rank: the first time (and for a joiner) the
     state of rank 0 is sent to all (State.sync); after a MembershipChanged the world is
     reset, the reducer and loader are re-bound, every rank rolls back to its last commit and
     takes the lowest surviving rank's. fn must start from the state (its epoch, step...),
-    as a resumed run starts from a checkpoint."""
+    as a resumed run starts from a checkpoint.
+
+    Example (under `pybridge-launch --elastic`)::
+
+        >>> from pybridge.runtime import elastic
+        >>> g = elastic.init()                                    # doctest: +SKIP
+        >>> state = elastic.State(model=model, optimizer=opt, epoch=0)  # doctest: +SKIP
+        >>> @elastic.run
+        ... def train(state):
+        ...     while state.epoch < 10:
+        ...         train_one_epoch()
+        ...         state.epoch += 1
+        ...         state.commit()                 # what a rank that joins or survives resumes from
+        >>> train(state)                                          # doctest: +SKIP
+    """
     @functools.wraps(fn)
-    def wrapper(state, *args, **kwargs):
-        err = None
+    def wrapper(state: "State", *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        err: Optional[MembershipChanged] = None
         while True:
             try:
                 if err is None:
@@ -211,7 +233,7 @@ def run(fn):
                 return result
             except MembershipChanged as exc:
                 err = exc
-    return wrapper
+    return cast(Callable[Concatenate["State", _P], _R], wrapper)  # (functools.wraps hides the signature)
 
 _OBJECTS = ("model", "optimizer", "reducer", "loader")
 
@@ -221,9 +243,33 @@ class State:
 
     Keyword values other than the objects are user values, read and set as attributes
     (`state.epoch += 1`) and committed with the rest. The state is committed once at
-    construction, so restore() always has a copy to go back to."""
+    construction, so restore() always has a copy to go back to.
 
-    def __init__(self, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None, **values):
+    Example::
+
+        >>> import torch
+        >>> from pybridge.runtime import elastic
+        >>> state = elastic.State(model=torch.nn.Linear(4, 2), epoch=0, step=0)
+        >>> state.step += 1
+        >>> state.commit()                 # a copy in memory: nothing serialized, no disk
+        >>> state.step = 99
+        >>> state.restore()                # every object and value back to the commit
+        >>> state.step
+        1
+    """
+
+    _objects: dict[str, Any]
+    values: dict[str, Any]
+    commits: int
+    _committed: dict[str, Any]
+    _callbacks: list[Callable[[], object]]
+    _serial: int
+    _synced: bool
+    last_sync: Optional[dict[str, Any]]
+
+    def __init__(self, *, model: Optional[checkpoint.Stateful] = None, optimizer: Optional[checkpoint.Stateful] = None,
+                 reducer: Optional[checkpoint.Stateful] = None, loader: Optional[checkpoint.Stateful] = None,
+                 tensors: Optional[Mapping[str, torch.Tensor]] = None, **values: Any) -> None:
         for name in values:
             if name.startswith("_") or name in _OBJECTS or name in ("tensors", "values", "commits", "last_sync"):
                 raise InvalidArgument(f"State value {name!r}: the name is taken (objects, tensors, "
@@ -239,31 +285,33 @@ class State:
         object.__setattr__(self, "last_sync", None)  # who received what in the latest sync()
         self._save()
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("values", {})
         if name in values:
             return values[name]
         raise AttributeError(f"State has no value {name!r} (values: {sorted(values)})")
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         if name in self.values:
             self.values[name] = value
         else:
             raise AttributeError(f"State has no value {name!r}: give it at construction (State({name}=...))")
 
-    def bind(self, *, model=None, optimizer=None, reducer=None, loader=None, tensors=None):
+    def bind(self, *, model: Optional[checkpoint.Stateful] = None, optimizer: Optional[checkpoint.Stateful] = None,
+             reducer: Optional[checkpoint.Stateful] = None, loader: Optional[checkpoint.Stateful] = None,
+             tensors: Optional[Mapping[str, torch.Tensor]] = None) -> None:
         """Replace the objects the state commits and restores (the C ABI binds the caller's
         tensors for the length of each call). The commits made so far stay."""
         self._objects.update(model=model, optimizer=optimizer, reducer=reducer, loader=loader,
                              tensors=dict(tensors or {}))
 
-    def on_reset(self, fn):
+    def on_reset(self, fn: Callable[[], object]) -> Callable[[], object]:
         """Call fn() after every reset onto a new world (to rescale a learning rate, say)."""
         self._callbacks.append(fn)
         return fn
 
     @_observe.recorded("elastic.commit", "elastic")
-    def commit(self, *, admit=True):
+    def commit(self, *, admit: bool = True) -> None:
         """Keep a copy of the whole state in memory (replacing the previous one). The copy
         reuses the previous commit's memory when the shapes are unchanged: a commit is a
         memory copy of the model and optimizer state, nothing is serialized. In an elastic
@@ -274,7 +322,7 @@ class State:
         if admit and s is not None and s.group is not None and not s.group.closed:
             _admit_joiners(s)
 
-    def reset(self, err=None):
+    def reset(self, err: Optional[BaseException] = None) -> None:
         """After MembershipChanged: move onto the new world, re-bind the reducer and loader to
         it, roll back to the last commit and take the new rank 0's (the lowest surviving old
         rank's) committed state; then the on_reset callbacks. COLLECTIVE on the new world.
@@ -289,7 +337,7 @@ class State:
         for fn in self._callbacks:
             fn()
 
-    def _save(self):
+    def _save(self) -> None:
         o = self._objects
         live = checkpoint.state_of(self.commits, model=o["model"], optimizer=o["optimizer"], reducer=o["reducer"],
                                    loader=o["loader"], tensors=o["tensors"], extra=dict(self.values))
@@ -298,15 +346,15 @@ class State:
         object.__setattr__(self, "_serial", self._serial + 1)
 
     @property
-    def committed_bytes(self):
+    def committed_bytes(self) -> int:
         """The tensor bytes of the last commit (about what sync() sends)."""
         return _nbytes(self._committed)
 
-    def restore(self):
+    def restore(self) -> None:
         """Roll every object and value back to the last commit."""
         self._load(self._committed)
 
-    def _load(self, state):
+    def _load(self, state: dict[str, Any]) -> None:
         o = self._objects
         # load_state_dict copies out of the commit, which stays intact for the next restore.
         checkpoint.apply(state, "the committed state", model=o["model"], optimizer=o["optimizer"],
@@ -314,7 +362,7 @@ class State:
         object.__setattr__(self, "values", dict(state.get("extra") or {}))
 
     @_observe.recorded("elastic.sync", "elastic")
-    def sync(self, root=0, *, group=None):
+    def sync(self, root: int = 0, *, group: Optional[_group.Group] = None) -> None:
         """COLLECTIVE: every rank ends with rank `root`'s last commit, restored. Only ranks
         whose commit is not the root's receive it (its bytes, sent point to point): a new
         process, or a survivor that missed the root's latest commit; the others restore
@@ -346,9 +394,10 @@ class State:
         self._load(self._committed)
 
 
-def _admit_joiners(s):
+def _admit_joiners(s: _Session) -> None:
     """Rank 0 reads how many processes wait to join; all ranks learn it in one broadcast."""
     g = s.group
+    assert g is not None  # (a commit admits only in a live world)
     n = torch.tensor([s.membership.joiners_waiting(s.world) if g.rank == 0 else 0], dtype=torch.int64,
                      device=g.device)
     if g.size > 1:
@@ -357,7 +406,7 @@ def _admit_joiners(s):
         raise s.change(f"{int(n.item())} process(es) asked to join at a commit")
 
 
-def _copy(live, old):
+def _copy(live: Any, old: Any) -> Any:
     """A copy of `live` (dicts, lists, tuples, tensors, plain values), written into `old`'s
     tensors where they match in shape, dtype and device (no new memory), else cloned."""
     if isinstance(live, torch.Tensor):
@@ -374,7 +423,7 @@ def _copy(live, old):
     return live
 
 
-def _nbytes(obj):
+def _nbytes(obj: Any) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):

@@ -5,12 +5,15 @@ network namespace with loopback up and one link (`eth0`, address 198.18.0.<k+1>/
 RFC 2544's benchmarking range, known to the others as node<k>) to a bridge that lives in a namespace of its own, so the
 host's interfaces, routes and addresses are never touched and traffic can reach only the
 nodes. A link may be rate-limited with tc htb in both directions (the node's egress and
-the bridge port's egress towards it). Needs root and iproute2; `available()` says whether
-this machine can, and why not.
+the bridge port's egress towards it), and given a CPU budget (`cpus`: a cgroup v1 cpu
+quota per node, cpulimit.py), so that N nodes have N times the compute of one even on a
+machine with fewer cores, and a scaling curve means what it says. Needs root and
+iproute2; `available()` says whether this machine can, and why not.
 
-    with Cluster(2, rate_mbit=1000) as c:
+    with Cluster(2, rate_mbit=1000, cpus=0.2) as c:
         p = c.nodes[1].popen(["python3", "-m", "pybridge.launch", ...])
         print(c.nodes[0].address, c.nodes[1].link_bytes())
+        print(c.report())   # per node: the rate and CPU budget set, the CPU and bytes used
 
 Teardown kills every process started in a node (their process groups) and deletes the
 namespaces (which deletes their links), on exit from the `with` block, on close(), at
@@ -30,6 +33,7 @@ import threading
 import time
 
 from ..errors import InvalidArgument, PyBridgeError
+from . import cpulimit
 
 SUBNET = "198.18.0"  # RFC 2544: reserved for benchmarking; nodes are .1, .2, ...
 PREFIX = "pbc"       # namespace names: pbc<pid>x<count>-<node> and pbc<pid>x<count>-sw
@@ -93,6 +97,14 @@ def remove_stale():
             _kill_namespace(name)
             _ip("netns", "del", name, check=False)
             shutil.rmtree(os.path.join(ETC_NETNS, name), ignore_errors=True)
+    for root in (cpulimit.CPU_ROOT, cpulimit.ACCT_ROOT):  # the nodes' CPU budgets (named as their namespaces)
+        for name in os.listdir(root) if os.path.isdir(root) else ():
+            digits = name[len(PREFIX):].split("x", 1)[0] if name.startswith(PREFIX) else ""
+            if digits.isdigit() and not _pid_alive(int(digits)):
+                try:
+                    os.rmdir(os.path.join(root, name))
+                except OSError:
+                    pass
 
 
 class Node:
@@ -100,11 +112,13 @@ class Node:
 
     def __init__(self, cluster, index, ns, address):
         self.cluster, self.index, self.ns, self.address = cluster, index, ns, address
+        self.budget = None  # cpulimit.CpuBudget when the cluster gives nodes a CPU budget
         self._procs = []
 
     def command(self, argv):
-        """argv run inside this node's namespace."""
-        return ["ip", "netns", "exec", self.ns, *argv]
+        """argv run inside this node's namespace (and CPU budget)."""
+        cmd = ["ip", "netns", "exec", self.ns, *argv]
+        return self.budget.wrap(cmd) if self.budget is not None else cmd
 
     def popen(self, argv, **kwargs):
         """Start argv in the node (its own process group, killed at teardown)."""
@@ -130,6 +144,16 @@ class Node:
         p = _ip("-n", self.ns, "-s", "-j", "link", "show", "eth0")
         stats = json.loads(p.stdout)[0]["stats64"]
         return stats["tx"]["bytes"], stats["rx"]["bytes"]
+
+    def report(self):
+        """What was set for this node and what it used so far: link rate, bytes sent and
+        received, CPU budget, CPU seconds and throttled periods."""
+        sent, received = self.link_bytes()
+        out = {"node": self.index, "address": self.address, "rate_mbit": self.cluster.rate_mbit,
+               "sent_bytes": sent, "received_bytes": received, "cpus": None}
+        if self.budget is not None:
+            out.update(self.budget.report())
+        return out
 
     def kill(self):
         """Kill every process in this node, at once (a node lost): those started here and
@@ -169,18 +193,25 @@ def _kill(p):
 
 
 class Cluster:
-    """`nodes` namespaces on one bridge; `rate_mbit` limits each node's link (both ways)."""
+    """`nodes` namespaces on one bridge; `rate_mbit` limits each node's link (both ways);
+    `cpus` gives each node that many CPUs (e.g. 0.2; None: no budget, the machine's)."""
 
-    def __init__(self, nodes, *, rate_mbit=None):
+    def __init__(self, nodes, *, rate_mbit=None, cpus=None):
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 250:
             raise InvalidArgument(f"nodes must be an integer from 1 to 250, got {nodes!r}")
         if rate_mbit is not None and not (isinstance(rate_mbit, (int, float)) and rate_mbit > 0):
             raise InvalidArgument(f"rate_mbit must be a positive number of Mbit/s or None, got {rate_mbit!r}")
+        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not cpus > 0):
+            raise InvalidArgument(f"cpus must be a positive number of CPUs per node or None, got {cpus!r}")
         ok, why = available()
         if not ok:
             raise ClusterError(f"cannot build a cluster here: {why}")
+        if cpus is not None:
+            ok, why = cpulimit.available()
+            if not ok:
+                raise ClusterError(f"cannot give nodes a CPU budget here: {why}")
         remove_stale()
-        self.rate_mbit = rate_mbit
+        self.rate_mbit, self.cpus = rate_mbit, cpus
         base = f"{PREFIX}{os.getpid()}x{next(_count)}"
         self.switch = f"{base}-sw"
         self.nodes = [Node(self, k, f"{base}-{k}", f"{SUBNET}.{k + 1}") for k in range(nodes)]
@@ -194,6 +225,9 @@ class Cluster:
             raise
 
     def _build(self):
+        if self.cpus is not None:
+            for node in self.nodes:
+                node.budget = cpulimit.CpuBudget(self.cpus, name=node.ns)
         # `ip netns exec` shows /etc/netns/<ns>/hosts as /etc/hosts: the nodes know each
         # other as node0, node1, ... (and peers' reverse lookups find a name).
         hosts = "127.0.0.1 localhost\n" + "".join(f"{n.address} node{n.index}\n" for n in self.nodes)
@@ -220,6 +254,10 @@ class Cluster:
                     _tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
                     _tc(ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
                         "rate", rate, "ceil", rate)
+
+    def report(self):
+        """Per node, what was set (link rate, CPU budget) and what it used so far."""
+        return [n.report() for n in self.nodes]
 
     def launch(self, argv, *, nproc_per_node, port, **kwargs):
         """Start `pybridge-launch ... argv` in every node, as on real machines: --nnodes,
@@ -258,6 +296,8 @@ class Cluster:
         self._closed = True
         for node in self.nodes:
             node.kill()
+            if node.budget is not None:
+                node.budget.close()
         for ns in [n.ns for n in self.nodes] + [self.switch]:
             _ip("netns", "del", ns, check=False)
             shutil.rmtree(os.path.join(ETC_NETNS, ns), ignore_errors=True)
