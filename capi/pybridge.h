@@ -85,6 +85,7 @@ extern "C" {
 #define PB_ERR_INTERNAL -8          /* a bug, or the embedded Python core failed to start */
 #define PB_ERR_CLOSED -9            /* the object was closed or finalized */
 #define PB_ERR_MEMBERSHIP -10       /* elastic: ranks were lost or joined; reset onto the new world */
+#define PB_ERR_CANCELED -11         /* ended by pb_group_abort or pb_init_abort from another thread */
 
 /* ---- Element types (pb_tensor.dtype) ---------------------------------------- */
 #define PB_FLOAT32 0
@@ -228,6 +229,37 @@ int pb_finalize(pb_group *group);
 int pb_rank(pb_group *group, int32_t *out);
 int pb_size(pb_group *group, int32_t *out);
 int pb_local_rank(pb_group *group, int32_t *out);
+
+/* Where this process sits in its job, by the rule pb_init follows when rank, world_size
+ * and local_rank are -1: the launcher's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+ * else SLURM's (srun), Open MPI's (mpirun) or PMI's variables; the rendezvous from
+ * MASTER_ADDR and MASTER_PORT, else as srun and mpirun imply it. *local_rank is the rank
+ * when nothing says (as pb_init assumes), *local_world_size -1, *master_port -1 and
+ * master_addr "" when nothing says. master_addr receives at most master_addr_size bytes
+ * with the terminating NUL (NULL with size 0: not wanted). Needs no process group.
+ * Errors: PB_ERR_INVALID_ARGUMENT, naming the variables, when rank and world size are
+ * unknown, a variable is not an integer, a launcher's variable and a scheduler's
+ * disagree, or the address does not fit. */
+int pb_job_env(int32_t *rank, int32_t *world_size, int32_t *local_rank, int32_t *local_world_size,
+               char *master_addr, int32_t master_addr_size, int32_t *master_port);
+
+/* Abort `group` from any thread, as torch's ProcessGroup abort: a call blocked on it or on
+ * one of its subgroups (a collective, a barrier, a point-to-point message, an
+ * asynchronous operation's wait, a reducer's buckets, a subgroup's creation, a federated
+ * server's or worker's wait) returns PB_ERR_CANCELED at once, and every later call on them
+ * returns PB_ERR_CLOSED naming `reason` (NULL: "aborted"). gloo cannot cancel an operation:
+ * the group's connections are shut down, so that its peers' calls that wait on this rank
+ * fail too (PB_ERR_COMM); an NCCL communicator is aborted (ncclCommAbort). The handle stays
+ * to be released (pb_finalize, pb_group_close); aborting again does nothing. What is
+ * local (a loader's files, a checkpoint's write) is not interrupted. */
+int pb_group_abort(pb_group *group, const char *reason);
+
+/* End the pb_init, pb_init_v2, pb_elastic_init or pb_state_reset that another thread of
+ * this process has in progress: its waits for peers and for the store return
+ * PB_ERR_CANCELED, and a world it already formed is aborted as by pb_group_abort and left.
+ * With none in progress it does nothing (call it again if the other thread may not have
+ * started yet). */
+int pb_init_abort(const char *reason);
 
 /* ---- Subgroups ------------------------------------------------------------------
  * A subgroup is a pb_group like the world: every function that takes a group takes a

@@ -114,14 +114,19 @@ func (w *Work) Wait(timeout time.Duration) error {
 	return check(w.op+".Wait", C.pbgo_work_wait(h, C.double(secs), &msg), msg)
 }
 
-// WaitContext is Wait that also returns when ctx is done, with ctx's error
-// (context.Canceled, or DeadlineExceeded), as database/sql's QueryContext does.
-// A collective cannot be cancelled once posted: the operation goes on, and a
-// later Wait or Test reports its result. A ctx without deadline still waits at
-// most the group's timeout.
+// WaitContext is Wait that also returns when ctx is done, with ErrCanceled
+// wrapping ctx's error (errors.Is(err, context.DeadlineExceeded) or
+// context.Canceled), as database/sql's QueryContext does. Waiting can be given up
+// without aborting anything: the operation goes on, and a later Wait or Test
+// reports its result. A ctx without deadline still waits at most the group's
+// timeout.
 func (w *Work) WaitContext(ctx context.Context) error {
+	op := "Work.WaitContext"
+	if w != nil && w.op != "" {
+		op = w.op + ".WaitContext"
+	}
 	for {
-		if err := ctx.Err(); err != nil {
+		if err := waitEnded(ctx, op, "the operation goes on: a later Wait or Test reports its result"); err != nil {
 			return err
 		}
 		err := w.Wait(waitSlice)
@@ -138,6 +143,18 @@ func (w *Work) WaitContext(ctx context.Context) error {
 
 // waitSlice: how often WaitContext looks at its context.
 const waitSlice = 20 * time.Millisecond
+
+// waitEnded is the error of a wait (WaitContext) that ctx ended, nil while ctx goes on;
+// after says what becomes of what was waited for.
+func waitEnded(ctx context.Context, op, after string) error {
+	if ctx == nil {
+		return newError(statusInvalidArgument, op, "nil Context (pass context.Background())")
+	}
+	if err := ctx.Err(); err != nil {
+		return &Error{Status: statusCanceled, Op: op, Msg: context.Cause(ctx).Error() + "; " + after, Err: err}
+	}
+	return nil
+}
 
 // Test reports without blocking whether the operation has finished, and its
 // error if it finished with one. Poll until done is true or err is non-nil.

@@ -6,6 +6,7 @@ package pybridge
 import "C"
 
 import (
+	"context"
 	"runtime"
 	"unsafe"
 )
@@ -34,10 +35,32 @@ type ckTensor struct {
 	dtype C.int32_t
 }
 
+// CheckpointOption configures NewCheckpoint.
+type CheckpointOption func(*Checkpoint)
+
+// WithKeep sets how many checkpoints Save keeps in the folder, the newest (0: all;
+// default 2).
+func WithKeep(n int) CheckpointOption { return func(c *Checkpoint) { c.keep = n } }
+
+// WithLoader makes Save store l's position (a StaticPartition loader) and Restore
+// continue the saved epoch: the records no rank had read, shared over the ranks of
+// l's group, however many there are now.
+func WithLoader(l *Loader) CheckpointOption { return func(c *Checkpoint) { c.loader = l } }
+
+// WithReducer makes the checkpoint hold r's iteration and hook step counters.
+func WithReducer(r *Reducer) CheckpointOption { return func(c *Checkpoint) { c.reducer = r } }
+
 // NewCheckpoint returns a checkpoint of the folder dir, restored over group
-// g (nil: this process alone). Save keeps the newest 2 checkpoints (SetKeep).
-func NewCheckpoint(g *Group, dir string) *Checkpoint {
-	return &Checkpoint{group: g, dir: dir, keep: 2}
+// g (nil: this process alone), configured by opts (WithKeep, WithLoader,
+// WithReducer). Register its slices with AddTensor.
+func NewCheckpoint(g *Group, dir string, opts ...CheckpointOption) *Checkpoint {
+	c := &Checkpoint{group: g, dir: dir, keep: 2}
+	for _, o := range opts {
+		if o != nil {
+			o(c)
+		}
+	}
+	return c
 }
 
 // AddTensor registers data under name (distinct, non-empty): Save stores it
@@ -61,15 +84,19 @@ func AddTensor[T Numeric](c *Checkpoint, name string, data []T) error {
 	return nil
 }
 
-// SetLoader makes Save store l's position (a StaticPartition loader) and
-// Restore continue the saved epoch: the records no rank had read, shared over
-// the ranks of l's group, however many there are now.
+// SetLoader is WithLoader after creation.
+//
+// Deprecated: pass WithLoader to NewCheckpoint.
 func (c *Checkpoint) SetLoader(l *Loader) { c.loader = l }
 
-// SetReducer makes the checkpoint hold r's iteration and hook step counters.
+// SetReducer is WithReducer after creation.
+//
+// Deprecated: pass WithReducer to NewCheckpoint.
 func (c *Checkpoint) SetReducer(r *Reducer) { c.reducer = r }
 
-// SetKeep sets how many checkpoints Save keeps in the folder, the newest (0: all).
+// SetKeep is WithKeep after creation.
+//
+// Deprecated: pass WithKeep to NewCheckpoint.
 func (c *Checkpoint) SetKeep(n int) { c.keep = n }
 
 // call runs fn with the C view of the registered state: names in C memory,
@@ -135,15 +162,27 @@ func (c *Checkpoint) call(op string, fn func(dir *C.char, n C.int32_t, names **C
 // folder, or every rank with a folder each), after the step whose batches the
 // loader handed out.
 func (c *Checkpoint) Save(step int64) error {
-	const op = "Checkpoint.Save"
+	return c.save(context.Background(), "Checkpoint.Save", step)
+}
+
+// SaveContext is Save under ctx (see Contexts): a ctx already done writes nothing.
+// A write once started is not interrupted (it waits on no other process), so that
+// no checkpoint is left half written.
+func (c *Checkpoint) SaveContext(ctx context.Context, step int64) error {
+	return c.save(ctx, "Checkpoint.SaveContext", step)
+}
+
+func (c *Checkpoint) save(ctx context.Context, op string, step int64) error {
 	return c.call(op, func(dir *C.char, n C.int32_t, names **C.char, descs *C.pb_tensor,
 		l *C.pb_loader, r *C.pb_reducer) error {
 		keep, err := toInt32(op, "keep", c.keep)
 		if err != nil {
 			return err
 		}
-		var msg *C.char
-		return check(op, C.pbgo_checkpoint_save(dir, C.int64_t(step), n, names, descs, l, r, keep, &msg), msg)
+		return underContext(ctx, op, nil, func() error {
+			var msg *C.char
+			return check(op, C.pbgo_checkpoint_save(dir, C.int64_t(step), n, names, descs, l, r, keep, &msg), msg)
+		})
 	})
 }
 
@@ -153,18 +192,31 @@ func (c *Checkpoint) Save(step int64) error {
 // its step; found is false, and nothing changed, when no rank holds one. It is
 // a collective over the group.
 func (c *Checkpoint) Restore() (step int64, found bool, err error) {
-	const op = "Checkpoint.Restore"
+	return c.restore(context.Background(), "Checkpoint.Restore")
+}
+
+// RestoreContext is Restore under ctx (see Contexts): a ctx that ends while it
+// waits for the group aborts it (without a group, ctx only gates the start).
+func (c *Checkpoint) RestoreContext(ctx context.Context) (step int64, found bool, err error) {
+	return c.restore(ctx, "Checkpoint.RestoreContext")
+}
+
+func (c *Checkpoint) restore(ctx context.Context, op string) (step int64, found bool, err error) {
 	var gh *C.pb_group
+	var g *Group
 	if c != nil && c.group != nil {
 		if gh, err = c.group.handle(op); err != nil {
 			return -1, false, err
 		}
+		g = c.group
 	}
 	var out C.int64_t = -1
 	err = c.call(op, func(dir *C.char, n C.int32_t, names **C.char, descs *C.pb_tensor,
 		l *C.pb_loader, r *C.pb_reducer) error {
-		var msg *C.char
-		return check(op, C.pbgo_checkpoint_restore(gh, dir, n, names, descs, l, r, &out, &msg), msg)
+		return underContext(ctx, op, g, func() error {
+			var msg *C.char
+			return check(op, C.pbgo_checkpoint_restore(gh, dir, n, names, descs, l, r, &out, &msg), msg)
+		})
 	})
 	if err != nil {
 		return -1, false, err

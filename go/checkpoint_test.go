@@ -111,12 +111,11 @@ func roleCheckpoint() error {
 		return err
 	}
 	defer l.Close()
-	c := pybridge.NewCheckpoint(g, filepath.Join(dir, "ck", "rank"+strconv.Itoa(g.Rank())))
+	c := pybridge.NewCheckpoint(g, filepath.Join(dir, "ck", "rank"+strconv.Itoa(g.Rank())), pybridge.WithLoader(l))
 	total := []float64{0} // records trained on so far, over all ranks
 	if err := pybridge.AddTensor(c, "total", total); err != nil {
 		return err
 	}
-	c.SetLoader(l)
 	step, found, err := c.Restore()
 	if err != nil {
 		return err

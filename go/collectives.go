@@ -6,17 +6,10 @@ package pybridge
 import "C"
 
 import (
-	"reflect"
+	"context"
 	"strconv"
 	"unsafe"
 )
-
-// Numeric is the set of element types that collectives accept: the eight
-// dtypes of the C ABI. Types defined over the built-in ones (type T float32)
-// are accepted too; half-precision data uses Float16 and BFloat16.
-type Numeric interface {
-	~float32 | ~float64 | ~int8 | ~uint8 | ~int32 | ~int64 | Float16 | BFloat16
-}
 
 // Op is a reduction operation.
 type Op int32
@@ -46,44 +39,6 @@ func (o Op) String() string {
 	return "Op(" + strconv.Itoa(int(o)) + ")"
 }
 
-// Element type codes of pybridge.h.
-const (
-	dtFloat32  = C.PB_FLOAT32
-	dtFloat64  = C.PB_FLOAT64
-	dtFloat16  = C.PB_FLOAT16
-	dtBFloat16 = C.PB_BFLOAT16
-	dtInt8     = C.PB_INT8
-	dtUint8    = C.PB_UINT8
-	dtInt32    = C.PB_INT32
-	dtInt64    = C.PB_INT64
-)
-
-// dtypeOf maps T to its C dtype code. Float16 and BFloat16 share uint16 as
-// their underlying type, so they are told apart by name before the kind decides.
-func dtypeOf[T Numeric]() C.int32_t {
-	var zero T
-	switch any(zero).(type) {
-	case Float16:
-		return dtFloat16
-	case BFloat16:
-		return dtBFloat16
-	}
-	switch reflect.TypeOf(zero).Kind() {
-	case reflect.Float32:
-		return dtFloat32
-	case reflect.Float64:
-		return dtFloat64
-	case reflect.Int8:
-		return dtInt8
-	case reflect.Uint8:
-		return dtUint8
-	case reflect.Int32:
-		return dtInt32
-	default: // reflect.Int64: the constraint admits nothing else
-		return dtInt64
-	}
-}
-
 // dataOf returns the address of s's first element, or nil for an empty slice
 // (the C ABI accepts NULL only with a zero count). The memory is passed to C
 // for the duration of one call, which cgo allows for pointer-free element types.
@@ -100,14 +55,25 @@ func dataOf[T Numeric](s []T) (unsafe.Pointer, C.int64_t) {
 // All ranks must call collectives in the same order; when several goroutines
 // call them, the program must impose that order.
 func AllReduce[T Numeric](g *Group, data []T, op Op) error {
-	const name = "AllReduce"
+	return allReduce(context.Background(), "AllReduce", g, data, op)
+}
+
+// AllReduceContext is AllReduce under ctx (see Contexts): a ctx that ends while
+// it waits aborts g.
+func AllReduceContext[T Numeric](ctx context.Context, g *Group, data []T, op Op) error {
+	return allReduce(ctx, "AllReduceContext", g, data, op)
+}
+
+func allReduce[T Numeric](ctx context.Context, name string, g *Group, data []T, op Op) error {
 	h, err := g.handle(name)
 	if err != nil {
 		return err
 	}
 	p, n := dataOf(data)
-	var msg *C.char
-	return check(name, C.pbgo_all_reduce_slice(h, p, n, dtypeOf[T](), C.int32_t(op), &msg), msg)
+	return g.run(ctx, name, func() error {
+		var msg *C.char
+		return check(name, C.pbgo_all_reduce_slice(h, p, n, dtypeOf[T](), C.int32_t(op), &msg), msg)
+	})
 }
 
 // Broadcast copies data from rank root into data on every rank, in place.
@@ -116,7 +82,16 @@ func AllReduce[T Numeric](g *Group, data []T, op Op) error {
 // All ranks must call collectives in the same order; when several goroutines
 // call them, the program must impose that order.
 func Broadcast[T Numeric](g *Group, data []T, root int) error {
-	const name = "Broadcast"
+	return broadcast(context.Background(), "Broadcast", g, data, root)
+}
+
+// BroadcastContext is Broadcast under ctx (see Contexts): a ctx that ends while
+// it waits aborts g.
+func BroadcastContext[T Numeric](ctx context.Context, g *Group, data []T, root int) error {
+	return broadcast(ctx, "BroadcastContext", g, data, root)
+}
+
+func broadcast[T Numeric](ctx context.Context, name string, g *Group, data []T, root int) error {
 	h, err := g.handle(name)
 	if err != nil {
 		return err
@@ -126,8 +101,10 @@ func Broadcast[T Numeric](g *Group, data []T, root int) error {
 		return err
 	}
 	p, n := dataOf(data)
-	var msg *C.char
-	return check(name, C.pbgo_broadcast_slice(h, p, n, dtypeOf[T](), r, &msg), msg)
+	return g.run(ctx, name, func() error {
+		var msg *C.char
+		return check(name, C.pbgo_broadcast_slice(h, p, n, dtypeOf[T](), r, &msg), msg)
+	})
 }
 
 // AllGather concatenates every rank's send slice, in rank order, into recv on
@@ -136,7 +113,17 @@ func Broadcast[T Numeric](g *Group, data []T, root int) error {
 // All ranks must call collectives in the same order; when several goroutines
 // call them, the program must impose that order.
 func AllGather[T Numeric](g *Group, send, recv []T) error {
-	return sendRecv(g, "AllGather", send, recv, func(h *C.pb_group, ps unsafe.Pointer, ns C.int64_t,
+	return allGather(context.Background(), "AllGather", g, send, recv)
+}
+
+// AllGatherContext is AllGather under ctx (see Contexts): a ctx that ends while
+// it waits aborts g.
+func AllGatherContext[T Numeric](ctx context.Context, g *Group, send, recv []T) error {
+	return allGather(ctx, "AllGatherContext", g, send, recv)
+}
+
+func allGather[T Numeric](ctx context.Context, name string, g *Group, send, recv []T) error {
+	return sendRecv(ctx, g, name, send, recv, func(h *C.pb_group, ps unsafe.Pointer, ns C.int64_t,
 		pr unsafe.Pointer, nr C.int64_t, dt C.int32_t, msg **C.char) C.int {
 		return C.pbgo_all_gather_slice(h, ps, ns, pr, nr, dt, msg)
 	})
@@ -148,7 +135,17 @@ func AllGather[T Numeric](g *Group, send, recv []T) error {
 // All ranks must call collectives in the same order; when several goroutines
 // call them, the program must impose that order.
 func ReduceScatter[T Numeric](g *Group, send, recv []T, op Op) error {
-	return sendRecv(g, "ReduceScatter", send, recv, func(h *C.pb_group, ps unsafe.Pointer, ns C.int64_t,
+	return reduceScatter(context.Background(), "ReduceScatter", g, send, recv, op)
+}
+
+// ReduceScatterContext is ReduceScatter under ctx (see Contexts): a ctx that ends
+// while it waits aborts g.
+func ReduceScatterContext[T Numeric](ctx context.Context, g *Group, send, recv []T, op Op) error {
+	return reduceScatter(ctx, "ReduceScatterContext", g, send, recv, op)
+}
+
+func reduceScatter[T Numeric](ctx context.Context, name string, g *Group, send, recv []T, op Op) error {
+	return sendRecv(ctx, g, name, send, recv, func(h *C.pb_group, ps unsafe.Pointer, ns C.int64_t,
 		pr unsafe.Pointer, nr C.int64_t, dt C.int32_t, msg **C.char) C.int {
 		return C.pbgo_reduce_scatter_slice(h, ps, ns, pr, nr, dt, C.int32_t(op), msg)
 	})
@@ -156,7 +153,7 @@ func ReduceScatter[T Numeric](g *Group, send, recv []T, op Op) error {
 
 // sendRecv makes a collective that reads send and writes recv (AllGather,
 // ReduceScatter) on g's handle.
-func sendRecv[T Numeric](g *Group, name string, send, recv []T,
+func sendRecv[T Numeric](ctx context.Context, g *Group, name string, send, recv []T,
 	call func(*C.pb_group, unsafe.Pointer, C.int64_t, unsafe.Pointer, C.int64_t, C.int32_t, **C.char) C.int) error {
 	h, err := g.handle(name)
 	if err != nil {
@@ -164,8 +161,10 @@ func sendRecv[T Numeric](g *Group, name string, send, recv []T,
 	}
 	ps, ns := dataOf(send)
 	pr, nr := dataOf(recv)
-	var msg *C.char
-	return check(name, call(h, ps, ns, pr, nr, dtypeOf[T](), &msg), msg)
+	return g.run(ctx, name, func() error {
+		var msg *C.char
+		return check(name, call(h, ps, ns, pr, nr, dtypeOf[T](), &msg), msg)
+	})
 }
 
 // Send sends data to rank dst and returns when it has been handed over. It
@@ -174,7 +173,17 @@ func sendRecv[T Numeric](g *Group, name string, send, recv []T,
 // Point-to-point calls between two ranks must be issued in matching order on
 // both, like collectives.
 func Send[T Numeric](g *Group, data []T, dst, tag int) error {
-	return pointToPoint(g, "Send", "destination", data, dst, tag, func(h *C.pb_group, p unsafe.Pointer,
+	return send(context.Background(), "Send", g, data, dst, tag)
+}
+
+// SendContext is Send under ctx (see Contexts): a ctx that ends while it waits
+// for dst aborts g.
+func SendContext[T Numeric](ctx context.Context, g *Group, data []T, dst, tag int) error {
+	return send(ctx, "SendContext", g, data, dst, tag)
+}
+
+func send[T Numeric](ctx context.Context, name string, g *Group, data []T, dst, tag int) error {
+	return pointToPoint(ctx, g, name, "destination", data, dst, tag, func(h *C.pb_group, p unsafe.Pointer,
 		n C.int64_t, dt, peer, tag C.int32_t, msg **C.char) C.int {
 		return C.pbgo_send_slice(h, p, n, dt, peer, tag, msg)
 	})
@@ -185,7 +194,17 @@ func Send[T Numeric](g *Group, data []T, dst, tag int) error {
 // Point-to-point calls between two ranks must be issued in matching order on
 // both, like collectives.
 func Recv[T Numeric](g *Group, data []T, src, tag int) error {
-	return pointToPoint(g, "Recv", "source", data, src, tag, func(h *C.pb_group, p unsafe.Pointer,
+	return recv(context.Background(), "Recv", g, data, src, tag)
+}
+
+// RecvContext is Recv under ctx (see Contexts): a ctx that ends while it waits
+// for src aborts g.
+func RecvContext[T Numeric](ctx context.Context, g *Group, data []T, src, tag int) error {
+	return recv(ctx, "RecvContext", g, data, src, tag)
+}
+
+func recv[T Numeric](ctx context.Context, name string, g *Group, data []T, src, tag int) error {
+	return pointToPoint(ctx, g, name, "source", data, src, tag, func(h *C.pb_group, p unsafe.Pointer,
 		n C.int64_t, dt, peer, tag C.int32_t, msg **C.char) C.int {
 		return C.pbgo_recv_slice(h, p, n, dt, peer, tag, msg)
 	})
@@ -193,7 +212,7 @@ func Recv[T Numeric](g *Group, data []T, src, tag int) error {
 
 // pointToPoint checks a Send or Recv's group, peer (what: "destination" or
 // "source") and tag, and makes the call on data.
-func pointToPoint[T Numeric](g *Group, name, what string, data []T, peer, tag int,
+func pointToPoint[T Numeric](ctx context.Context, g *Group, name, what string, data []T, peer, tag int,
 	call func(*C.pb_group, unsafe.Pointer, C.int64_t, C.int32_t, C.int32_t, C.int32_t, **C.char) C.int) error {
 	h, err := g.handle(name)
 	if err != nil {
@@ -204,8 +223,10 @@ func pointToPoint[T Numeric](g *Group, name, what string, data []T, peer, tag in
 		return err
 	}
 	p, n := dataOf(data)
-	var msg *C.char
-	return check(name, call(h, p, n, dtypeOf[T](), pr, tg, &msg), msg)
+	return g.run(ctx, name, func() error {
+		var msg *C.char
+		return check(name, call(h, p, n, dtypeOf[T](), pr, tg, &msg), msg)
+	})
 }
 
 // peerAndTag converts a point-to-point call's peer rank and tag for the C ABI.

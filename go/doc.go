@@ -11,8 +11,10 @@
 //
 //	pybridge-launch --nproc-per-node 2 ./prog
 //
-// and call Init with no options; options override the environment.
-// FromLaunchEnv returns the same variables, with the rank's device.
+// and call Init with no options; options override the environment. Started by srun
+// or mpirun instead, with nothing exported, Init reads SLURM's, Open MPI's or PMI's
+// variables. FromLaunchEnv returns what Init reads, by the same rule, with the rank's
+// device.
 //
 // # Collectives
 //
@@ -70,9 +72,57 @@
 // own spans (StartSpanCat(name, CatForward) ... End, WithSpan), instants and
 // scalars (LogScalar); while nothing records, these cost no cgo call.
 //
+// # Options
+//
+// Every constructor takes what it needs and then functional options:
+// Init(WithBackend("gloo")), NewReducer(g, specs, WithHook(HookFP16)),
+// OpenLoader(g, files, 32, WithShuffle(1)), NewCheckpoint(g, dir, WithLoader(l)),
+// NewAverager[float32](g, 8, WithWarmupSteps(100)), NewFedServer[float32](g,
+// WithFedMode(FedBuff)). Where the C ABI takes an options struct, the options fill
+// it after its C *_init function (pb_reducer_options_init, pb_fed_options_init), the
+// one source of the defaults; elsewhere an option not given reaches the library as
+// "not given" and the library decides. WithBackend and WithTimeout are WorldOptions,
+// which Init and ElasticInit both take; WithElasticStore is ElasticInit's alone.
+//
+// # Contexts
+//
+// Every call that waits on other processes has a ...Context variant that takes a
+// context.Context first, as database/sql's QueryContext and net's DialContext do
+// (InitContext, BarrierContext, AllReduceContext, NewReducerContext, Reducer.JoinContext,
+// FedWorker.NextContext, ...); the call without it is that variant with
+// context.Background(). Three rules:
+//
+//   - A context already done starts nothing: the call returns ErrCanceled at once.
+//   - A context that ends while the call waits ends it. The error is an *Error of
+//     status ErrCanceled whose Err is ctx.Err(): errors.Is(err, ErrCanceled) holds, and
+//     so does errors.Is(err, context.DeadlineExceeded) (or context.Canceled). gloo and
+//     NCCL cannot cancel a collective once started, so the call's group is aborted, as
+//     torch's ProcessGroup abort does (pb_group_abort): gloo's connections are shut down,
+//     so that the blocked call returns at once and the peers' calls that wait on this
+//     rank fail (ErrComm); an NCCL communicator is aborted. The group and its subgroups
+//     are of no further use: every later call on them returns ErrClosed saying they were
+//     aborted; close them (the world: Close, and Init again). The group is the one the
+//     call takes; a Reducer's, Averager's, FedServer's and FedWorker's is the group it
+//     was made on, a Checkpoint's and ElasticState's the Checkpoint's.
+//   - InitContext, ElasticInitContext and ElasticState.ResetContext have no group yet
+//     while they wait for the store and their peers: an ended context ends that wait
+//     (pb_init_abort), a world already formed is left, and no group is returned.
+//
+// Waits that can be given up without aborting anything do just that: Work.WaitContext
+// and Reducer.WaitContext return ErrCanceled and the operation goes on, so a later
+// Wait returns its result. Calls that wait on no other process are not interrupted
+// once started, so their context only gates the start: Loader.NextContext,
+// Checkpoint.SaveContext, FedServer.AggregateContext and FedWorker.SubmitContext,
+// SubmitMetricsContext and FailContext. The asynchronous starts (AllReduceAsync, ...)
+// take no context: they return at once (in checked mode once the call is verified,
+// bounded by the group's timeout); wait for them with WaitContext. Each call is tested
+// on 2 ranks with a deadline and the other rank never making its side of the call
+// (go/context_test.go).
+//
 // # Errors
 //
 // Functions return errors (never panic, also for a nil *Group); each is an
 // *Error carrying the library's status code and message, and errors.Is
-// matches it against ErrTimeout, ErrComm, ErrClosed and the other sentinels.
+// matches it against ErrTimeout, ErrComm, ErrClosed, ErrCanceled and the other
+// sentinels, which are constants.
 package pybridge

@@ -6,6 +6,7 @@ package pybridge
 import "C"
 
 import (
+	"context"
 	"errors"
 	"unsafe"
 )
@@ -21,7 +22,9 @@ import (
 // WithElasticStore sets the "host:port" of an elastic job's store for
 // ElasticInit; by default MASTER_ADDR and MASTER_PORT, as pybridge-launch
 // --elastic sets them.
-func WithElasticStore(addr string) Option { return func(c *config) { c.storeAddr = addr } }
+func WithElasticStore(addr string) ElasticOption {
+	return elasticOption(func(c *config) { c.storeAddr = addr })
+}
 
 // ElasticInit joins an elastic job and returns the world group, a Group like
 // Init's. Its size is the launcher's first world (WORLD_SIZE); a process that
@@ -32,22 +35,32 @@ func WithElasticStore(addr string) Option { return func(c *config) { c.storeAddr
 //
 // After ErrMembership the group is closed (its calls return ErrClosed):
 // ElasticState.Reset returns the new one. Close the newest group at the end.
-func ElasticInit(opts ...Option) (*Group, error) {
-	const op = "ElasticInit"
-	c := configure(opts)
-	if c.initMethod != "" || c.rank != -1 || c.worldSize != -1 || c.localRank != -1 || c.checked || c.watchdog != 0 {
-		return nil, newError(statusInvalidArgument, op, "takes WithBackend, WithTimeout and WithElasticStore only "+
-			"(the launcher gives ranks and sizes; checked mode and the watchdog are not supported)")
+func ElasticInit(opts ...ElasticOption) (*Group, error) {
+	return elasticInit(context.Background(), "ElasticInit", opts)
+}
+
+// ElasticInitContext is ElasticInit under ctx (see Contexts): a ctx that ends
+// while it waits for the job's world ends it (pb_init_abort) with ErrCanceled.
+func ElasticInitContext(ctx context.Context, opts ...ElasticOption) (*Group, error) {
+	return elasticInit(ctx, "ElasticInitContext", opts)
+}
+
+func elasticInit(ctx context.Context, op string, opts []ElasticOption) (*Group, error) {
+	var c config
+	for _, o := range opts {
+		if o != nil {
+			o.applyElastic(&c)
+		}
 	}
 	backend, store := cStringOrNil(c.backend), cStringOrNil(c.storeAddr)
 	defer C.free(unsafe.Pointer(backend))
 	defer C.free(unsafe.Pointer(store))
 	var h *C.pb_group
-	var msg *C.char
-	if err := check(op, C.pbgo_elastic_init(backend, store, C.double(c.timeout.Seconds()), &h, &msg), msg); err != nil {
-		return nil, err
-	}
-	return newWorld(op, h)
+	err := underContext(ctx, op, joinAborter{}, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_elastic_init(backend, store, C.double(c.timeout.Seconds()), &h, &msg), msg)
+	})
+	return joined(op, h, err)
 }
 
 // ElasticChange describes the latest membership change this process reset after.
@@ -121,7 +134,17 @@ const stateClosed = "elastic state is closed"
 // is made, and Reset rolls back to it (losing no step) and sends it to the
 // joiners. Return the error from the training function to RunElastic.
 func (s *ElasticState) Commit(step int64) error {
-	const op = "ElasticState.Commit"
+	return s.commit(context.Background(), "ElasticState.Commit", step)
+}
+
+// CommitContext is Commit under ctx (see Contexts): a ctx that ends while the
+// commit waits for the other ranks aborts the checkpoint's group (NewCheckpoint's;
+// without one, ctx only gates the start).
+func (s *ElasticState) CommitContext(ctx context.Context, step int64) error {
+	return s.commit(ctx, "ElasticState.CommitContext", step)
+}
+
+func (s *ElasticState) commit(ctx context.Context, op string, step int64) error {
 	if s == nil {
 		return nilError(op, "ElasticState")
 	}
@@ -132,8 +155,10 @@ func (s *ElasticState) Commit(step int64) error {
 	defer s.mu.Unlock()
 	return s.ck.call(op, func(_ *C.char, n C.int32_t, names **C.char, descs *C.pb_tensor,
 		l *C.pb_loader, r *C.pb_reducer) error {
-		var msg *C.char
-		return check(op, C.pbgo_state_commit(h, C.int64_t(step), n, names, descs, l, r, &msg), msg)
+		return underContext(ctx, op, s.ck.group, func() error {
+			var msg *C.char
+			return check(op, C.pbgo_state_commit(h, C.int64_t(step), n, names, descs, l, r, &msg), msg)
+		})
 	})
 }
 
@@ -141,7 +166,7 @@ func (s *ElasticState) Commit(step int64) error {
 // reducer, and returns its step: the steps since are rolled back.
 func (s *ElasticState) Restore() (int64, error) {
 	const op = "ElasticState.Restore"
-	return s.load(op, func(h *C.pb_state, n C.int32_t, names **C.char, descs *C.pb_tensor, l *C.pb_loader,
+	return s.load(context.Background(), op, nil, func(h *C.pb_state, n C.int32_t, names **C.char, descs *C.pb_tensor, l *C.pb_loader,
 		r *C.pb_reducer, step *C.int64_t, msg **C.char) C.int {
 		return C.pbgo_state_restore(h, n, names, descs, l, r, step, msg)
 	})
@@ -151,7 +176,16 @@ func (s *ElasticState) Restore() (int64, error) {
 // own and restores it (root included), and gets its step. A root that has
 // committed nothing yet sends what the registered slices hold now, as step 0.
 func (s *ElasticState) Sync(g *Group, root int) (int64, error) {
-	const op = "ElasticState.Sync"
+	return s.sync(context.Background(), "ElasticState.Sync", g, root)
+}
+
+// SyncContext is Sync under ctx (see Contexts): a ctx that ends while it waits
+// aborts g.
+func (s *ElasticState) SyncContext(ctx context.Context, g *Group, root int) (int64, error) {
+	return s.sync(ctx, "ElasticState.SyncContext", g, root)
+}
+
+func (s *ElasticState) sync(ctx context.Context, op string, g *Group, root int) (int64, error) {
 	gh, err := g.handle(op)
 	if err != nil {
 		return -1, err
@@ -160,8 +194,8 @@ func (s *ElasticState) Sync(g *Group, root int) (int64, error) {
 	if err != nil {
 		return -1, err
 	}
-	return s.load(op, func(h *C.pb_state, n C.int32_t, names **C.char, descs *C.pb_tensor, l *C.pb_loader,
-		r *C.pb_reducer, step *C.int64_t, msg **C.char) C.int {
+	return s.load(ctx, op, g, func(h *C.pb_state, n C.int32_t, names **C.char, descs *C.pb_tensor,
+		l *C.pb_loader, r *C.pb_reducer, step *C.int64_t, msg **C.char) C.int {
 		return C.pbgo_state_sync(h, gh, r32, n, names, descs, l, r, step, msg)
 	})
 }
@@ -177,10 +211,20 @@ func (s *ElasticState) Sync(g *Group, root int) (int64, error) {
 // with ErrInvalidArgument outside an elastic job or when there was no change
 // (the world then stays live).
 func (s *ElasticState) Reset() (*Group, int64, error) {
-	const op = "ElasticState.Reset"
+	return s.reset(context.Background(), "ElasticState.Reset")
+}
+
+// ResetContext is Reset under ctx (see Contexts): a ctx that ends while it waits
+// for the new world ends it (pb_init_abort), aborting the new world if it was
+// formed (the returned group, if any, then says so: close it).
+func (s *ElasticState) ResetContext(ctx context.Context) (*Group, int64, error) {
+	return s.reset(ctx, "ElasticState.ResetContext")
+}
+
+func (s *ElasticState) reset(ctx context.Context, op string) (*Group, int64, error) {
 	var h *C.pb_group
-	step, err := s.load(op, func(sh *C.pb_state, n C.int32_t, names **C.char, descs *C.pb_tensor, l *C.pb_loader,
-		r *C.pb_reducer, step *C.int64_t, msg **C.char) C.int {
+	step, err := s.load(ctx, op, joinAborter{}, func(sh *C.pb_state, n C.int32_t, names **C.char,
+		descs *C.pb_tensor, l *C.pb_loader, r *C.pb_reducer, step *C.int64_t, msg **C.char) C.int {
 		return C.pbgo_state_reset(sh, n, names, descs, l, r, &h, step, msg)
 	})
 	if h == nil { // still on the old world
@@ -195,9 +239,13 @@ func (s *ElasticState) Reset() (*Group, int64, error) {
 		s.ck.group = g
 	}
 	if r := s.ck.reducer; r != nil {
+		r.group = g
 		if rerr := r.reread(op); rerr != nil && err == nil {
 			err = rerr
 		}
+	}
+	if l := s.ck.loader; l != nil && l.group != nil {
+		l.group = g
 	}
 	return g, step, err
 }
@@ -214,11 +262,24 @@ func (s *ElasticState) Reset() (*Group, int64, error) {
 // a resumed run goes on from a checkpoint. No callback crosses from the library
 // into Go: the loop is here.
 func RunElastic(st *ElasticState, g *Group, train func(g *Group, step int64) error) (*Group, error) {
-	const op = "RunElastic"
+	return runElastic(context.Background(), "RunElastic", st, g, train)
+}
+
+// RunElasticContext is RunElastic with ctx given to its Sync and Reset
+// (SyncContext, ResetContext): a ctx that ends while they wait ends RunElastic
+// with ErrCanceled. train is not given ctx: it uses the ...Context calls with its
+// own, and returns their errors.
+func RunElasticContext(ctx context.Context, st *ElasticState, g *Group,
+	train func(g *Group, step int64) error) (*Group, error) {
+	return runElastic(ctx, "RunElasticContext", st, g, train)
+}
+
+func runElastic(ctx context.Context, op string, st *ElasticState, g *Group,
+	train func(g *Group, step int64) error) (*Group, error) {
 	if train == nil {
 		return g, newError(statusInvalidArgument, op, "nil train function")
 	}
-	step, err := st.Sync(g, 0)
+	step, err := st.SyncContext(ctx, g, 0)
 	for {
 		if err == nil {
 			if err = train(g, step); err == nil {
@@ -229,7 +290,7 @@ func RunElastic(st *ElasticState, g *Group, train func(g *Group, step int64) err
 			return g, err
 		}
 		var next *Group
-		if next, step, err = st.Reset(); next != nil {
+		if next, step, err = st.ResetContext(ctx); next != nil {
 			g = next
 		}
 	}
@@ -245,8 +306,11 @@ func finishElastic(op string, g *Group) error {
 	return check(op, C.pbgo_elastic_finish(h, &msg), msg)
 }
 
-func (s *ElasticState) load(op string, fn func(h *C.pb_state, n C.int32_t, names **C.char, descs *C.pb_tensor,
-	l *C.pb_loader, r *C.pb_reducer, step *C.int64_t, msg **C.char) C.int) (int64, error) {
+// load makes the call fn, which loads state into the registered slices, under ctx
+// (abort: what ends it).
+func (s *ElasticState) load(ctx context.Context, op string, abort aborter, fn func(h *C.pb_state,
+	n C.int32_t, names **C.char, descs *C.pb_tensor, l *C.pb_loader, r *C.pb_reducer, step *C.int64_t,
+	msg **C.char) C.int) (int64, error) {
 	if s == nil {
 		return -1, nilError(op, "ElasticState")
 	}
@@ -258,8 +322,10 @@ func (s *ElasticState) load(op string, fn func(h *C.pb_state, n C.int32_t, names
 	var step C.int64_t = -1
 	err = s.ck.call(op, func(_ *C.char, n C.int32_t, names **C.char, descs *C.pb_tensor,
 		l *C.pb_loader, r *C.pb_reducer) error {
-		var msg *C.char
-		return check(op, fn(h, n, names, descs, l, r, &step, &msg), msg)
+		return underContext(ctx, op, abort, func() error {
+			var msg *C.char
+			return check(op, fn(h, n, names, descs, l, r, &step, &msg), msg)
+		})
 	})
 	return int64(step), err
 }

@@ -78,15 +78,21 @@ func roleElastic() error {
 	return nil
 }
 
-// ElasticInit refuses the options it cannot honour before calling the library.
+// ElasticInit takes the options it can honour and no other (a compile-time check:
+// Init's own options are not ElasticOptions), and WithElasticStore is not Init's.
 func TestElasticInitOptions(t *testing.T) {
 	for name, o := range map[string]pybridge.Option{"rank": pybridge.WithRank(1), "checked": pybridge.WithChecked(),
-		"init method": pybridge.WithInitMethod("env://")} {
-		g, err := pybridge.ElasticInit(o)
-		if g != nil || !errors.Is(err, pybridge.ErrInvalidArgument) || !strings.Contains(err.Error(), "WithElasticStore only") {
-			t.Errorf("%s: %v, %v", name, g, err)
+		"init method": pybridge.WithInitMethod("env://"), "watchdog": pybridge.WithWatchdog(0),
+		"world size": pybridge.WithWorldSize(2), "local rank": pybridge.WithLocalRank(0)} {
+		if _, ok := o.(pybridge.ElasticOption); ok {
+			t.Errorf("%s is an ElasticOption: ElasticInit would take it", name)
 		}
 	}
+	if _, ok := pybridge.WithElasticStore("h:1").(pybridge.Option); ok {
+		t.Error("WithElasticStore is an Option: Init would take it and ignore it")
+	}
+	var _ []pybridge.ElasticOption = []pybridge.ElasticOption{pybridge.WithBackend("gloo"), // both take them
+		pybridge.WithTimeout(time.Second), pybridge.WithElasticStore("h:1")}
 	if _, err := pybridge.RunElastic(nil, nil, nil); !errors.Is(err, pybridge.ErrInvalidArgument) {
 		t.Errorf("RunElastic with a nil train: %v", err)
 	}

@@ -16,9 +16,13 @@ import (
 // Error is a failure reported by the C library (or detected by this package
 // before calling it). Status is the C status code (a negative PB_ERR_* value),
 // Op the Go function that failed, and Msg the library's description, naming Go's
-// functions, types and constants (goNames).
+// functions, types and constants (goNames). Err is the cause this package wraps,
+// if any: the context's error (context.Canceled or context.DeadlineExceeded) of a
+// call whose context ended (Status is then PB_ERR_CANCELED; see Contexts in the
+// package documentation).
 //
-// Compare with the sentinel errors using errors.Is, which matches on Status:
+// Compare with the sentinel errors using errors.Is, which matches on Status (and
+// on Err: errors.Is(err, context.DeadlineExceeded)):
 //
 //	if errors.Is(err, pybridge.ErrTimeout) { ... }
 //
@@ -27,6 +31,7 @@ type Error struct {
 	Status int
 	Op     string
 	Msg    string
+	Err    error
 }
 
 // Status codes: pybridge.h's, the one source of every ABI constant.
@@ -42,25 +47,62 @@ const (
 	statusInternal           = C.PB_ERR_INTERNAL
 	statusClosed             = C.PB_ERR_CLOSED
 	statusMembership         = C.PB_ERR_MEMBERSHIP
+	statusCanceled           = C.PB_ERR_CANCELED
 )
+
+// sentinel is the type of the sentinel errors: they are constants, so no program can
+// reassign them, and errors.Is matches every *Error of their status against them.
+type sentinel int
 
 // Sentinel errors, one per C status code. Returned errors are *Error values
 // that match these with errors.Is.
-var (
-	ErrInvalidArgument    = &Error{Status: statusInvalidArgument, Msg: "invalid argument"}
-	ErrNotInitialized     = &Error{Status: statusNotInitialized, Msg: "process group not initialized"}
-	ErrAlreadyInitialized = &Error{Status: statusAlreadyInitialized, Msg: "process group already initialized"}
-	ErrTimeout            = &Error{Status: statusTimeout, Msg: "timeout"}
-	ErrComm               = &Error{Status: statusComm, Msg: "communication failure"}
-	ErrIO                 = &Error{Status: statusIO, Msg: "I/O error"}
-	ErrCorrupt            = &Error{Status: statusCorrupt, Msg: "corrupt data"}
-	ErrInternal           = &Error{Status: statusInternal, Msg: "internal error"}
-	ErrClosed             = &Error{Status: statusClosed, Msg: "closed"}
+const (
+	ErrInvalidArgument    sentinel = statusInvalidArgument
+	ErrNotInitialized     sentinel = statusNotInitialized
+	ErrAlreadyInitialized sentinel = statusAlreadyInitialized
+	ErrTimeout            sentinel = statusTimeout
+	ErrComm               sentinel = statusComm
+	ErrIO                 sentinel = statusIO
+	ErrCorrupt            sentinel = statusCorrupt
+	ErrInternal           sentinel = statusInternal
+	ErrClosed             sentinel = statusClosed
 	// ErrMembership: in an elastic world (ElasticInit) ranks were lost or new ones
 	// wait to join; the next world is agreed on. Not a failure: ElasticState.Reset
 	// moves onto it (RunElastic does that for you).
-	ErrMembership = &Error{Status: statusMembership, Msg: "elastic membership changed"}
+	ErrMembership sentinel = statusMembership
+	// ErrCanceled: the call's context ended (errors.Is(err, context.Canceled) or
+	// context.DeadlineExceeded tells which); a call that had started aborted its group
+	// (see Contexts in the package documentation).
+	ErrCanceled sentinel = statusCanceled
 )
+
+func (s sentinel) Error() string {
+	switch s {
+	case ErrInvalidArgument:
+		return "pybridge: invalid argument"
+	case ErrNotInitialized:
+		return "pybridge: process group not initialized"
+	case ErrAlreadyInitialized:
+		return "pybridge: process group already initialized"
+	case ErrTimeout:
+		return "pybridge: timeout"
+	case ErrComm:
+		return "pybridge: communication failure"
+	case ErrIO:
+		return "pybridge: I/O error"
+	case ErrCorrupt:
+		return "pybridge: corrupt data"
+	case ErrInternal:
+		return "pybridge: internal error"
+	case ErrClosed:
+		return "pybridge: closed"
+	case ErrMembership:
+		return "pybridge: elastic membership changed"
+	case ErrCanceled:
+		return "pybridge: canceled"
+	}
+	return "pybridge: " + StatusName(int(s))
+}
 
 // StatusName returns the C constant name of a status code, e.g. "PB_ERR_TIMEOUT".
 func StatusName(status int) string {
@@ -81,12 +123,23 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("pybridge: %s: %s [%s]", e.Op, msg, StatusName(e.Status))
 }
 
-// Is reports whether target is an *Error with the same status, so that
-// errors.Is(err, ErrTimeout) holds for every timeout whatever its message.
+// Is reports whether target is a sentinel (or an *Error) with the same status, so
+// that errors.Is(err, ErrTimeout) holds for every timeout whatever its message.
 func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t != nil && e != nil && t.Status == e.Status
+	if e == nil {
+		return false
+	}
+	switch t := target.(type) {
+	case sentinel:
+		return e.Status == int(t)
+	case *Error:
+		return t != nil && t.Status == e.Status
+	}
+	return false
 }
+
+// Unwrap returns the cause this package wrapped (a context's error), or nil.
+func (e *Error) Unwrap() error { return e.Err }
 
 // newError builds an error that this package detects itself.
 func newError(status int, op, format string, args ...any) error {
@@ -146,6 +199,7 @@ var goNames = map[string]string{
 	"pb_fed_worker_submit":      "FedWorker.Submit",
 	"pb_fed_worker_fail":        "FedWorker.Fail",
 	"pb_observe_start":          "StartObserve",
+	"pb_job_env":                "FromLaunchEnv",
 	// handle types
 	"pb_group":      "Group",
 	"pb_buffer":     "Buffer",
@@ -176,6 +230,7 @@ var goNames = map[string]string{
 	"PB_ERR_INTERNAL":            "ErrInternal",
 	"PB_ERR_CLOSED":              "ErrClosed",
 	"PB_ERR_MEMBERSHIP":          "ErrMembership",
+	"PB_ERR_CANCELED":            "ErrCanceled",
 	// settings: the options that set them
 	"bucket_cap_mb":       "WithBucketCapMB",
 	"first_bucket_cap_mb": "WithFirstBucketCapMB",

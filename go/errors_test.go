@@ -15,26 +15,27 @@ import (
 )
 
 func TestErrorIs(t *testing.T) {
-	sentinels := []*pybridge.Error{
+	sentinels := []error{
 		pybridge.ErrInvalidArgument, pybridge.ErrNotInitialized, pybridge.ErrAlreadyInitialized,
 		pybridge.ErrTimeout, pybridge.ErrComm, pybridge.ErrIO, pybridge.ErrCorrupt,
-		pybridge.ErrInternal, pybridge.ErrClosed, pybridge.ErrMembership,
+		pybridge.ErrInternal, pybridge.ErrClosed, pybridge.ErrMembership, pybridge.ErrCanceled,
 	}
 	for i, s := range sentinels {
-		if want := -(i + 1); s.Status != want {
-			t.Errorf("%v has status %d, want %d", s, s.Status, want)
+		status := -(i + 1) // the sentinels are the statuses -1, -2, ... in order
+		if !errors.Is(&pybridge.Error{Status: status}, s) || errors.Is(&pybridge.Error{Status: status - 1}, s) {
+			t.Errorf("%v does not match exactly status %d", s, status)
 		}
-		err := fmt.Errorf("training step: %w", &pybridge.Error{Status: s.Status, Op: "AllReduce", Msg: "boom"})
+		err := fmt.Errorf("training step: %w", &pybridge.Error{Status: status, Op: "AllReduce", Msg: "boom"})
 		for j, other := range sentinels {
 			if got := errors.Is(err, other); got != (i == j) {
-				t.Errorf("errors.Is(status %d, %v) = %v", s.Status, other, got)
+				t.Errorf("errors.Is(status %d, %v) = %v", status, other, got)
 			}
 		}
 		var pe *pybridge.Error
 		if !errors.As(err, &pe) || pe.Op != "AllReduce" || pe.Msg != "boom" {
 			t.Errorf("errors.As lost the details: %#v", pe)
 		}
-		if !strings.Contains(err.Error(), "boom") || !strings.Contains(err.Error(), pybridge.StatusName(s.Status)) {
+		if !strings.Contains(err.Error(), "boom") || !strings.Contains(err.Error(), pybridge.StatusName(status)) {
 			t.Errorf("message %q lacks the message or status name", err)
 		}
 	}

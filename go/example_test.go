@@ -150,7 +150,7 @@ func ExampleAverager() {
 	g := singleRank()
 	defer g.Close()
 	w := []float32{1, 2}
-	avg, err := pybridge.NewAverager[float32](g, 4, 2)
+	avg, err := pybridge.NewAverager[float32](g, 4, pybridge.WithWarmupSteps(2))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -6,6 +6,8 @@ package pybridge
 import "C"
 
 import (
+	"context"
+	"errors"
 	"sort"
 	"strconv"
 	"time"
@@ -133,12 +135,22 @@ type FedResult struct {
 // Use it from one goroutine.
 type FedServer[T Float] struct {
 	cHandle[*C.pb_fed_server]
+	group *Group // what a ...Context call aborts
 }
 
 // NewFedServer creates the server on rank 0 of g. It is a collective with the
 // workers' NewFedWorker. ErrInvalidArgument on any other rank.
 func NewFedServer[T Float](g *Group, opts ...FedOption) (*FedServer[T], error) {
-	const op = "NewFedServer"
+	return newFedServer[T](context.Background(), "NewFedServer", g, opts)
+}
+
+// NewFedServerContext is NewFedServer under ctx (see Contexts): a ctx that ends
+// while it waits for the workers aborts g.
+func NewFedServerContext[T Float](ctx context.Context, g *Group, opts ...FedOption) (*FedServer[T], error) {
+	return newFedServer[T](ctx, "NewFedServerContext", g, opts)
+}
+
+func newFedServer[T Float](ctx context.Context, op string, g *Group, opts []FedOption) (*FedServer[T], error) {
 	gh, err := g.handle(op)
 	if err != nil {
 		return nil, err
@@ -154,11 +166,17 @@ func NewFedServer[T Float](g *Group, opts ...FedOption) (*FedServer[T], error) {
 		secs = c.timeout.Seconds()
 	}
 	var h *C.pb_fed_server
-	var msg *C.char
-	st := C.pbgo_fed_server_new(gh, C.int32_t(c.mode), C.double(secs), cbool(c.requeue), &h, &msg)
-	if err := check(op, st, msg); err != nil {
+	err = g.run(ctx, op, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_fed_server_new(gh, C.int32_t(c.mode), C.double(secs), cbool(c.requeue), &h, &msg), msg)
+	})
+	if err != nil {
+		if h != nil {
+			C.pbgo_fed_server_close(h, nil)
+		}
 		return nil, err
 	}
+	var msg *C.char
 	if c.maxNorm != 0 {
 		if err := check(op, C.pbgo_fed_server_set_max_norm(h, C.double(c.maxNorm), &msg), msg); err != nil {
 			C.pbgo_fed_server_close(h, nil)
@@ -174,7 +192,7 @@ func NewFedServer[T Float](g *Group, opts ...FedOption) (*FedServer[T], error) {
 	if err := c.configure(op, h); err != nil { // federated_strategy.go
 		return nil, err
 	}
-	s := &FedServer[T]{}
+	s := &FedServer[T]{group: g}
 	s.h = h
 	return s, nil
 }
@@ -208,25 +226,39 @@ func (s *FedServer[T]) SetAffinity(client int, workers []int) error {
 // round may be left before all its results are pulled (over-selection): its
 // clients still out are not waited for and their late results are dropped.
 func (s *FedServer[T]) StartRound(clients []int, model []T) error {
-	return s.start("FedServer.StartRound", clients, model, FedTrain)
+	return s.start(context.Background(), "FedServer.StartRound", clients, model, FedTrain)
+}
+
+// StartRoundContext is StartRound under ctx (see Contexts): a ctx that ends while
+// it sends the model to the workers aborts the server's group.
+func (s *FedServer[T]) StartRoundContext(ctx context.Context, clients []int, model []T) error {
+	return s.start(ctx, "FedServer.StartRoundContext", clients, model, FedTrain)
 }
 
 // StartEvaluation is StartRound for evaluation: the results carry the
 // workers' metrics (read them with Payload) and are not aggregated.
 func (s *FedServer[T]) StartEvaluation(clients []int, model []T) error {
-	return s.start("FedServer.StartEvaluation", clients, model, FedEvaluate)
+	return s.start(context.Background(), "FedServer.StartEvaluation", clients, model, FedEvaluate)
 }
 
-func (s *FedServer[T]) start(op string, clients []int, model []T, cmd FedCommand) error {
+// StartEvaluationContext is StartEvaluation under ctx, as StartRoundContext.
+func (s *FedServer[T]) StartEvaluationContext(ctx context.Context, clients []int, model []T) error {
+	return s.start(ctx, "FedServer.StartEvaluationContext", clients, model, FedEvaluate)
+}
+
+func (s *FedServer[T]) start(ctx context.Context, op string, clients []int, model []T, cmd FedCommand) error {
 	h, err := s.lock(op)
 	if err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
 	data, n := dataOf(model)
-	var msg *C.char
-	st := C.pbgo_fed_server_start_round_slice(h, cArray[C.int64_t](clients), C.int64_t(len(clients)), data, n, dtypeOf[T](), C.int32_t(cmd), &msg)
-	return check(op, st, msg)
+	ids := cArray[C.int64_t](clients)
+	return underContext(ctx, op, s.group, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_fed_server_start_round_slice(h, ids, C.int64_t(len(clients)), data, n,
+			dtypeOf[T](), C.int32_t(cmd), &msg), msg)
+	})
 }
 
 // Next waits for the round's next result, in completion order; ok is false
@@ -236,7 +268,16 @@ func (s *FedServer[T]) start(op string, clients []int, model []T, cmd FedCommand
 // worker's client to the others instead). A refused update (NaN or Inf, or past
 // WithMaxNorm) gives a *FedWorkerError wrapping ErrCorrupt.
 func (s *FedServer[T]) Next() (r FedResult, ok bool, err error) {
-	const op = "FedServer.Next"
+	return s.next(context.Background(), "FedServer.Next")
+}
+
+// NextContext is Next under ctx (see Contexts): a ctx that ends while it waits for
+// a result aborts the server's group (the federation is then over: Close it).
+func (s *FedServer[T]) NextContext(ctx context.Context) (r FedResult, ok bool, err error) {
+	return s.next(ctx, "FedServer.NextContext")
+}
+
+func (s *FedServer[T]) next(ctx context.Context, op string) (r FedResult, ok bool, err error) {
 	h, err := s.lock(op)
 	if err != nil {
 		return r, false, err
@@ -244,9 +285,12 @@ func (s *FedServer[T]) Next() (r FedResult, ok bool, err error) {
 	defer s.mu.Unlock()
 	var res C.pb_fed_result
 	var has C.int32_t
-	var msg *C.char
-	if err := check(op, C.pbgo_fed_server_next_result(h, &res, &has, &msg), msg); err != nil {
-		if res.worker >= 0 {
+	res.worker = -1
+	if err := underContext(ctx, op, s.group, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_fed_server_next_result(h, &res, &has, &msg), msg)
+	}); err != nil {
+		if res.worker >= 0 && !errors.Is(err, ErrCanceled) {
 			return r, false, &FedWorkerError{Worker: int(res.worker), Client: int(res.client), Round: int(res.round),
 				Err: err}
 		}
@@ -317,7 +361,17 @@ func (s *FedServer[T]) metric(op, name string, round bool) (float64, bool, error
 // mean of the pseudo-gradients, stepped with learning rate lr (1.0 is plain
 // FedAvg). It returns the number of clients aggregated.
 func (s *FedServer[T]) Aggregate(lr float64, model []T) (int, error) {
-	const op = "FedServer.Aggregate"
+	return s.aggregate(context.Background(), "FedServer.Aggregate", lr, model)
+}
+
+// AggregateContext is Aggregate under ctx (see Contexts): a ctx already done
+// aggregates nothing. Aggregate waits on no worker (the results were pulled by
+// Next), so it is not interrupted once started.
+func (s *FedServer[T]) AggregateContext(ctx context.Context, lr float64, model []T) (int, error) {
+	return s.aggregate(ctx, "FedServer.AggregateContext", lr, model)
+}
+
+func (s *FedServer[T]) aggregate(ctx context.Context, op string, lr float64, model []T) (int, error) {
 	h, err := s.lock(op)
 	if err != nil {
 		return 0, err
@@ -325,9 +379,11 @@ func (s *FedServer[T]) Aggregate(lr float64, model []T) (int, error) {
 	defer s.mu.Unlock()
 	data, n := dataOf(model)
 	var clients C.int32_t
-	var msg *C.char
-	st := C.pbgo_fed_server_aggregate_slice(h, C.double(lr), data, n, dtypeOf[T](), &clients, &msg)
-	return int(clients), check(op, st, msg)
+	err = underContext(ctx, op, nil, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_fed_server_aggregate_slice(h, C.double(lr), data, n, dtypeOf[T](), &clients, &msg), msg)
+	})
+	return int(clients), err
 }
 
 // Close terminates the workers (after the clients still out are back) and
@@ -352,22 +408,38 @@ type FedTask[T Float] struct {
 // model's element type. Use it from one goroutine.
 type FedWorker[T Float] struct {
 	cHandle[*C.pb_fed_worker]
+	group *Group // what a ...Context call aborts
 }
 
 // NewFedWorker creates a worker on a rank other than 0 of g. It is a
 // collective with the server's NewFedServer. ErrInvalidArgument on rank 0.
 func NewFedWorker[T Float](g *Group) (*FedWorker[T], error) {
-	const op = "NewFedWorker"
+	return newFedWorker[T](context.Background(), "NewFedWorker", g)
+}
+
+// NewFedWorkerContext is NewFedWorker under ctx (see Contexts): a ctx that ends
+// while it waits for the server aborts g.
+func NewFedWorkerContext[T Float](ctx context.Context, g *Group) (*FedWorker[T], error) {
+	return newFedWorker[T](ctx, "NewFedWorkerContext", g)
+}
+
+func newFedWorker[T Float](ctx context.Context, op string, g *Group) (*FedWorker[T], error) {
 	gh, err := g.handle(op)
 	if err != nil {
 		return nil, err
 	}
 	var h *C.pb_fed_worker
-	var msg *C.char
-	if err := check(op, C.pbgo_fed_worker_new(gh, &h, &msg), msg); err != nil {
+	err = g.run(ctx, op, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_fed_worker_new(gh, &h, &msg), msg)
+	})
+	if err != nil {
+		if h != nil {
+			C.pbgo_fed_worker_close(h, nil)
+		}
 		return nil, err
 	}
-	w := &FedWorker[T]{}
+	w := &FedWorker[T]{group: g}
 	w.h = h
 	return w, nil
 }
@@ -386,7 +458,17 @@ func (w *FedWorker[T]) lock(op string) (*C.pb_fed_worker, error) {
 // failed, so the server hears of it) with ErrInvalidArgument. A server that died
 // gives ErrComm naming rank 0, not a wait.
 func (w *FedWorker[T]) Next() (task *FedTask[T], ok bool, err error) {
-	const op = "FedWorker.Next"
+	return w.next(context.Background(), "FedWorker.Next")
+}
+
+// NextContext is Next under ctx (see Contexts): a ctx that ends while it waits for
+// the server aborts the worker's group (this worker is then lost to the server:
+// Close it).
+func (w *FedWorker[T]) NextContext(ctx context.Context) (task *FedTask[T], ok bool, err error) {
+	return w.next(ctx, "FedWorker.NextContext")
+}
+
+func (w *FedWorker[T]) next(ctx context.Context, op string) (task *FedTask[T], ok bool, err error) {
 	h, err := w.lock(op)
 	if err != nil {
 		return nil, false, err
@@ -394,10 +476,13 @@ func (w *FedWorker[T]) Next() (task *FedTask[T], ok bool, err error) {
 	defer w.mu.Unlock()
 	var t C.pb_fed_task
 	var has C.int32_t
-	var msg *C.char
-	if err := check(op, C.pbgo_fed_worker_next_task(h, &t, &has, &msg), msg); err != nil || has == 0 {
+	if err := underContext(ctx, op, w.group, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_fed_worker_next_task(h, &t, &has, &msg), msg)
+	}); err != nil || has == 0 {
 		return nil, false, err
 	}
+	var msg *C.char
 	if t.dtype != dtypeOf[T]() {
 		err := newError(statusInvalidArgument, op, "the server's model is %v; this worker takes %v",
 			DType(t.dtype), DType(dtypeOf[T]()))
@@ -418,15 +503,27 @@ func (w *FedWorker[T]) Next() (task *FedTask[T], ok bool, err error) {
 // weights (the model's length) and samples the examples trained on; the server
 // receives the pseudo-gradient. Evaluation: result holds any metrics.
 func (w *FedWorker[T]) Submit(result []T, samples int) error {
-	const op = "FedWorker.Submit"
+	return w.submit(context.Background(), "FedWorker.Submit", result, samples)
+}
+
+// SubmitContext is Submit under ctx (see Contexts): a ctx already done sends
+// nothing. Submit waits for no answer, so a send once started is not interrupted
+// (it waits only while the server does not read, bounded by the link's timeout).
+func (w *FedWorker[T]) SubmitContext(ctx context.Context, result []T, samples int) error {
+	return w.submit(ctx, "FedWorker.SubmitContext", result, samples)
+}
+
+func (w *FedWorker[T]) submit(ctx context.Context, op string, result []T, samples int) error {
 	h, err := w.lock(op)
 	if err != nil {
 		return err
 	}
 	defer w.mu.Unlock()
 	data, n := dataOf(result)
-	var msg *C.char
-	return check(op, C.pbgo_fed_worker_submit_slice(h, data, n, dtypeOf[T](), C.int64_t(samples), &msg), msg)
+	return underContext(ctx, op, nil, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_fed_worker_submit_slice(h, data, n, dtypeOf[T](), C.int64_t(samples), &msg), msg)
+	})
 }
 
 // SubmitMetrics is Submit with per-client metrics (loss, accuracy, ...; at most
@@ -434,7 +531,17 @@ func (w *FedWorker[T]) Submit(result []T, samples int) error {
 // result and averages over the round weighted by samples (FedServer.ResultMetric,
 // FedServer.RoundMetric).
 func (w *FedWorker[T]) SubmitMetrics(result []T, samples int, metrics map[string]float64) error {
-	const op = "FedWorker.SubmitMetrics"
+	return w.submitMetrics(context.Background(), "FedWorker.SubmitMetrics", result, samples, metrics)
+}
+
+// SubmitMetricsContext is SubmitMetrics under ctx, as SubmitContext.
+func (w *FedWorker[T]) SubmitMetricsContext(ctx context.Context, result []T, samples int,
+	metrics map[string]float64) error {
+	return w.submitMetrics(ctx, "FedWorker.SubmitMetricsContext", result, samples, metrics)
+}
+
+func (w *FedWorker[T]) submitMetrics(ctx context.Context, op string, result []T, samples int,
+	metrics map[string]float64) error {
 	h, err := w.lock(op)
 	if err != nil {
 		return err
@@ -462,15 +569,25 @@ func (w *FedWorker[T]) SubmitMetrics(result []T, samples int, metrics map[string
 		vp = &values[0]
 	}
 	data, n := dataOf(result)
-	var msg *C.char
-	return check(op, C.pbgo_fed_worker_submit_metrics_slice(h, data, n, dtypeOf[T](), C.int64_t(samples),
-		C.int32_t(len(keys)), names, vp, &msg), msg)
+	return underContext(ctx, op, nil, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_fed_worker_submit_metrics_slice(h, data, n, dtypeOf[T](), C.int64_t(samples),
+			C.int32_t(len(keys)), names, vp, &msg), msg)
+	})
 }
 
 // Fail tells the server that the open task could not be done; message is
 // part of the server's error.
 func (w *FedWorker[T]) Fail(message string) error {
-	const op = "FedWorker.Fail"
+	return w.fail(context.Background(), "FedWorker.Fail", message)
+}
+
+// FailContext is Fail under ctx, as SubmitContext.
+func (w *FedWorker[T]) FailContext(ctx context.Context, message string) error {
+	return w.fail(ctx, "FedWorker.FailContext", message)
+}
+
+func (w *FedWorker[T]) fail(ctx context.Context, op string, message string) error {
 	h, err := w.lock(op)
 	if err != nil {
 		return err
@@ -478,8 +595,10 @@ func (w *FedWorker[T]) Fail(message string) error {
 	defer w.mu.Unlock()
 	text := C.CString(message)
 	defer C.free(unsafe.Pointer(text))
-	var msg *C.char
-	return check(op, C.pbgo_fed_worker_fail(h, text, &msg), msg)
+	return underContext(ctx, op, nil, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_fed_worker_fail(h, text, &msg), msg)
+	})
 }
 
 // Close releases the worker (leaving early if the server has not ended the

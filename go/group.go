@@ -6,6 +6,7 @@ package pybridge
 import "C"
 
 import (
+	"context"
 	"math"
 	"time"
 	"unsafe"
@@ -29,6 +30,9 @@ type Group struct {
 	sub                           bool  // a subgroup: Close frees it
 }
 
+// config is what the options of Init and ElasticInit set. Its zero values (and -1 for
+// ranks and sizes) are the C ABI's "not given": the library's defaults and the
+// launcher's environment fill them, in one place.
 type config struct {
 	initMethod, backend        string
 	rank, worldSize, localRank int
@@ -38,43 +42,71 @@ type config struct {
 	storeAddr                  string // ElasticInit only
 }
 
-// Option configures Init.
-type Option func(*config)
+// Option configures Init. The options that also configure ElasticInit
+// (WithBackend, WithTimeout) are WorldOptions.
+type Option interface{ applyInit(*config) }
+
+// ElasticOption configures ElasticInit: WithBackend, WithTimeout and
+// WithElasticStore.
+type ElasticOption interface{ applyElastic(*config) }
+
+// WorldOption configures both Init and ElasticInit.
+type WorldOption interface {
+	Option
+	ElasticOption
+}
+
+type initOption func(*config)    // Init's only
+type worldOption func(*config)   // Init's and ElasticInit's
+type elasticOption func(*config) // ElasticInit's only
+
+func (o initOption) applyInit(c *config)       { o(c) }
+func (o worldOption) applyInit(c *config)      { o(c) }
+func (o worldOption) applyElastic(c *config)   { o(c) }
+func (o elasticOption) applyElastic(c *config) { o(c) }
 
 // WithInitMethod sets the rendezvous: "env://" (the default; reads MASTER_ADDR
 // and MASTER_PORT), "tcp://host:port" or "file:///path".
-func WithInitMethod(method string) Option { return func(c *config) { c.initMethod = method } }
+func WithInitMethod(method string) Option {
+	return initOption(func(c *config) { c.initMethod = method })
+}
 
 // WithBackend chooses "auto" (the default: nccl when CUDA is present, else gloo),
 // "gloo" or "nccl". Collectives on Go slices need host memory, that is gloo.
-func WithBackend(backend string) Option { return func(c *config) { c.backend = backend } }
+func WithBackend(backend string) WorldOption {
+	return worldOption(func(c *config) { c.backend = backend })
+}
 
-// WithRank sets this process's rank; by default it comes from RANK.
-func WithRank(rank int) Option { return func(c *config) { c.rank = rank } }
+// WithRank sets this process's rank; by default it comes from the launcher's
+// environment (FromLaunchEnv: RANK, or srun's or mpirun's variables).
+func WithRank(rank int) Option { return initOption(func(c *config) { c.rank = rank }) }
 
-// WithWorldSize sets the number of ranks; by default it comes from WORLD_SIZE.
-func WithWorldSize(n int) Option { return func(c *config) { c.worldSize = n } }
+// WithWorldSize sets the number of ranks; by default it comes from the launcher's
+// environment, as the rank does.
+func WithWorldSize(n int) Option { return initOption(func(c *config) { c.worldSize = n }) }
 
-// WithLocalRank sets the rank on this node; by default it comes from LOCAL_RANK
-// (or equals the rank when that is unset).
-func WithLocalRank(rank int) Option { return func(c *config) { c.localRank = rank } }
+// WithLocalRank sets the rank on this node; by default it comes from the
+// launcher's environment (or equals the rank when nothing says).
+func WithLocalRank(rank int) Option { return initOption(func(c *config) { c.localRank = rank }) }
 
 // WithTimeout bounds the rendezvous and every later collective. Zero or less
 // keeps the library's default (300 s).
-func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+func WithTimeout(d time.Duration) WorldOption {
+	return worldOption(func(c *config) { c.timeout = d })
+}
 
 // WithChecked turns on checked mode: before each collective (and Send/Recv) the
 // ranks compare its sequence number, op, dtype, count and root, and all fail with
 // ErrInvalidArgument naming the ranks that differ, instead of aborting or returning
 // garbage. It costs one small allgather per collective. Without it, PYBRIDGE_CHECKED=1
 // turns it on. Every rank must use the same mode.
-func WithChecked() Option { return func(c *config) { c.checked = true } }
+func WithChecked() Option { return initOption(func(c *config) { c.checked = true }) }
 
 // WithWatchdog sets how long a collective may be unfinished before the hang watchdog
 // reports, to stderr, the ranks that have not reached it. Zero keeps the default
 // (PYBRIDGE_WATCHDOG, else min(60 s, timeout/2)); a negative duration turns it off
 // (errors then name the operation but not the ranks).
-func WithWatchdog(d time.Duration) Option { return func(c *config) { c.watchdog = d } }
+func WithWatchdog(d time.Duration) Option { return initOption(func(c *config) { c.watchdog = d }) }
 
 // Init joins the process group. Whatever the options leave unset comes from
 // the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
@@ -84,9 +116,22 @@ func WithWatchdog(d time.Duration) Option { return func(c *config) { c.watchdog 
 // ErrTimeout when a peer does not join within the timeout (naming the ranks that
 // did not), and with ErrInvalidArgument for bad options, a missing environment, or
 // ranks that disagree on the world size or checked mode.
-func Init(opts ...Option) (*Group, error) {
-	const op = "Init"
-	c := configure(opts)
+func Init(opts ...Option) (*Group, error) { return initWorld(context.Background(), "Init", opts) }
+
+// InitContext is Init under ctx (see Contexts): a ctx that ends while Init waits
+// for the store or its peers ends it (pb_init_abort) with ErrCanceled, and no
+// group is left behind.
+func InitContext(ctx context.Context, opts ...Option) (*Group, error) {
+	return initWorld(ctx, "InitContext", opts)
+}
+
+func initWorld(ctx context.Context, op string, opts []Option) (*Group, error) {
+	c := config{rank: -1, worldSize: -1, localRank: -1}
+	for _, o := range opts {
+		if o != nil {
+			o.applyInit(&c)
+		}
+	}
 	rank, err := toInt32(op, "rank", c.rank)
 	if err != nil {
 		return nil, err
@@ -103,7 +148,6 @@ func Init(opts ...Option) (*Group, error) {
 	defer C.free(unsafe.Pointer(method))
 	defer C.free(unsafe.Pointer(backend))
 	var h *C.pb_group
-	var msg *C.char
 	var flags C.int32_t
 	if c.checked {
 		flags |= C.PB_INIT_CHECKED
@@ -112,23 +156,24 @@ func Init(opts ...Option) (*Group, error) {
 	if c.watchdog < 0 {
 		watchdog = -1
 	}
-	st := C.pbgo_init_v2(method, backend, rank, size, local, C.double(c.timeout.Seconds()), flags,
-		C.double(watchdog), &h, &msg)
-	if err := check(op, st, msg); err != nil {
+	err = underContext(ctx, op, joinAborter{}, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_init_v2(method, backend, rank, size, local, C.double(c.timeout.Seconds()), flags,
+			C.double(watchdog), &h, &msg), msg)
+	})
+	return joined(op, h, err)
+}
+
+// joined is the world of a join (Init, ElasticInit, ElasticState.Reset): h as a Group, or
+// err; a world formed by a call whose context ended is left (finalized), not returned.
+func joined(op string, h *C.pb_group, err error) (*Group, error) {
+	if err != nil {
+		if h != nil {
+			C.pbgo_finalize(h, nil)
+		}
 		return nil, err
 	}
 	return newWorld(op, h)
-}
-
-// configure applies opts over the defaults (ranks and sizes from the environment).
-func configure(opts []Option) config {
-	c := config{rank: -1, worldSize: -1, localRank: -1}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	return c
 }
 
 // cStringOrNil copies s into C memory (free it with C.free), or is NULL for "": the
@@ -213,14 +258,21 @@ func (g *Group) Device() int {
 
 // Barrier blocks until every rank has called Barrier. Like every collective it
 // must be issued in the same order on every rank.
-func (g *Group) Barrier() error {
-	const op = "Barrier"
+func (g *Group) Barrier() error { return g.barrier(context.Background(), "Barrier") }
+
+// BarrierContext is Barrier under ctx (see Contexts): a ctx that ends while it
+// waits aborts g.
+func (g *Group) BarrierContext(ctx context.Context) error { return g.barrier(ctx, "BarrierContext") }
+
+func (g *Group) barrier(ctx context.Context, op string) error {
 	h, err := g.handle(op)
 	if err != nil {
 		return err
 	}
-	var msg *C.char
-	return check(op, C.pbgo_barrier(h, &msg), msg)
+	return g.run(ctx, op, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_barrier(h, &msg), msg)
+	})
 }
 
 // Close leaves the process group (the world), or frees a subgroup. Later calls
@@ -271,7 +323,13 @@ func toInt32(op, what string, v int) (C.int32_t, error) {
 // passing the same color form one subgroup, ranked by (key, rank in g). A
 // negative color joins no group: Split returns nil, nil.
 func (g *Group) Split(color, key int) (*Group, error) {
-	return g.split("Split", color, key, "")
+	return g.split(context.Background(), "Split", color, key, "")
+}
+
+// SplitContext is Split under ctx (see Contexts): a ctx that ends while it waits
+// aborts g (and the subgroup being made).
+func (g *Group) SplitContext(ctx context.Context, color, key int) (*Group, error) {
+	return g.split(ctx, "SplitContext", color, key, "")
 }
 
 // SplitWithBackend is Split with the subgroup's backend chosen: "gloo", "nccl",
@@ -279,10 +337,15 @@ func (g *Group) Split(color, key int) (*Group, error) {
 // slices and other host memory (metrics, the loader), as torch's
 // new_group(backend="gloo"): host, err := world.SplitWithBackend(0, world.Rank(), "gloo").
 func (g *Group) SplitWithBackend(color, key int, backend string) (*Group, error) {
-	return g.split("SplitWithBackend", color, key, backend)
+	return g.split(context.Background(), "SplitWithBackend", color, key, backend)
 }
 
-func (g *Group) split(op string, color, key int, backend string) (*Group, error) {
+// SplitWithBackendContext is SplitWithBackend under ctx, as SplitContext.
+func (g *Group) SplitWithBackendContext(ctx context.Context, color, key int, backend string) (*Group, error) {
+	return g.split(ctx, "SplitWithBackendContext", color, key, backend)
+}
+
+func (g *Group) split(ctx context.Context, op string, color, key int, backend string) (*Group, error) {
 	h, err := g.handle(op)
 	if err != nil {
 		return nil, err
@@ -301,11 +364,11 @@ func (g *Group) split(op string, color, key int, backend string) (*Group, error)
 		defer C.free(unsafe.Pointer(cBackend))
 	}
 	var out *C.pb_group
-	var msg *C.char
-	if err := check(op, C.pbgo_group_split_backend(h, c, k, cBackend, &out, &msg), msg); err != nil {
-		return nil, err
-	}
-	return g.child(op, out)
+	err = g.run(ctx, op, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_group_split_backend(h, c, k, cBackend, &out, &msg), msg)
+	})
+	return g.child(op, out, err)
 }
 
 // SetStream orders g's calls on CUDA memory on stream (a cudaStream_t, such as
@@ -333,7 +396,16 @@ func (g *Group) SetStream(stream unsafe.Pointer) error {
 // ranked in that order. Every member of g calls it, in the same order as its
 // other group creations from g; a rank not listed gets nil, nil at once.
 func (g *Group) Subgroup(ranks []int) (*Group, error) {
-	const op = "Subgroup"
+	return g.subgroup(context.Background(), "Subgroup", ranks)
+}
+
+// SubgroupContext is Subgroup under ctx (see Contexts): a ctx that ends while it
+// waits for the other members aborts g.
+func (g *Group) SubgroupContext(ctx context.Context, ranks []int) (*Group, error) {
+	return g.subgroup(ctx, "SubgroupContext", ranks)
+}
+
+func (g *Group) subgroup(ctx context.Context, op string, ranks []int) (*Group, error) {
 	h, err := g.handle(op)
 	if err != nil {
 		return nil, err
@@ -349,11 +421,11 @@ func (g *Group) Subgroup(ranks []int) (*Group, error) {
 		}
 	}
 	var out *C.pb_group
-	var msg *C.char
-	if err := check(op, C.pbgo_group_new(h, &cr[0], n, &out, &msg), msg); err != nil {
-		return nil, err
-	}
-	return g.child(op, out)
+	err = g.run(ctx, op, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_group_new(h, &cr[0], n, &out, &msg), msg)
+	})
+	return g.child(op, out, err)
 }
 
 // Nodes returns this rank's intra-node group and its cross-node group (the
@@ -361,7 +433,16 @@ func (g *Group) Subgroup(ranks []int) (*Group, error) {
 // ranksPerNode ranks of g; 0 reads LOCAL_WORLD_SIZE as set by pybridge-launch.
 // A collective over g.
 func (g *Group) Nodes(ranksPerNode int) (intra, cross *Group, err error) {
-	const op = "Nodes"
+	return g.nodes(context.Background(), "Nodes", ranksPerNode)
+}
+
+// NodesContext is Nodes under ctx (see Contexts): a ctx that ends while it waits
+// aborts g.
+func (g *Group) NodesContext(ctx context.Context, ranksPerNode int) (intra, cross *Group, err error) {
+	return g.nodes(ctx, "NodesContext", ranksPerNode)
+}
+
+func (g *Group) nodes(ctx context.Context, op string, ranksPerNode int) (intra, cross *Group, err error) {
 	h, err := g.handle(op)
 	if err != nil {
 		return nil, nil, err
@@ -371,15 +452,20 @@ func (g *Group) Nodes(ranksPerNode int) (intra, cross *Group, err error) {
 		return nil, nil, err
 	}
 	var a, b *C.pb_group
-	var msg *C.char
-	if err := check(op, C.pbgo_group_nodes(h, per, &a, &b, &msg), msg); err != nil {
+	err = g.run(ctx, op, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_group_nodes(h, per, &a, &b, &msg), msg)
+	})
+	if err != nil {
+		g.child(op, b, err)
+		_, err = g.child(op, a, err)
 		return nil, nil, err
 	}
-	if intra, err = g.child(op, a); err != nil {
+	if intra, err = g.child(op, a, nil); err != nil {
 		C.pbgo_group_close(b, nil)
 		return nil, nil, err
 	}
-	if cross, err = g.child(op, b); err != nil {
+	if cross, err = g.child(op, b, nil); err != nil {
 		intra.Close()
 		return nil, nil, err
 	}
@@ -414,8 +500,15 @@ func (g *Group) RankOf(globalRank int) (int, error) {
 		globalRank, g.Ranks())
 }
 
-// child wraps a subgroup handle from the library (nil for no group).
-func (g *Group) child(op string, h *C.pb_group) (*Group, error) {
+// child wraps a subgroup handle from the library (nil for no group), or returns err
+// (the call's), closing h: a subgroup made by a call whose context ended is of no use.
+func (g *Group) child(op string, h *C.pb_group, err error) (*Group, error) {
+	if err != nil {
+		if h != nil {
+			C.pbgo_group_close(h, nil)
+		}
+		return nil, err
+	}
 	if h == nil {
 		return nil, nil
 	}

@@ -5,26 +5,10 @@ package pybridge
 */
 import "C"
 
+import "context"
+
 // Uneven inputs (torch's Join): ranks with different numbers of batches, as the
 // dynamic partition gives them, train together without waiting on each other.
-
-// WithJoin lets ranks run different numbers of iterations: each iteration then
-// starts with one small allreduce counting the ranks still training (at its
-// first MarkReady or Wait), so that a rank whose loader has no more batches can
-// call Join and shadow the others until all have joined. Gradients are averaged
-// over the world size, as torch's Join does by default: every sample weighs
-// the same. Every rank creates its reducer with it, or none does.
-func WithJoin() ReducerOption {
-	return func(c *reducerConfig) { c.flags |= C.PB_REDUCER_JOIN }
-}
-
-// WithJoinDivideByActive is WithJoin with gradients averaged over the ranks
-// still training instead of the world size (torch's
-// divide_by_initial_world_size=False): the last batches of an epoch, reduced
-// by fewer ranks, then weigh more.
-func WithJoinDivideByActive() ReducerOption {
-	return func(c *reducerConfig) { c.flags |= C.PB_REDUCER_JOIN | C.PB_REDUCER_JOIN_DIVIDE_BY_ACTIVE }
-}
 
 // JoinResult is what Join reports.
 type JoinResult struct {
@@ -52,8 +36,15 @@ type JoinResult struct {
 // ErrInvalidArgument. Collectives the program issues itself during an
 // iteration are not shadowed: issue them after the join. This rank's Grad
 // slices keep their values.
-func (r *Reducer) Join() (JoinResult, error) {
-	const op = "Reducer.Join"
+func (r *Reducer) Join() (JoinResult, error) { return r.join(context.Background(), "Reducer.Join") }
+
+// JoinContext is Join under ctx (see Contexts): a ctx that ends while it shadows
+// the other ranks' iterations aborts the reducer's group.
+func (r *Reducer) JoinContext(ctx context.Context) (JoinResult, error) {
+	return r.join(ctx, "Reducer.JoinContext")
+}
+
+func (r *Reducer) join(ctx context.Context, op string) (JoinResult, error) {
 	if r == nil {
 		return JoinResult{}, nilError(op, "Reducer")
 	}
@@ -64,8 +55,10 @@ func (r *Reducer) Join() (JoinResult, error) {
 	defer r.mu.Unlock()
 	var root C.int32_t
 	var shadowed C.int64_t
-	var msg *C.char
-	err = check(op, C.pbgo_reducer_join(h, &root, &shadowed, &msg), msg)
+	err = underContext(ctx, op, r.group, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_reducer_join(h, &root, &shadowed, &msg), msg)
+	})
 	// A rank that joined before its first Wait takes part in the one rebuild.
 	if rerr := r.refresh(op); rerr != nil && err == nil {
 		err = rerr

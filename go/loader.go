@@ -6,6 +6,7 @@ package pybridge
 import "C"
 
 import (
+	"context"
 	"math"
 	"unsafe"
 )
@@ -87,6 +88,7 @@ type Loader struct {
 	batch      Batch
 	err        error
 	numRecords int
+	group      *Group // what OpenLoaderContext aborts; nil for a single process
 }
 
 // Batch is a batch of records in one contiguous buffer: record i is
@@ -138,7 +140,19 @@ func (b *Batch) Clone() *Batch {
 // A missing file fails with ErrIO and a corrupt chunk header with ErrCorrupt,
 // their messages naming the file, the chunk and its byte offset.
 func OpenLoader(g *Group, files []string, batchSize int, opts ...LoaderOption) (*Loader, error) {
-	const op = "OpenLoader"
+	return openLoader(context.Background(), "OpenLoader", g, files, batchSize, opts)
+}
+
+// OpenLoaderContext is OpenLoader under ctx (see Contexts). Only a
+// DynamicPartition loader waits on the other ranks when it opens (they compare
+// what they opened); a ctx that ends while it waits aborts g.
+func OpenLoaderContext(ctx context.Context, g *Group, files []string, batchSize int,
+	opts ...LoaderOption) (*Loader, error) {
+	return openLoader(ctx, "OpenLoaderContext", g, files, batchSize, opts)
+}
+
+func openLoader(ctx context.Context, op string, g *Group, files []string, batchSize int,
+	opts []LoaderOption) (*Loader, error) {
 	c := loaderConfig{}
 	for _, o := range opts {
 		if o != nil {
@@ -177,14 +191,20 @@ func OpenLoader(g *Group, files []string, batchSize int, opts ...LoaderOption) (
 		C.free(unsafe.Pointer(cfiles))
 	}()
 	var h *C.pb_loader
-	var msg *C.char
-	st := C.pbgo_loader_open(gh, cfiles, C.int32_t(len(files)), C.int64_t(batchSize),
-		C.int32_t(c.partition), cbool(c.shuffle), C.int64_t(c.seed), cbool(c.dropLast),
-		cbool(c.skipCorrupt), &h, &msg)
-	if err := check(op, st, msg); err != nil {
+	err := underContext(ctx, op, g, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_loader_open(gh, cfiles, C.int32_t(len(files)), C.int64_t(batchSize),
+			C.int32_t(c.partition), cbool(c.shuffle), C.int64_t(c.seed), cbool(c.dropLast),
+			cbool(c.skipCorrupt), &h, &msg), msg)
+	})
+	if err != nil {
+		if h != nil {
+			C.pbgo_loader_close(h, nil)
+		}
 		return nil, err
 	}
-	l := &Loader{}
+	var msg *C.char
+	l := &Loader{group: g}
 	l.h = h
 	if c.prefetch != nil {
 		if err := check(op, C.pbgo_loader_set_prefetch(h, C.int32_t(*c.prefetch), &msg), msg); err != nil {
@@ -216,8 +236,15 @@ func cbool(b bool) C.int32_t {
 // Under DynamicPartition the ranks' batch counts then differ: a rank that runs
 // out joins its reducer (Reducer.Join, with WithJoin) so that the others
 // finish their steps without waiting for it.
-func (l *Loader) Next() bool {
-	const op = "Loader.Next"
+func (l *Loader) Next() bool { return l.next(context.Background(), "Loader.Next") }
+
+// NextContext is Next under ctx (see Contexts): a ctx already done reads nothing
+// (false, and Err returns ErrCanceled wrapping ctx's error). A read once started is
+// not interrupted: it waits on no other process but, under DynamicPartition, the
+// store's host for its next claim (bounded by the group's timeout).
+func (l *Loader) NextContext(ctx context.Context) bool { return l.next(ctx, "Loader.NextContext") }
+
+func (l *Loader) next(ctx context.Context, op string) bool {
 	if l == nil {
 		return false
 	}
@@ -233,8 +260,11 @@ func (l *Loader) Next() bool {
 	var offsets *C.int64_t
 	var count C.int64_t
 	var has C.int32_t
-	var msg *C.char
-	if l.err = check(op, C.pbgo_loader_next(h, &data, &offsets, &count, &has, &msg), msg); l.err != nil {
+	l.err = underContext(ctx, op, nil, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_loader_next(h, &data, &offsets, &count, &has, &msg), msg)
+	})
+	if l.err != nil {
 		return false
 	}
 	if has == 0 {

@@ -96,7 +96,7 @@ func roleLocalSGD() error {
 	}
 
 	// Warm-up 1, period 2: steps 1 and 3 average; x drifts by rank + step between them.
-	avg, err := pybridge.NewAverager[float32](g, 2, 1)
+	avg, err := pybridge.NewAverager[float32](g, 2, pybridge.WithWarmupSteps(1))
 	if err != nil {
 		return err
 	}
@@ -136,12 +136,12 @@ func roleLocalSGD() error {
 	if _, err := avg.Step([][]float32{x}); !errors.Is(err, pybridge.ErrClosed) {
 		return fmt.Errorf("Step after Close: %v, want ErrClosed", err)
 	}
-	if _, err := pybridge.NewAverager[float32](g, 0, 0); !errors.Is(err, pybridge.ErrInvalidArgument) {
+	if _, err := pybridge.NewAverager[float32](g, 0); !errors.Is(err, pybridge.ErrInvalidArgument) {
 		return fmt.Errorf("period 0: %v, want ErrInvalidArgument", err)
 	}
 
 	// Pairs every step, all four every 2nd: step 0 averages over all, step 1 within pairs.
-	h, err := pybridge.NewHierarchicalAverager[float32](g, []pybridge.AverageLevel{{1, 2}, {2, world}}, 0)
+	h, err := pybridge.NewHierarchicalAverager[float32](g, []pybridge.AverageLevel{{1, 2}, {2, world}})
 	if err != nil {
 		return err
 	}

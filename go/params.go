@@ -8,7 +8,10 @@ package pybridge
 */
 import "C"
 
-import "runtime"
+import (
+	"context"
+	"runtime"
+)
 
 // BroadcastParams copies every slice of params from rank root to all ranks, in
 // place, coalesced into a few broadcasts: use it to start all ranks from rank
@@ -17,19 +20,28 @@ import "runtime"
 // All ranks must call collectives in the same order; when several goroutines
 // call them, the program must impose that order.
 func BroadcastParams[T Numeric](g *Group, params [][]T, root int) error {
-	const name = "BroadcastParams"
+	return broadcastParams(context.Background(), "BroadcastParams", g, params, root)
+}
+
+// BroadcastParamsContext is BroadcastParams under ctx (see Contexts): a ctx that
+// ends while it waits aborts g.
+func BroadcastParamsContext[T Numeric](ctx context.Context, g *Group, params [][]T, root int) error {
+	return broadcastParams(ctx, "BroadcastParamsContext", g, params, root)
+}
+
+func broadcastParams[T Numeric](ctx context.Context, name string, g *Group, params [][]T, root int) error {
 	rt, err := toInt32(name, "root", root)
 	if err != nil {
 		return err
 	}
-	return paramsCall(name, g, params, func(h *C.pb_group, n C.int32_t, d *C.pb_tensor, msg **C.char) C.int {
+	return paramsCall(ctx, name, g, params, func(h *C.pb_group, n C.int32_t, d *C.pb_tensor, msg **C.char) C.int {
 		return C.pbgo_broadcast_params(h, n, d, rt, msg)
 	})
 }
 
 // paramsCall makes one library call over g with descriptors of params (pinned
-// for the call).
-func paramsCall[T Numeric](name string, g *Group, params [][]T,
+// for the call), under ctx.
+func paramsCall[T Numeric](ctx context.Context, name string, g *Group, params [][]T,
 	call func(h *C.pb_group, n C.int32_t, d *C.pb_tensor, msg **C.char) C.int) error {
 	h, err := g.handle(name)
 	if err != nil {
@@ -41,8 +53,11 @@ func paramsCall[T Numeric](name string, g *Group, params [][]T,
 	}
 	var pin runtime.Pinner
 	defer pin.Unpin()
-	var msg *C.char
-	return check(name, call(h, n, describeSlices(&pin, params), &msg), msg)
+	descs := describeSlices(&pin, params)
+	return g.run(ctx, name, func() error {
+		var msg *C.char
+		return check(name, call(h, n, descs, &msg), msg)
+	})
 }
 
 // describeSlices returns descriptors of the slices (nil for none), pinning their

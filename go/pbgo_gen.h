@@ -52,6 +52,21 @@ static inline int pbgo_local_rank(pb_group *group, int32_t *out, char **msg) {
 	return pbgo_status(pb_local_rank(group, out), msg);
 }
 
+static inline int pbgo_job_env(int32_t *rank, int32_t *world_size, int32_t *local_rank,
+                               int32_t *local_world_size, char *master_addr,
+                               int32_t master_addr_size, int32_t *master_port, char **msg) {
+	return pbgo_status(pb_job_env(rank, world_size, local_rank, local_world_size, master_addr,
+	                              master_addr_size, master_port), msg);
+}
+
+static inline int pbgo_group_abort(pb_group *group, const char *reason, char **msg) {
+	return pbgo_status(pb_group_abort(group, reason), msg);
+}
+
+static inline int pbgo_init_abort(const char *reason, char **msg) {
+	return pbgo_status(pb_init_abort(reason), msg);
+}
+
 static inline int pbgo_group_split(pb_group *parent, int32_t color, int32_t key, pb_group **out,
                                    char **msg) {
 	return pbgo_status(pb_group_split(parent, color, key, out), msg);

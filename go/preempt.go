@@ -75,7 +75,16 @@ func pendingWarning(name string, signals []os.Signal) bool {
 //
 // after each step makes every rank stop after the same step.
 func AnyRank(g *Group, flag bool) (bool, error) {
-	const op = "AnyRank"
+	return anyRank(context.Background(), "AnyRank", g, flag)
+}
+
+// AnyRankContext is AnyRank under ctx (see Contexts): a ctx that ends while it
+// waits aborts g.
+func AnyRankContext(ctx context.Context, g *Group, flag bool) (bool, error) {
+	return anyRank(ctx, "AnyRankContext", g, flag)
+}
+
+func anyRank(ctx context.Context, op string, g *Group, flag bool) (bool, error) {
 	h, err := g.handle(op)
 	if err != nil {
 		return false, err
@@ -85,7 +94,9 @@ func AnyRank(g *Group, flag bool) (bool, error) {
 		f = 1
 	}
 	var out C.int32_t
-	var msg *C.char
-	err = check(op, C.pbgo_any_rank(h, f, &out, &msg), msg)
+	err = g.run(ctx, op, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_any_rank(h, f, &out, &msg), msg)
+	})
 	return out != 0, err
 }

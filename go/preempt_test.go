@@ -112,8 +112,8 @@ func checkWaitContext(g *pybridge.Group) error {
 	defer w.Close()
 	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if err := w.WaitContext(short); !errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("WaitContext before the peer sent: %v, want context.DeadlineExceeded", err)
+	if err := w.WaitContext(short); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, pybridge.ErrCanceled) {
+		return fmt.Errorf("WaitContext before the peer sent: %v, want ErrCanceled wrapping context.DeadlineExceeded", err)
 	}
 	if err := w.WaitContext(context.Background()); err != nil {
 		return fmt.Errorf("WaitContext after the peer sent: %v", err)
@@ -153,8 +153,9 @@ func checkReducerWaitContext(g *pybridge.Group) error {
 		}
 		short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
-		if err := r.WaitContext(short); !errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("Reducer.WaitContext before rank 1 marked: %v, want context.DeadlineExceeded", err)
+		if err := r.WaitContext(short); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, pybridge.ErrCanceled) {
+			return fmt.Errorf("Reducer.WaitContext before rank 1 marked: %v, want ErrCanceled wrapping "+
+				"context.DeadlineExceeded", err)
 		}
 		if err := pybridge.Send(g, []float32{1}, 1, 12); err != nil {
 			return err

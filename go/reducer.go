@@ -8,58 +8,9 @@ import "C"
 import (
 	"context"
 	"runtime"
-	"strconv"
 	"time"
 	"unsafe"
 )
-
-// Float is the set of element types a gradient may have.
-type Float interface {
-	~float32 | ~float64 | Float16 | BFloat16
-}
-
-// DType is an element type (the PB_FLOAT32 ... PB_INT64 codes of pybridge.h):
-// of a Tensor, or of a reducer parameter (floating point only).
-type DType int32
-
-// Element types. Gradients are one of the first four.
-const (
-	DTypeFloat32  DType = dtFloat32
-	DTypeFloat64  DType = dtFloat64
-	DTypeFloat16  DType = dtFloat16
-	DTypeBFloat16 DType = dtBFloat16
-	DTypeInt8     DType = dtInt8
-	DTypeUint8    DType = dtUint8
-	DTypeInt32    DType = dtInt32
-	DTypeInt64    DType = dtInt64
-)
-
-func (d DType) String() string {
-	switch d {
-	case DTypeFloat32:
-		return "float32"
-	case DTypeFloat64:
-		return "float64"
-	case DTypeFloat16:
-		return "float16"
-	case DTypeBFloat16:
-		return "bfloat16"
-	case DTypeInt8:
-		return "int8"
-	case DTypeUint8:
-		return "uint8"
-	case DTypeInt32:
-		return "int32"
-	case DTypeInt64:
-		return "int64"
-	case DTypeTorch:
-		return "libtorch tensor"
-	}
-	return "DType(" + strconv.Itoa(int(d)) + ")"
-}
-
-// DTypeOf returns the DType of T.
-func DTypeOf[T Float]() DType { return DType(dtypeOf[T]()) }
 
 // ParamSpec describes one parameter's gradient: Len elements of type DType.
 // Shape (optional, row-major, its product equal to Len) matters to hooks that
@@ -77,81 +28,6 @@ func Params[T Float](lens ...int) []ParamSpec {
 		specs[i] = ParamSpec{Len: n, DType: DTypeOf[T]()}
 	}
 	return specs
-}
-
-// Compression is the wire format of float32 gradient buckets: another name for
-// a Hook (CompressFP16 is HookFP16).
-type Compression int32
-
-// Gradient compression (PB_COMPRESS_* of pybridge.h, equal to the PB_HOOK_*
-// codes of the same hooks). Only float32 buckets are compressed; they are
-// decompressed in place after the allreduce.
-const (
-	NoCompression Compression = C.PB_COMPRESS_NONE
-	CompressFP16  Compression = C.PB_COMPRESS_FP16
-	CompressBF16  Compression = C.PB_COMPRESS_BF16
-)
-
-// reducerConfig is what the options set; NewReducer passes it to the library
-// at once, as one pb_reducer_options.
-type reducerConfig struct {
-	capMB      float64
-	firstCapMB float64
-	op         Op
-	flags      int32
-	hook       Hook
-	hookRank   int
-	hookFlags  int32
-	hookStart  int
-	perNode    int         // WithHierarchical's ranks per node
-	wire       Compression // WithHierarchicalCompression's wire type
-	gossip     *gossipConfig
-	badComp    *Compression // WithCompression got an unknown value
-	hookName   *string      // WithHookName: a hook chosen by name (registry.go)
-}
-
-// ReducerOption configures NewReducer. Hooks, compression, PowerSGD and gossip
-// choose one thing, how buckets travel: the last of them given wins.
-type ReducerOption func(*reducerConfig)
-
-// WithBucketCapMB sets the bucket size in MiB, the first bucket's too (torch DDP's
-// rule). Without it, or with 0, buckets hold 25 MiB and the first 1 MiB, so that
-// the first allreduce starts early. A negative or NaN size makes NewReducer fail
-// with ErrInvalidArgument (bucket_cap_mb), as Python's Reducer refuses it.
-func WithBucketCapMB(mb float64) ReducerOption { return func(c *reducerConfig) { c.capMB = mb } }
-
-// WithFirstBucketCapMB sets the first bucket's size in MiB apart from the others
-// (0: by WithBucketCapMB's rule).
-func WithFirstBucketCapMB(mb float64) ReducerOption {
-	return func(c *reducerConfig) { c.firstCapMB = mb }
-}
-
-// WithReduceOp chooses Avg (the default: gradients are averaged over ranks) or Sum.
-func WithReduceOp(op Op) ReducerOption { return func(c *reducerConfig) { c.op = op } }
-
-// WithCompression sends float32 buckets as half or bfloat16: the same as
-// WithHook(HookFP16) or WithHook(HookBF16).
-//
-// Deprecated: use WithHook.
-func WithCompression(comp Compression) ReducerOption {
-	return func(c *reducerConfig) {
-		c.setHook(Hook(comp))
-		if comp != NoCompression && comp != CompressFP16 && comp != CompressBF16 {
-			c.badComp = &comp
-		}
-	}
-}
-
-// WithAllowUnused lets Wait succeed when some gradients were not marked ready:
-// they are reduced with whatever their views hold (Zero them for "no gradient").
-func WithAllowUnused() ReducerOption {
-	return func(c *reducerConfig) { c.flags |= C.PB_REDUCER_ALLOW_UNUSED }
-}
-
-// WithoutRebuild keeps the initial bucket layout (reverse parameter order)
-// instead of rebuilding it once in the order gradients became ready.
-func WithoutRebuild() ReducerOption {
-	return func(c *reducerConfig) { c.flags |= C.PB_REDUCER_NO_REBUILD }
 }
 
 // Reducer averages (or sums) gradients over all ranks, bucket by bucket, while
@@ -181,7 +57,8 @@ type Reducer struct {
 	views    []unsafe.Pointer // library memory of each gradient, for the current generation
 	device   int              // where the buckets live: CPU, or a CUDA device under nccl
 	gen      int64
-	attached bool // AttachReducer: backward, not Wait, moves to a new generation
+	attached bool   // AttachReducer: backward, not Wait, moves to a new generation
+	group    *Group // the group its collectives run on: what a ...Context call aborts
 }
 
 // NewReducer creates a reducer over gradients described by params, configured
@@ -194,7 +71,16 @@ type Reducer struct {
 // WithHook(HookFP16) on another), every rank gets ErrInvalidArgument naming the
 // settings that differ.
 func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, error) {
-	const op = "NewReducer"
+	return newReducer(context.Background(), "NewReducer", g, params, opts)
+}
+
+// NewReducerContext is NewReducer under ctx (see Contexts): a ctx that ends while
+// it waits for the other ranks aborts g.
+func NewReducerContext(ctx context.Context, g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, error) {
+	return newReducer(ctx, "NewReducerContext", g, params, opts)
+}
+
+func newReducer(ctx context.Context, op string, g *Group, params []ParamSpec, opts []ReducerOption) (*Reducer, error) {
 	gh, c, n, err := reducerArgs(op, g, opts, len(params))
 	if err != nil {
 		return nil, err
@@ -207,51 +93,51 @@ func NewReducer(g *Group, params []ParamSpec, opts ...ReducerOption) (*Reducer, 
 		}
 		counts[i], dtypes[i] = C.int64_t(p.Len), C.int32_t(p.DType)
 	}
-	var o C.pb_reducer_options
-	if err := c.fill(op, &o); err != nil {
+	if err := fillShapes(op, params, &c.o); err != nil {
 		return nil, err
 	}
-	defer C.free(unsafe.Pointer(o.hook_name))
-	if err := fillShapes(op, params, &o); err != nil {
-		return nil, err
-	}
-	defer C.free(unsafe.Pointer(o.ndims))
-	defer C.free(unsafe.Pointer(o.dims))
+	defer C.free(unsafe.Pointer(c.o.ndims))
+	defer C.free(unsafe.Pointer(c.o.dims))
+	defer c.withCStrings()()
 	var pc *C.int64_t
 	var pd *C.int32_t
 	if len(params) > 0 {
 		pc, pd = &counts[0], &dtypes[0]
 	}
 	var h *C.pb_reducer
-	var msg *C.char
-	if err := check(op, C.pbgo_reducer_create(gh, n, pc, pd, &o, &h, &msg), msg); err != nil {
-		return nil, err
+	err = g.run(ctx, op, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_reducer_create(gh, n, pc, pd, &c.o, &h, &msg), msg)
+	})
+	r := &Reducer{specs: append([]ParamSpec(nil), params...), gen: -1, group: g}
+	return r.made(op, h, err)
+}
+
+// made finishes a reducer the library created as h (or failed to, with err).
+func (r *Reducer) made(op string, h *C.pb_reducer, err error) (*Reducer, error) {
+	if err == nil && h != nil {
+		r.h = h
+		err = r.refresh(op)
 	}
-	r := &Reducer{specs: append([]ParamSpec(nil), params...), gen: -1}
-	r.h = h
-	if err := r.refresh(op); err != nil {
-		C.pbgo_reducer_close(h, nil)
+	if err != nil {
+		if h != nil { // made by a call whose context ended, or not readable: of no use
+			C.pbgo_reducer_close(h, nil)
+		}
 		return nil, err
 	}
 	return r, nil
 }
 
 // reducerArgs is what NewReducer and AttachReducer begin with: the group's handle,
-// opts applied to the defaults, and the parameter count as C takes it.
-func reducerArgs(op string, g *Group, opts []ReducerOption, nparams int) (*C.pb_group, reducerConfig, C.int32_t, error) {
-	c := reducerConfig{op: Avg, hook: HookAllReduce, hookRank: 1, hookStart: 2}
+// opts applied over the C defaults, and the parameter count as C takes it.
+func reducerArgs(op string, g *Group, opts []ReducerOption, nparams int) (*C.pb_group, *reducerConfig, C.int32_t, error) {
 	gh, err := g.handle(op)
 	if err != nil {
-		return nil, c, 0, err
+		return nil, nil, 0, err
 	}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	if c.badComp != nil {
-		return nil, c, 0, newError(statusInvalidArgument, op, "WithCompression: unknown compression %d; "+
-			"use NoCompression, CompressFP16 or CompressBF16 (or WithHook)", int32(*c.badComp))
+	c := newReducerConfig(opts)
+	if err := c.err(op); err != nil {
+		return nil, nil, 0, err
 	}
 	n, err := toInt32(op, "parameter count", nparams)
 	return gh, c, n, err
@@ -281,7 +167,16 @@ func reducerArgs(op string, g *Group, opts []ReducerOption, nparams int) (*C.pb_
 // Each parameter must be a leaf tensor that requires grad, of a floating-point
 // dtype, on the group's device. It is a collective, as NewReducer.
 func AttachReducer(g *Group, params []TensorSource, opts ...ReducerOption) (*Reducer, error) {
-	const op = "AttachReducer"
+	return attachReducer(context.Background(), "AttachReducer", g, params, opts)
+}
+
+// AttachReducerContext is AttachReducer under ctx (see Contexts): a ctx that ends
+// while it waits for the other ranks aborts g.
+func AttachReducerContext(ctx context.Context, g *Group, params []TensorSource, opts ...ReducerOption) (*Reducer, error) {
+	return attachReducer(ctx, "AttachReducerContext", g, params, opts)
+}
+
+func attachReducer(ctx context.Context, op string, g *Group, params []TensorSource, opts []ReducerOption) (*Reducer, error) {
 	gh, c, n, err := reducerArgs(op, g, opts, len(params))
 	if err != nil {
 		return nil, err
@@ -292,86 +187,17 @@ func AttachReducer(g *Group, params []TensorSource, opts ...ReducerOption) (*Red
 	if err != nil {
 		return nil, err
 	}
-	var o C.pb_reducer_options
-	if err := c.fill(op, &o); err != nil {
-		return nil, err
-	}
-	defer C.free(unsafe.Pointer(o.hook_name))
+	defer c.withCStrings()()
 	var h *C.pb_reducer
-	var msg *C.char
-	if err := check(op, C.pbgo_reducer_attach(gh, n, pd, &o, &h, &msg), msg); err != nil {
-		return nil, err
-	}
-	r := &Reducer{specs: make([]ParamSpec, len(params)), gen: -1, attached: true}
+	err = g.run(ctx, op, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_reducer_attach(gh, n, pd, &c.o, &h, &msg), msg)
+	})
+	r := &Reducer{specs: make([]ParamSpec, len(params)), gen: -1, attached: true, group: g}
 	for i := range r.specs {
 		r.specs[i].Len = -1 // read from the library's views by refresh
 	}
-	r.h = h
-	if err := r.refresh(op); err != nil {
-		C.pbgo_reducer_close(h, nil)
-		return nil, err
-	}
-	return r, nil
-}
-
-// WithGradAsBucketView (AttachReducer only) makes each parameter's grad a view
-// of its place in its bucket, torch DDP's gradient_as_bucket_view: backward
-// accumulates straight into the bucket and nothing is copied. A grad the
-// optimizer set to nil is made a view again at the next backward.
-func WithGradAsBucketView() ReducerOption {
-	return func(c *reducerConfig) { c.flags |= C.PB_REDUCER_BUCKET_VIEW }
-}
-
-// fill sets every field of o from c (so o does not depend on the library's
-// defaults). o.hook_name is C memory (or nil) that the caller frees.
-func (c *reducerConfig) fill(op string, o *C.pb_reducer_options) error {
-	rank, err := toInt32(op, "PowerSGD rank", c.hookRank)
-	if err != nil {
-		return err
-	}
-	start, err := toInt32(op, "PowerSGD start iteration", c.hookStart)
-	if err != nil {
-		return err
-	}
-	o.size = C.uint32_t(unsafe.Sizeof(*o))
-	o.op = C.int32_t(c.op)
-	o.bucket_cap_mb, o.first_bucket_cap_mb = C.double(c.capMB), C.double(c.firstCapMB)
-	o.flags = C.int32_t(c.flags)
-	perNode, err := toInt32(op, "hierarchical ranks per node", c.perNode)
-	if err != nil {
-		return err
-	}
-	flags := c.hookFlags
-	switch c.wire {
-	case NoCompression:
-	case CompressFP16:
-		flags |= C.PB_HOOK_WIRE_FP16
-	case CompressBF16:
-		flags |= C.PB_HOOK_WIRE_BF16
-	default:
-		return newError(statusInvalidArgument, op, "WithHierarchicalCompression: unknown compression %d; "+
-			"use NoCompression, CompressFP16 or CompressBF16", int32(c.wire))
-	}
-	o.hook, o.hook_rank, o.hook_flags, o.hook_start_iter = C.int32_t(c.hook), rank, C.int32_t(flags), start
-	o.hook_ranks_per_node = perNode
-	o.gossip_topology, o.gossip_ranks_per_node, o.gossip_seed, o.gossip_sync_every = C.PB_GOSSIP_NONE, 0, 0, 0
-	if gc := c.gossip; gc != nil {
-		per, err := toInt32(op, "ranks per node", gc.ranksPerNode)
-		if err != nil {
-			return err
-		}
-		sync, err := toInt32(op, "sync every", gc.syncEvery)
-		if err != nil {
-			return err
-		}
-		o.gossip_topology, o.gossip_ranks_per_node = C.int32_t(gc.topology), per
-		o.gossip_seed, o.gossip_sync_every = C.int64_t(gc.seed), sync
-	}
-	o.hook_name = nil
-	if c.hookName != nil { // last: nothing after it can fail and leave it unfreed
-		o.hook_name = C.CString(*c.hookName)
-	}
-	return nil
+	return r.made(op, h, err)
 }
 
 // fillShapes points o.ndims and o.dims at C copies of the params' shapes (nil
@@ -594,7 +420,18 @@ func (r *Reducer) CHandle() unsafe.Pointer {
 // completes its bucket, the bucket's allreduce starts; MarkReady does not wait
 // for it. Marking a gradient twice in one iteration is ErrInvalidArgument.
 func (r *Reducer) MarkReady(i int) error {
-	const op = "Reducer.MarkReady"
+	return r.markReady(context.Background(), "Reducer.MarkReady", i)
+}
+
+// MarkReadyContext is MarkReady under ctx (see Contexts). MarkReady waits on the
+// other ranks only where it must agree first: the settings after a hook or shape
+// changed, and WithJoinDivideByActive's count at an iteration's first mark. A ctx
+// that ends while it waits aborts the reducer's group.
+func (r *Reducer) MarkReadyContext(ctx context.Context, i int) error {
+	return r.markReady(ctx, "Reducer.MarkReadyContext", i)
+}
+
+func (r *Reducer) markReady(ctx context.Context, op string, i int) error {
 	h, err := r.rhandle(op)
 	if err != nil {
 		return err
@@ -604,8 +441,10 @@ func (r *Reducer) MarkReady(i int) error {
 	if err != nil {
 		return err
 	}
-	var msg *C.char
-	return check(op, C.pbgo_reducer_mark_ready(h, idx, &msg), msg)
+	return underContext(ctx, op, r.group, func() error {
+		var msg *C.char
+		return check(op, C.pbgo_reducer_mark_ready(h, idx, &msg), msg)
+	})
 }
 
 // Wait blocks until every bucket of this iteration is reduced; then the
@@ -643,19 +482,21 @@ func (r *Reducer) Wait(timeout time.Duration) error {
 	return err
 }
 
-// WaitContext is Wait that also returns when ctx is done, with ctx's error
-// (context.Canceled or context.DeadlineExceeded), as database/sql's
-// QueryContext does. The buckets in flight cannot be called back: they go on,
-// and the iteration stays, so that a later Wait or WaitContext returns its
-// result (mark no more gradients of it meanwhile). A ctx without deadline still
-// waits at most the group's timeout, as Wait(0) does.
+// WaitContext is Wait that also returns when ctx is done, with ErrCanceled
+// wrapping ctx's error (errors.Is(err, context.DeadlineExceeded) or
+// context.Canceled), as database/sql's QueryContext does. Waiting can be given up
+// without aborting anything: the buckets in flight go on, and the iteration stays,
+// so that a later Wait or WaitContext returns its result (mark no more gradients
+// of it meanwhile). A ctx without deadline still waits at most the group's
+// timeout, as Wait(0) does.
 func (r *Reducer) WaitContext(ctx context.Context) error {
 	const op = "Reducer.WaitContext"
 	if r == nil {
 		return nilError(op, "Reducer")
 	}
 	for {
-		if err := ctx.Err(); err != nil {
+		if err := waitEnded(ctx, op, "the buckets in flight go on: a later Wait or WaitContext returns "+
+			"their result"); err != nil {
 			return err
 		}
 		done, err := r.poll(op, waitSlice)
@@ -709,105 +550,4 @@ func (r *Reducer) Close() error {
 		r.views = nil
 		return C.pbgo_reducer_close(h, msg)
 	})
-}
-
-// Hook selects how a full bucket travels (pybridge.h's PB_HOOK_*): the reducer
-// keeps readiness, order and rebuilds; the hook is torch's DDP comm hook.
-type Hook int32
-
-// Built-in communication hooks.
-const (
-	HookAllReduce Hook = C.PB_HOOK_ALLREDUCE // sum, divided first for Avg (the default)
-	HookFP16      Hook = C.PB_HOOK_FP16      // float32 buckets travel as half
-	HookBF16      Hook = C.PB_HOOK_BF16      // float32 buckets travel as bfloat16
-	HookPowerSGD  Hook = C.PB_HOOK_POWERSGD  // torch's PowerSGD low-rank compression
-	// Sum in the node, allreduce among node leaders, broadcast in the node (WithHierarchical).
-	HookHierarchical Hook = C.PB_HOOK_HIERARCHICAL
-)
-
-// WithHook chooses a built-in communication hook (HookPowerSGD with rank 1
-// and warm start; WithPowerSGD chooses those). WithHook(HookFP16) and
-// WithCompression(CompressFP16) make the same reducer.
-func WithHook(h Hook) ReducerOption {
-	return func(c *reducerConfig) { c.setHook(h) }
-}
-
-// setHook makes h how buckets travel, in place of gossip or an earlier hook.
-func (c *reducerConfig) setHook(h Hook) {
-	c.hook, c.gossip, c.badComp, c.hookName = h, nil, nil, nil
-}
-
-// WithPowerSGD compresses gradients with torch's PowerSGD: matrices are sent as
-// rank-`rank` factors (1 to 4 are typical), with error feedback; the first two
-// iterations run plain allreduce. warmStart reuses the last step's factors.
-// Give matrix gradients their shape (ParamSpec.Shape): vectors travel
-// uncompressed.
-func WithPowerSGD(rank int, warmStart bool) ReducerOption {
-	return func(c *reducerConfig) {
-		c.setHook(HookPowerSGD)
-		c.hookRank, c.hookFlags = rank, 0
-		if !warmStart {
-			c.hookFlags = C.PB_HOOK_NO_WARM_START
-		}
-	}
-}
-
-// WithPowerSGDStartIter sets how many iterations run plain allreduce before
-// PowerSGD compresses (torch's start_powerSGD_iter; at least 2, the default).
-// Other hooks ignore it.
-func WithPowerSGDStartIter(iterations int) ReducerOption {
-	return func(c *reducerConfig) { c.hookStart = iterations }
-}
-
-// WithHierarchical reduces each bucket in three steps: a sum within the node
-// (ranksPerNode consecutive ranks; 0: the launcher's LOCAL_WORLD_SIZE, as
-// pybridge-launch and torchrun set it), an allreduce among the node leaders
-// (local rank 0 of each node), a broadcast within the node. The result is the
-// plain allreduce's (up to the order floats are added in), but only one bucket
-// per node crosses node links instead of one per rank. NewReducer is then a
-// collective that also creates the node groups; ranks that give another node
-// size get ErrInvalidArgument.
-func WithHierarchical(ranksPerNode int) ReducerOption {
-	return func(c *reducerConfig) {
-		c.setHook(HookHierarchical)
-		c.perNode = ranksPerNode
-	}
-}
-
-// WithHierarchicalCompression sends WithHierarchical's float32 buckets as half
-// (CompressFP16) or bfloat16 (CompressBF16) through all three steps. Other hooks
-// refuse it (use WithHook(HookFP16) for a plain allreduce on a half wire).
-func WithHierarchicalCompression(comp Compression) ReducerOption {
-	return func(c *reducerConfig) { c.wire = comp }
-}
-
-// GossipTopology chooses GossipGraD's partners (pybridge.h's PB_GOSSIP_*).
-type GossipTopology int32
-
-// Gossip topologies: see WithGossip.
-const (
-	GossipCube          GossipTopology = C.PB_GOSSIP_CUBE          // pairs i XOR 2^k
-	GossipDissemination GossipTopology = C.PB_GOSSIP_DISSEMINATION // send i+2^k, receive i-2^k
-)
-
-// WithGossip replaces the allreduce with GossipGraD: each node (ranksPerNode
-// consecutive ranks; 0: the launcher's ranks per node, LOCAL_WORLD_SIZE, or 1
-// without a launcher) averages within itself and exchanges with one partner node
-// per step, partners rotating from seed. Communication per step no longer grows
-// with the world, but replicas drift apart: every syncEvery-th step (0: never)
-// the gradients are averaged exactly, and the program should average its
-// parameters there (AllReduce with Avg). NewReducer is then a collective that
-// also creates the node groups.
-func WithGossip(topology GossipTopology, ranksPerNode int, seed int64, syncEvery int) ReducerOption {
-	return func(c *reducerConfig) {
-		c.setHook(HookAllReduce)
-		c.gossip = &gossipConfig{topology, ranksPerNode, seed, syncEvery}
-	}
-}
-
-type gossipConfig struct {
-	topology     GossipTopology
-	ranksPerNode int
-	seed         int64
-	syncEvery    int
 }

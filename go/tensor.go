@@ -6,6 +6,7 @@ package pybridge
 import "C"
 
 import (
+	"context"
 	"runtime"
 	"strconv"
 	"unsafe"
@@ -119,8 +120,8 @@ func tensorArray(op, field string, srcs []TensorSource, async bool, pin *runtime
 }
 
 // tensorCall checks g and the tensors (named by fields) and makes the call with
-// their descriptors; async calls also get a Work.
-func tensorCall(name string, g *Group, async bool, fields []string, srcs []TensorSource,
+// their descriptors, under ctx; async calls also get a Work.
+func tensorCall(ctx context.Context, name string, g *Group, async bool, fields []string, srcs []TensorSource,
 	call func(g *C.pb_group, d []C.pb_tensor, w **C.pb_work, msg **C.char) C.int) (*Work, error) {
 	gh, err := g.handle(name)
 	if err != nil {
@@ -135,8 +136,11 @@ func tensorCall(name string, g *Group, async bool, fields []string, srcs []Tenso
 		}
 	}
 	var h *C.pb_work
-	var msg *C.char
-	if err := check(name, call(gh, descs, &h, &msg), msg); err != nil || !async {
+	err = g.run(ctx, name, func() error {
+		var msg *C.char
+		return check(name, call(gh, descs, &h, &msg), msg)
+	})
+	if err != nil || !async {
 		return nil, err
 	}
 	w := &Work{op: name}
@@ -146,7 +150,17 @@ func tensorCall(name string, g *Group, async bool, fields []string, srcs []Tenso
 
 // AllReduceTensor is AllReduce on t's memory, in place.
 func AllReduceTensor(g *Group, t TensorSource, op Op) error {
-	_, err := tensorCall("AllReduceTensor", g, false, []string{"tensor"}, []TensorSource{t},
+	return allReduceTensor(context.Background(), "AllReduceTensor", g, t, op)
+}
+
+// AllReduceTensorContext is AllReduceTensor under ctx (see Contexts): a ctx that ends while it
+// waits aborts g.
+func AllReduceTensorContext(ctx context.Context, g *Group, t TensorSource, op Op) error {
+	return allReduceTensor(ctx, "AllReduceTensorContext", g, t, op)
+}
+
+func allReduceTensor(ctx context.Context, name string, g *Group, t TensorSource, op Op) error {
+	_, err := tensorCall(ctx, name, g, false, []string{"tensor"}, []TensorSource{t},
 		func(g *C.pb_group, d []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
 			return C.pbgo_all_reduce(g, &d[0], C.int32_t(op), msg)
 		})
@@ -155,11 +169,21 @@ func AllReduceTensor(g *Group, t TensorSource, op Op) error {
 
 // BroadcastTensor is Broadcast of t's memory from rank root, in place.
 func BroadcastTensor(g *Group, t TensorSource, root int) error {
-	r, err := toInt32("BroadcastTensor", "root", root)
+	return broadcastTensor(context.Background(), "BroadcastTensor", g, t, root)
+}
+
+// BroadcastTensorContext is BroadcastTensor under ctx (see Contexts): a ctx that ends while it
+// waits aborts g.
+func BroadcastTensorContext(ctx context.Context, g *Group, t TensorSource, root int) error {
+	return broadcastTensor(ctx, "BroadcastTensorContext", g, t, root)
+}
+
+func broadcastTensor(ctx context.Context, name string, g *Group, t TensorSource, root int) error {
+	r, err := toInt32(name, "root", root)
 	if err != nil {
 		return err
 	}
-	_, err = tensorCall("BroadcastTensor", g, false, []string{"tensor"}, []TensorSource{t},
+	_, err = tensorCall(ctx, name, g, false, []string{"tensor"}, []TensorSource{t},
 		func(g *C.pb_group, d []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
 			return C.pbgo_broadcast(g, &d[0], r, msg)
 		})
@@ -168,7 +192,17 @@ func BroadcastTensor(g *Group, t TensorSource, root int) error {
 
 // AllGatherTensor is AllGather from send into recv (Size() times send's length).
 func AllGatherTensor(g *Group, send, recv TensorSource) error {
-	_, err := tensorCall("AllGatherTensor", g, false, []string{"send", "recv"}, []TensorSource{send, recv},
+	return allGatherTensor(context.Background(), "AllGatherTensor", g, send, recv)
+}
+
+// AllGatherTensorContext is AllGatherTensor under ctx (see Contexts): a ctx that ends while it
+// waits aborts g.
+func AllGatherTensorContext(ctx context.Context, g *Group, send, recv TensorSource) error {
+	return allGatherTensor(ctx, "AllGatherTensorContext", g, send, recv)
+}
+
+func allGatherTensor(ctx context.Context, name string, g *Group, send, recv TensorSource) error {
+	_, err := tensorCall(ctx, name, g, false, []string{"send", "recv"}, []TensorSource{send, recv},
 		func(g *C.pb_group, d []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
 			return C.pbgo_all_gather(g, &d[0], &d[1], msg)
 		})
@@ -177,7 +211,17 @@ func AllGatherTensor(g *Group, send, recv TensorSource) error {
 
 // ReduceScatterTensor is ReduceScatter from send into recv.
 func ReduceScatterTensor(g *Group, send, recv TensorSource, op Op) error {
-	_, err := tensorCall("ReduceScatterTensor", g, false, []string{"send", "recv"}, []TensorSource{send, recv},
+	return reduceScatterTensor(context.Background(), "ReduceScatterTensor", g, send, recv, op)
+}
+
+// ReduceScatterTensorContext is ReduceScatterTensor under ctx (see Contexts): a ctx that ends while it
+// waits aborts g.
+func ReduceScatterTensorContext(ctx context.Context, g *Group, send, recv TensorSource, op Op) error {
+	return reduceScatterTensor(ctx, "ReduceScatterTensorContext", g, send, recv, op)
+}
+
+func reduceScatterTensor(ctx context.Context, name string, g *Group, send, recv TensorSource, op Op) error {
+	_, err := tensorCall(ctx, name, g, false, []string{"send", "recv"}, []TensorSource{send, recv},
 		func(g *C.pb_group, d []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
 			return C.pbgo_reduce_scatter(g, &d[0], &d[1], C.int32_t(op), msg)
 		})
@@ -186,11 +230,21 @@ func ReduceScatterTensor(g *Group, send, recv TensorSource, op Op) error {
 
 // SendTensor is Send of t's memory to rank dst.
 func SendTensor(g *Group, t TensorSource, dst, tag int) error {
-	d, tg, err := peerAndTag("SendTensor", "destination", dst, tag)
+	return sendTensor(context.Background(), "SendTensor", g, t, dst, tag)
+}
+
+// SendTensorContext is SendTensor under ctx (see Contexts): a ctx that ends while it
+// waits aborts g.
+func SendTensorContext(ctx context.Context, g *Group, t TensorSource, dst, tag int) error {
+	return sendTensor(ctx, "SendTensorContext", g, t, dst, tag)
+}
+
+func sendTensor(ctx context.Context, name string, g *Group, t TensorSource, dst, tag int) error {
+	d, tg, err := peerAndTag(name, "destination", dst, tag)
 	if err != nil {
 		return err
 	}
-	_, err = tensorCall("SendTensor", g, false, []string{"tensor"}, []TensorSource{t},
+	_, err = tensorCall(ctx, name, g, false, []string{"tensor"}, []TensorSource{t},
 		func(g *C.pb_group, ds []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
 			return C.pbgo_send(g, &ds[0], d, tg, msg)
 		})
@@ -199,11 +253,21 @@ func SendTensor(g *Group, t TensorSource, dst, tag int) error {
 
 // RecvTensor is Recv into t's memory from rank src.
 func RecvTensor(g *Group, t TensorSource, src, tag int) error {
-	s, tg, err := peerAndTag("RecvTensor", "source", src, tag)
+	return recvTensor(context.Background(), "RecvTensor", g, t, src, tag)
+}
+
+// RecvTensorContext is RecvTensor under ctx (see Contexts): a ctx that ends while it
+// waits aborts g.
+func RecvTensorContext(ctx context.Context, g *Group, t TensorSource, src, tag int) error {
+	return recvTensor(ctx, "RecvTensorContext", g, t, src, tag)
+}
+
+func recvTensor(ctx context.Context, name string, g *Group, t TensorSource, src, tag int) error {
+	s, tg, err := peerAndTag(name, "source", src, tag)
 	if err != nil {
 		return err
 	}
-	_, err = tensorCall("RecvTensor", g, false, []string{"tensor"}, []TensorSource{t},
+	_, err = tensorCall(ctx, name, g, false, []string{"tensor"}, []TensorSource{t},
 		func(g *C.pb_group, ds []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
 			return C.pbgo_recv(g, &ds[0], s, tg, msg)
 		})
@@ -213,7 +277,7 @@ func RecvTensor(g *Group, t TensorSource, src, tag int) error {
 // AllReduceTensorAsync starts AllReduceTensor. t's memory must not be Go memory,
 // and must stay valid and untouched until the Work completes.
 func AllReduceTensorAsync(g *Group, t TensorSource, op Op) (*Work, error) {
-	return tensorCall("AllReduceTensorAsync", g, true, []string{"tensor"}, []TensorSource{t},
+	return tensorCall(context.Background(), "AllReduceTensorAsync", g, true, []string{"tensor"}, []TensorSource{t},
 		func(g *C.pb_group, d []C.pb_tensor, w **C.pb_work, msg **C.char) C.int {
 			return C.pbgo_all_reduce_tensor_async(g, &d[0], C.int32_t(op), w, msg)
 		})
@@ -225,7 +289,7 @@ func BroadcastTensorAsync(g *Group, t TensorSource, root int) (*Work, error) {
 	if err != nil {
 		return nil, err
 	}
-	return tensorCall("BroadcastTensorAsync", g, true, []string{"tensor"}, []TensorSource{t},
+	return tensorCall(context.Background(), "BroadcastTensorAsync", g, true, []string{"tensor"}, []TensorSource{t},
 		func(g *C.pb_group, d []C.pb_tensor, w **C.pb_work, msg **C.char) C.int {
 			return C.pbgo_broadcast_tensor_async(g, &d[0], r, w, msg)
 		})
@@ -233,7 +297,7 @@ func BroadcastTensorAsync(g *Group, t TensorSource, root int) (*Work, error) {
 
 // AllGatherTensorAsync starts AllGatherTensor; see AllReduceTensorAsync for the memory.
 func AllGatherTensorAsync(g *Group, send, recv TensorSource) (*Work, error) {
-	return tensorCall("AllGatherTensorAsync", g, true, []string{"send", "recv"}, []TensorSource{send, recv},
+	return tensorCall(context.Background(), "AllGatherTensorAsync", g, true, []string{"send", "recv"}, []TensorSource{send, recv},
 		func(g *C.pb_group, d []C.pb_tensor, w **C.pb_work, msg **C.char) C.int {
 			return C.pbgo_all_gather_tensor_async(g, &d[0], &d[1], w, msg)
 		})
@@ -241,7 +305,7 @@ func AllGatherTensorAsync(g *Group, send, recv TensorSource) (*Work, error) {
 
 // ReduceScatterTensorAsync starts ReduceScatterTensor; see AllReduceTensorAsync for the memory.
 func ReduceScatterTensorAsync(g *Group, send, recv TensorSource, op Op) (*Work, error) {
-	return tensorCall("ReduceScatterTensorAsync", g, true, []string{"send", "recv"}, []TensorSource{send, recv},
+	return tensorCall(context.Background(), "ReduceScatterTensorAsync", g, true, []string{"send", "recv"}, []TensorSource{send, recv},
 		func(g *C.pb_group, d []C.pb_tensor, w **C.pb_work, msg **C.char) C.int {
 			return C.pbgo_reduce_scatter_tensor_async(g, &d[0], &d[1], C.int32_t(op), w, msg)
 		})
@@ -253,7 +317,7 @@ func ISendTensor(g *Group, t TensorSource, dst, tag int) (*Work, error) {
 	if err != nil {
 		return nil, err
 	}
-	return tensorCall("ISendTensor", g, true, []string{"tensor"}, []TensorSource{t},
+	return tensorCall(context.Background(), "ISendTensor", g, true, []string{"tensor"}, []TensorSource{t},
 		func(g *C.pb_group, ds []C.pb_tensor, w **C.pb_work, msg **C.char) C.int {
 			return C.pbgo_isend_tensor(g, &ds[0], d, tg, w, msg)
 		})
@@ -265,7 +329,7 @@ func IRecvTensor(g *Group, t TensorSource, src, tag int) (*Work, error) {
 	if err != nil {
 		return nil, err
 	}
-	return tensorCall("IRecvTensor", g, true, []string{"tensor"}, []TensorSource{t},
+	return tensorCall(context.Background(), "IRecvTensor", g, true, []string{"tensor"}, []TensorSource{t},
 		func(g *C.pb_group, ds []C.pb_tensor, w **C.pb_work, msg **C.char) C.int {
 			return C.pbgo_irecv_tensor(g, &ds[0], s, tg, w, msg)
 		})
@@ -274,7 +338,16 @@ func IRecvTensor(g *Group, t TensorSource, src, tag int) (*Work, error) {
 // BroadcastParamsTensors is BroadcastParams on tensors: rank root's contents are
 // copied into every rank's, in place, coalesced into a few broadcasts per dtype.
 func BroadcastParamsTensors(g *Group, params []TensorSource, root int) error {
-	const name = "BroadcastParamsTensors"
+	return broadcastParamsTensors(context.Background(), "BroadcastParamsTensors", g, params, root)
+}
+
+// BroadcastParamsTensorsContext is BroadcastParamsTensors under ctx (see Contexts): a ctx that ends while it
+// waits aborts g.
+func BroadcastParamsTensorsContext(ctx context.Context, g *Group, params []TensorSource, root int) error {
+	return broadcastParamsTensors(ctx, "BroadcastParamsTensorsContext", g, params, root)
+}
+
+func broadcastParamsTensors(ctx context.Context, name string, g *Group, params []TensorSource, root int) error {
 	r, err := toInt32(name, "root", root)
 	if err != nil {
 		return err
@@ -287,7 +360,7 @@ func BroadcastParamsTensors(g *Group, params []TensorSource, root int) error {
 	for i := range fields {
 		fields[i] = "params[" + strconv.Itoa(i) + "]"
 	}
-	_, err = tensorCall(name, g, false, fields, params,
+	_, err = tensorCall(ctx, name, g, false, fields, params,
 		func(g *C.pb_group, d []C.pb_tensor, _ **C.pb_work, msg **C.char) C.int {
 			var pd *C.pb_tensor
 			if len(d) > 0 {

@@ -52,11 +52,10 @@ func TestErrorWords(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	ck := pybridge.NewCheckpoint(nil, t.TempDir())
+	ck := pybridge.NewCheckpoint(nil, t.TempDir(), pybridge.WithLoader(l))
 	if err := pybridge.AddTensor(ck, "w", []float32{1, 2}); err != nil {
 		t.Fatal(err)
 	}
-	ck.SetLoader(l)
 	if err := inGo("Checkpoint.Save of a dynamic loader", ck.Save(1), invalid, "with StaticPartition"); err != nil {
 		t.Error(err)
 	}
@@ -83,11 +82,10 @@ func roleWords() error {
 		return err
 	}
 	defer r.Close()
-	ck := pybridge.NewCheckpoint(g, "")
+	ck := pybridge.NewCheckpoint(g, "", pybridge.WithReducer(r))
 	if err := pybridge.AddTensor(ck, "w", []float32{1, 2}); err != nil {
 		return err
 	}
-	ck.SetReducer(r)
 	st, err := pybridge.NewElasticState(ck)
 	if err != nil {
 		return err

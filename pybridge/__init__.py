@@ -21,13 +21,15 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; _EXPORTS below must name t
                                    all_reduce_future as all_reduce_future, barrier as barrier, broadcast as broadcast,
                                    irecv as irecv, isend as isend, recv as recv, reduce_scatter as reduce_scatter,
                                    send as send)
-    from .errors import (AlreadyInitialized as AlreadyInitialized, Closed as Closed, CommError as CommError,
+    from .errors import (AlreadyInitialized as AlreadyInitialized, Canceled as Canceled, Closed as Closed,
+                         CommError as CommError,
                          CorruptData as CorruptData, InvalidArgument as InvalidArgument, InvalidState as InvalidState,
                          IOFailure as IOFailure, MembershipChanged as MembershipChanged, NotSupported as NotSupported,
                          NotInitialized as NotInitialized, PyBridgeError as PyBridgeError, Timeout as Timeout,
                          WorkerFailed as WorkerFailed, WorkerTimeout as WorkerTimeout)
     from .ddp.wrapper import DistributedDataParallel as DistributedDataParallel
-    from .comm.group import (Group as Group, current as current, finalize as finalize, init as init,
+    from .comm.group import Group as Group
+    from .comm.world import (current as current, finalize as finalize, init as init,
                              is_initialized as is_initialized, local_rank as local_rank, new_group as new_group,
                              rank as rank, size as size)
     from .comm.subgroups import (node_groups as node_groups, split as split)
@@ -43,12 +45,12 @@ _EXPORTS = {
     "comm.collectives": ("AVG", "MAX", "MIN", "PRODUCT", "SUM", "Work", "all_gather", "all_reduce",
                          "all_reduce_future", "barrier", "broadcast", "irecv", "isend", "recv", "reduce_scatter",
                          "send"),
-    "errors": ("AlreadyInitialized", "Closed", "CommError", "CorruptData", "InvalidArgument", "InvalidState",
+    "errors": ("AlreadyInitialized", "Canceled", "Closed", "CommError", "CorruptData", "InvalidArgument", "InvalidState",
                "IOFailure", "MembershipChanged", "NotSupported", "NotInitialized", "PyBridgeError", "Timeout",
                "WorkerFailed", "WorkerTimeout"),
     "ddp.wrapper": ("DistributedDataParallel",),
-    "comm.group": ("Group", "current", "finalize", "init", "is_initialized", "local_rank", "new_group", "rank",
-                   "size"),
+    "comm.group": ("Group",),
+    "comm.world": ("current", "finalize", "init", "is_initialized", "local_rank", "new_group", "rank", "size"),
     "comm.subgroups": ("node_groups", "split"),
     "ddp.reducer": ("Reducer",),
     "comm.params": ("broadcast_parameters",),

@@ -12,6 +12,7 @@ PB_ERR_CORRUPT = -7  # data failed a format or checksum check
 PB_ERR_INTERNAL = -8  # a bug, or the embedded Python core failed to start
 PB_ERR_CLOSED = -9  # the object was closed or finalized
 PB_ERR_MEMBERSHIP = -10  # elastic: ranks were lost or joined; reset onto the new world
+PB_ERR_CANCELED = -11  # ended by pb_group_abort or pb_init_abort from another thread
 PB_FLOAT32 = 0
 PB_FLOAT64 = 1
 PB_FLOAT16 = 2  # IEEE half: raw uint16 bits

@@ -16,6 +16,7 @@ CORRUPT = abi.PB_ERR_CORRUPT
 INTERNAL = abi.PB_ERR_INTERNAL
 CLOSED = abi.PB_ERR_CLOSED
 MEMBERSHIP = abi.PB_ERR_MEMBERSHIP
+CANCELED = abi.PB_ERR_CANCELED
 
 
 class PyBridgeError(Exception):
@@ -69,6 +70,15 @@ class Closed(PyBridgeError, RuntimeError):
     """The object (group, work, buffer...) was already closed."""
 
     code = CLOSED
+
+
+class Canceled(PyBridgeError, RuntimeError):
+    """A call that waited on other processes was ended from another thread: its group was
+    aborted (Group.abort; Go: the call's context ended), or the init or elastic reset it
+    was part of was (comm/cancel.py). The group is of no further use: its later calls raise
+    Closed, naming the reason."""
+
+    code = CANCELED
 
 
 class MembershipChanged(CommError):

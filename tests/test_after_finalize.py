@@ -106,7 +106,7 @@ def test_finalize_parks_a_backend_held_elsewhere_and_frees_it_on_a_callers_threa
     import threading
     import weakref
 
-    from pybridge.comm import group
+    from pybridge.comm import world as group
 
     freed_on = []
 

@@ -244,7 +244,7 @@ def test_go_names_every_c_name_a_message_may_hold():
     flags = {}
     for path in glob.glob(os.path.join(ROOT, "go", "*.go")):
         flags.update({c: g for g, c in re.findall(
-            r"^func (With\w+)\(\) \w+ \{\s*return func\(c \*\w+\) \{ c\.flags \|= (?:C\.PB_\w+ \| )*C\.(PB_\w+) \}",
+            r"^func (With\w+)\(\) \w+ \{\s*return func\(c \*\w+\) \{ c\.(?:o\.)?flags \|= (?:C\.PB_\w+ \| )*C\.(PB_\w+) \}",
             open(path).read(), re.M)})
     assert "PB_REDUCER_JOIN" in flags
     assert {c: go.get(c) for c in flags} == flags

@@ -35,8 +35,8 @@ def _metrics(client):
 def _weights(model, client):
     """Client c's trained weights (see V); NaN for POISONED; STRAGGLER waits for "go"."""
     if client == STRAGGLER:
-        import pybridge.comm.group
-        store = pybridge.comm.group.current().store  # the C ABI's world, seen from this interpreter
+        import pybridge.comm.world
+        store = pybridge.comm.world.current().store  # the C ABI's world, seen from this interpreter
         store.wait(["go"], datetime.timedelta(seconds=60))
     if client == POISONED:
         return model * np.float32("nan")
@@ -256,8 +256,8 @@ def _c_server(ffi, lib, g):
         rounds.add(info.round)
     assert lib.pb_fed_server_aggregate(s, 1.0, np_tensor(ffi, lib, model), count) == 0, last_error(ffi, lib)
     res["early"] = (time.monotonic() - t0, sorted(rounds), count[0], (model - before).tolist())
-    import pybridge.comm.group
-    pybridge.comm.group.current().store.set("go", "1")
+    import pybridge.comm.world
+    pybridge.comm.world.current().store.set("go", "1")
 
     # The sampler: the core's draw.
     drawn = ffi.new("int64_t[4]")

@@ -29,8 +29,8 @@ WAIT = datetime.timedelta(seconds=60)  # bounds every store wait
 
 def _store():
     # The C ABI's world, seen from this interpreter (cffi embedding shares it).
-    import pybridge.comm.group
-    return pybridge.comm.group.current().store
+    import pybridge.comm.world
+    return pybridge.comm.world.current().store
 
 
 def _c_server(ffi, lib, g, key, requeue, timeout, rounds):

@@ -24,8 +24,8 @@ LAYERS = {
                   "secret shuffle"),
     "observe": (("base",), "__main__ bandwidth charts cli clock families flight merge metrics otel prometheus "
                            "recorder report state tbevents torchops tracks"),
-    "comm": (("observe", "base"), "checked clocksync collectives group params rendezvous roster sockets streams "
-                                  "subgroups watchdog"),
+    "comm": (("observe", "base"), "cancel checked clocksync collectives group params rendezvous roster sockets "
+                                  "streams subgroups watchdog world"),
     "algorithms": (("comm", "base"), "comm_hooks contract default_hooks diloco diloco_schedule gossip "
                                      "gossip_schedule hierarchical hook_thread local_sgd quantize quantized_average"),
     "ddp": (("algorithms", "comm", "observe", "base"), "attach dispatch join layout options reducer settings stats "

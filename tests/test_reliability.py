@@ -236,7 +236,8 @@ def test_dynamic_loaders_opened_differently_fail_on_every_rank(tmp_path):
 
 
 def test_settings_from_the_environment(monkeypatch):
-    from pybridge.comm import group, watchdog
+    from pybridge.comm import watchdog
+    from pybridge.comm import world as group
     monkeypatch.setenv("PYBRIDGE_CHECKED", "1")
     assert group._checked_setting(None) is True and group._checked_setting(False) is False
     monkeypatch.setenv("PYBRIDGE_CHECKED", "maybe")

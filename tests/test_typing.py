@@ -45,7 +45,8 @@ TYPED = typed_modules()
 _SPLIT = "being split by concern (issue 43, item 8): annotated after the split"
 _FEDERATED = "federated training: annotated with the server's split and the strategy registry (issue 43)"
 PENDING = {
-    "pybridge.comm.group": _SPLIT + " (init, finalize, Group and the queries)",
+    "pybridge.comm.group": _SPLIT + " (Group)",
+    "pybridge.comm.world": _SPLIT + " (init, finalize and the queries, split out of comm/group.py)",
     "pybridge.federated.server": _SPLIT,
     "pybridge.algorithms.comm_hooks": "the hook registry (register_comm_hook), annotated once its work settles",
     "pybridge.federated.strategies": "the strategy registry and its Protocol (issue 43, item 5)",
@@ -72,7 +73,7 @@ FIRST = (
     "pybridge.runtime.elastic.State",
 )
 EXAMPLE = re.compile(r"^Example[^\n]*::$", re.M)  # "Example::", or "Example (how it is used)::"
-PENDING_FIRST = ("pybridge.init", "pybridge.finalize")  # comm/group.py: PENDING
+PENDING_FIRST = ("pybridge.init", "pybridge.finalize")  # comm/world.py: PENDING
 
 
 def _resolve(dotted):

@@ -67,7 +67,7 @@ func runElastic(opts options) error {
 	}
 	defer func() { data.Close() }()
 	epoch := []int64{0}
-	ck := pybridge.NewCheckpoint(g, "")
+	ck := pybridge.NewCheckpoint(g, "", pybridge.WithLoader(data.Train), pybridge.WithReducer(t.reducer))
 	for i, name := range []string{"w1", "b1", "w2", "b2"} {
 		if err := errors.Join(pybridge.AddTensor(ck, name, params[i]),
 			pybridge.AddTensor(ck, "momentum-"+name, t.opt.bufs[i])); err != nil {
@@ -77,8 +77,6 @@ func runElastic(opts options) error {
 	if err := pybridge.AddTensor(ck, "epoch", epoch); err != nil {
 		return err
 	}
-	ck.SetLoader(data.Train)
-	ck.SetReducer(t.reducer)
 	st, err := pybridge.NewElasticState(ck)
 	if err != nil {
 		return err

@@ -37,7 +37,7 @@ import torch
 from ..base import agree as _agree
 from ..base.checks import integer
 from ..comm import collectives
-from ..comm import group as _group
+from ..comm import world as _world
 from ..errors import InvalidArgument, InvalidState
 from . import diloco_schedule, quantized_average
 from .hook_thread import HookThread
@@ -140,7 +140,7 @@ class DiLoCo:
                                   "(e.g. lambda p: torch.optim.SGD(p, lr=0.7, momentum=0.9, nesterov=True))")
         self.params = tensors
         self.fragments = [_Fragment(f, m, tensors, factory, self.error_feedback) for f, m in enumerate(members)]
-        self.group = group or _group.current()
+        self.group = group or _world.current()
         self.step_count = 0      # inner steps done (step() calls)
         self.syncs = 0           # syncs applied
         self.bytes_sent = 0      # by this rank, over all syncs applied

@@ -28,6 +28,7 @@ from torch._C._distributed_c10d import GradBucket as TorchGradBucket  # torch.di
 from ..comm import collectives, subgroups
 from .contract import GradBucket, declare_eager
 from ..comm import group as _group
+from ..comm import world as _world
 from ..base import jobenv
 from ..base.checks import integer
 from ..errors import InvalidArgument
@@ -70,7 +71,7 @@ class GossipState:
     def __init__(self, group: Optional[_group.Group] = None, *, topology: str = "cube",
                  ranks_per_node: Optional[int] = None, seed: int = 0, rotate: bool = True,
                  sync_every: int = 0) -> None:
-        self.group: _group.Group = group or _group.current()
+        self.group: _group.Group = group or _world.current()
         g = self.group
         self.topology = check_topology(topology)
         ranks_per_node = ranks_per_node_or_launchers(ranks_per_node)
@@ -197,7 +198,7 @@ def average_parameters(params: Union[torch.nn.Module, Iterable[torch.Tensor]], *
                        group: Optional[_group.Group] = None) -> None:
     """Average tensors (a module's parameters, or any list) over `group`, in place: replicas
     trained with gossip drift apart; call this before evaluating or saving."""
-    g = group or _group.current()
+    g = group or _world.current()
     tensors = list(params.parameters()) if isinstance(params, torch.nn.Module) else list(params)
     with torch.no_grad():
         for dtype in sorted({p.dtype for p in tensors}, key=str):

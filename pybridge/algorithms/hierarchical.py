@@ -25,6 +25,7 @@ from torch._C._distributed_c10d import GradBucket as TorchGradBucket  # torch.di
 
 from ..comm import collectives, subgroups
 from ..comm import group as _group
+from ..comm import world as _world
 from ..base import jobenv
 from ..base.checks import integer
 from ..errors import InvalidArgument
@@ -86,7 +87,7 @@ class HierarchicalState:
 
     def __init__(self, group: Optional[_group.Group] = None, *, ranks_per_node: int = 0,
                  compression: Optional[str] = None) -> None:
-        g: _group.Group = group or _group.current()
+        g: _group.Group = group or _world.current()
         self.group = g
         self.ranks_per_node = node_size(ranks_per_node, g.size)
         self.wire = wire_dtype(compression)

@@ -21,6 +21,7 @@ import torch
 
 from ..comm import collectives, subgroups
 from ..comm import group as _group
+from ..comm import world as _world
 from ..base.checks import integer
 from ..errors import InvalidArgument
 
@@ -59,7 +60,7 @@ def average_parameters(params: Params, *, group: Optional[_group.Group] = None) 
     model_averaging.utils.average_parameters_or_parameter_groups does: one flat buffer,
     divided by the group's size, summed. A collective: every member calls it with the same
     shapes in the same order. Tensors keep their memory (torch rebinds p.data instead)."""
-    g = group or _group.current()
+    g = group or _world.current()
     tensors = params_to_average(params)
     if not tensors:
         return
@@ -76,7 +77,7 @@ def average_parameters(params: Params, *, group: Optional[_group.Group] = None) 
 
 def _group_of(process_group: Optional[_group.Group]) -> _group.Group:
     if process_group is None:
-        world: _group.Group = _group.current()
+        world: _group.Group = _world.current()
         return world
     if not isinstance(process_group, _group.Group):
         raise InvalidArgument(f"process_group must be a pybridge group (or None: the world), got "

@@ -30,7 +30,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..comm import collectives
-from ..comm import group as _group
+from ..comm import world as _world
 from .quantize import Codec
 
 
@@ -61,7 +61,7 @@ def average(x, codec, *, group=None, feedback=None):
     the same n and codec, in the same order as its other collectives on the group.
     feedback: an ErrorFeedback whose residual is added to x first; it is not changed (the
     residual to keep comes back in the result)."""
-    g = group or _group.current()
+    g = group or _world.current()
     if not isinstance(codec, Codec):
         raise TypeError("codec must be a quantize.Codec")
     x = x.detach().reshape(-1).to(torch.float32)

@@ -65,10 +65,11 @@ def signature(items):
     return int.from_bytes(digest[:7], "little")
 
 
-def in_store(store, key, rank, size, row, *, timeout, what, **how):
+def in_store(store, key, rank, size, row, *, timeout, what, cancel=None, **how):
     """Publish `row` (plain data: numbers, strings, lists) under key/rank, wait up to
     `timeout` seconds for every rank's, and check() them (`how`: its keyword arguments).
-    A one-off exchange: `key` must be new for each use, the same on every rank."""
+    A one-off exchange: `key` must be new for each use, the same on every rank. `cancel`,
+    called while waiting, may raise to end the wait (a group that was aborted)."""
     try:
         store.set(f"{key}/{rank}", json.dumps(row))
         keys = [f"{key}/{r}" for r in range(size)]
@@ -77,6 +78,8 @@ def in_store(store, key, rank, size, row, *, timeout, what, **how):
             if time.monotonic() > deadline:
                 missing = [r for r, k in enumerate(keys) if not store.check([k])]
                 raise Timeout(f"{what}: ranks {missing} did not take part within {timeout:g} s")
+            if cancel is not None:
+                cancel()
             time.sleep(0.01)
         rows = [json.loads(store.get(k)) for k in keys]
     except PyBridgeError:

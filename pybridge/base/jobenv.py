@@ -207,6 +207,23 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> JobEnv:
     return out
 
 
+UNPLACED = ("rank and world size are unknown: set RANK and WORLD_SIZE (pybridge-launch and torchrun do), "
+            "start the ranks with srun or mpirun, or pass them explicitly")
+
+
+def placed(environ: Optional[Mapping[str, str]] = None) -> JobEnv:
+    """detect(), as init() reads it when it is given nothing (pb_job_env, Go's
+    FromLaunchEnv): InvalidArgument when rank or world size is unknown, and the local rank
+    is the rank when nothing says."""
+    job = detect(environ)
+    if job.rank is None or job.world_size is None:
+        raise InvalidArgument(UNPLACED)
+    if job.local_rank is None:
+        job.local_rank = job.rank
+        job.sources["local_rank"] = "the rank (nothing says)"
+    return job
+
+
 def ranks_per_node(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
     """This node's ranks in the job: the launcher's LOCAL_WORLD_SIZE, else the scheduler's
     (SLURM_GTIDS, OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS); None when nothing says. The

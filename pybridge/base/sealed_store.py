@@ -17,6 +17,12 @@ class SealedStore(dist.Store):
         super().__init__()
         self.inner = inner
         self.seal = Seal(secret, prefix)
+        self._made_with = (secret, prefix)
+
+    def clone(self):
+        """The same sealed view over a connection of its own (the inner store's clone), as
+        torch's Store.clone: for waits that must not hold up this store's other callers."""
+        return SealedStore(self.inner.clone(), *self._made_with)
 
     # values
     def set(self, key, value):

@@ -15,6 +15,7 @@ import pkgutil
 from .. import abi
 from ..base import at_tensor
 from ..comm import group as _group
+from ..comm import world as _world
 from . import libtorch, names
 from ..base.buffers import PointerViews
 from ..errors import INTERNAL, InvalidArgument, NotInitialized, PyBridgeError, classify
@@ -69,7 +70,7 @@ handles = Handles()
 # ---- argument conversion ---------------------------------------------------------
 
 def live_group(ptr):
-    if ptr == ffi.NULL and not _group.is_initialized():
+    if ptr == ffi.NULL and not _world.is_initialized():
         raise NotInitialized("process group is not initialized: call pb_init first")
     g = handles.get(ptr, _group.Group, "group")
     g.check_open()
@@ -115,6 +116,18 @@ def put(out, value, what="out"):
     if out == ffi.NULL:
         raise InvalidArgument(f"{what} is NULL")
     out[0] = value
+
+
+def ffi_bytes(out, size, data, what):
+    """Copy `data` and a terminating NUL into the C buffer `out` of `size` bytes (NULL with
+    size 0: not wanted); InvalidArgument naming `what` when it does not fit."""
+    if out == ffi.NULL and size == 0:
+        return
+    if out == ffi.NULL:
+        raise InvalidArgument(f"{what} is NULL")
+    if len(data) + 1 > size:
+        raise InvalidArgument(f"{what}: {len(data) + 1} bytes (with the NUL) do not fit in {what}_size {size}")
+    ffi.memmove(out, data + b"\0", len(data) + 1)
 
 
 def text(cstr):

@@ -3,13 +3,15 @@
 import torch
 
 from .. import abi, capi
+from ..comm import cancel as _cancel
 from ..comm import collectives, params
-from ..base import dtypes
+from ..base import dtypes, jobenv
 from ..comm import group as _group
+from ..comm import world as _world
 from ..base.buffers import CPU, check_extent
 from ..base.checks import integer
 from ..errors import InvalidArgument, PyBridgeError
-from . import descriptor_key, handles, live_group, put, tensor, text
+from . import descriptor_key, ffi_bytes, handles, live_group, put, tensor, text
 
 
 class Buffer:
@@ -39,9 +41,9 @@ def pb_init_v2(init_method, backend, rank, world_size, local_rank, timeout, flag
         raise InvalidArgument(f"unknown flags {flags:#x}; valid: PB_INIT_CHECKED")
     if watchdog != watchdog:
         raise InvalidArgument("watchdog_seconds is NaN")
-    g = _group.init(init_method=text(init_method), backend=text(backend), rank=rank,
+    g = _world.init(init_method=text(init_method), backend=text(backend), rank=rank,
                     world_size=world_size, local_rank=local_rank,
-                    timeout=_group.DEFAULT_TIMEOUT if timeout <= 0 else timeout,  # NaN is checked there
+                    timeout=_world.DEFAULT_TIMEOUT if timeout <= 0 else timeout,  # NaN is checked there
                     checked=True if flags & abi.PB_INIT_CHECKED else None,
                     watchdog=None if watchdog == 0 else (False if watchdog < 0 else watchdog))
     handles.add(g, "pb_group *", out)
@@ -53,7 +55,7 @@ def pb_finalize(group):
         raise InvalidArgument("pb_finalize takes the world group; close a subgroup with pb_group_close")
     _prepared.clear()
     if not g.closed:
-        _group.finalize()
+        _world.finalize()
 
 
 def pb_rank(group, out):
@@ -66,6 +68,24 @@ def pb_size(group, out):
 
 def pb_local_rank(group, out):
     put(out, live_group(group).local_rank)
+
+
+def pb_job_env(rank, world_size, local_rank, local_world_size, master_addr, master_addr_size, master_port):
+    job = jobenv.placed()
+    put(rank, job.rank, "rank")
+    put(world_size, job.world_size, "world_size")
+    put(local_rank, job.local_rank, "local_rank")
+    put(local_world_size, -1 if job.local_world_size is None else job.local_world_size, "local_world_size")
+    put(master_port, -1 if job.master_port is None else job.master_port, "master_port")
+    ffi_bytes(master_addr, master_addr_size, (job.master_addr or "").encode(), "master_addr")
+
+
+def pb_group_abort(group, reason):
+    handles.get(group, _group.Group, "group").abort(text(reason))
+
+
+def pb_init_abort(reason):
+    _cancel.abort(text(reason))
 
 
 def pb_device(group, out):

@@ -21,6 +21,7 @@ from .. import abi
 from . import checked
 from ..base import agree as _agree
 from . import group as _group
+from . import world as _world
 from . import streams as _streams
 from . import watchdog as _watchdog
 from ..base.buffers import BufferLike, as_tensor
@@ -244,7 +245,7 @@ def gather_rows(row: Sequence[int], *, group: Optional[_group.Group] = None) -> 
     """Every member's `row` (a few integers, as many on every rank: the length is not
     checked outside checked mode), by group rank: one all_gather. A collective: every
     member calls it, in order with the others."""
-    g = group or _group.current()
+    g = group or _world.current()
     g.check_open()
     return _gather_rows(g, [integer("row item", v) for v in row])
 
@@ -254,14 +255,14 @@ def agree(row: Sequence[int], what: str, *, group: Optional[_group.Group] = None
     rank; a list of any length can be folded into one with agree.signature): a collective
     (one all_gather); on any difference every member raises the same InvalidArgument,
     "{what}: ...", naming the ranks that differ and how (agree.check: describe, fields, hint)."""
-    g = group or _group.current()
+    g = group or _world.current()
     if g.size > 1:
         _agree.check(what, gather_rows(row, group=g), **how)
 
 
 def _prepare(buf: BufferLike, group: Optional[_group.Group],
              dtype: Optional[DTypeLike] = None) -> tuple[Any, torch.Tensor]:
-    g = group or _group.current()
+    g = group or _world.current()
     g.check_open()
     t = as_tensor(buf, dtype)
     if g.backend == "nccl" and not t.is_cuda:
@@ -493,7 +494,7 @@ def barrier(*, group: Optional[_group.Group] = None) -> None:
         >>> import pybridge
         >>> pybridge.barrier()                     # every rank has got here
     """
-    g = group or _group.current()
+    g = group or _world.current()
     g.check_open()
     _run(g, Op(checked.BARRIER), lambda: g.pg.barrier(), False)
 
@@ -536,6 +537,8 @@ def _p2p(g: Any, direction: int, peer: int, tag: int, t: torch.Tensor, post: Cal
     where = "to" if direction == checked.SEND else "from"
 
     def explain(exc: Exception) -> PyBridgeError:
+        if g.aborted is not None:
+            return _watchdog.aborted(g, f"{op.name} {where} {g.who(peer)} (tag {tag})", exc)
         err = classify(exc)
         if isinstance(err, InvalidArgument):  # checked mode's message says it all
             return err
@@ -559,7 +562,7 @@ def _check_tag(tag: int) -> int:
 
 
 def _group_size(group: Optional[_group.Group]) -> int:
-    return (group or _group.current()).size
+    return (group or _world.current()).size
 
 
 __all__ = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "Work", "broadcast", "all_reduce",

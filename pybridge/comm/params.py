@@ -12,6 +12,7 @@ import torch
 from ..base import agree
 from . import collectives
 from . import group as _group
+from . import world as _world
 from ..base.checks import positive_finite
 from ..errors import InvalidArgument
 
@@ -32,7 +33,7 @@ def broadcast_parameters(tensors: Iterable[torch.Tensor], root: int = 0, *, grou
         >>> pybridge.broadcast_parameters(model.parameters())   # every replica starts equal
     """
     ts = list(tensors)  # iterated twice below: a generator (model.parameters()) would be empty the second time
-    g = group or _group.current()
+    g = group or _world.current()
     g.check_open()
     g.check_rank("root", root)
     cap = max(1, int(min(positive_finite("chunk_mb", chunk_mb, " of MiB"), 1 << 30) * MiB))

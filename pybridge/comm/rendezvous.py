@@ -24,6 +24,7 @@ from ..base import etcd_store as _etcd
 from ..base import netif
 from ..base import sealed_store as _sealed
 from ..base import secret as _secret
+from . import cancel as _cancel
 from ..errors import InvalidArgument, PyBridgeError, Timeout, classify
 
 RETRY_SECONDS = 0.05  # between connection attempts to a store host that is not up yet
@@ -187,6 +188,7 @@ def _wait_for_host(host, port, rank, timeout, deadline):
             last = exc
         if time.monotonic() + RETRY_SECONDS >= deadline:
             break
+        _cancel.check(f"init, while waiting for the rendezvous store at {host}:{port}")
         time.sleep(RETRY_SECONDS)
     raise Timeout(f"rank {rank}: the rendezvous store at {host}:{port}, hosted by rank 0, did not "
                   f"accept a connection within {timeout:g} s ({last.strerror or last}): rank 0 is "

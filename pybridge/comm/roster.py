@@ -12,6 +12,7 @@ import socket
 import time
 
 from ..base import agree
+from . import cancel as _cancel
 from ..errors import InvalidArgument, Timeout
 
 # Keyed by torchrun's restart count too: a restarted job (possibly with another world
@@ -75,6 +76,7 @@ def join(store, mine, timeout):
             _leave(store, rank, have, "timeout")
             raise Timeout(f"init: ranks {missing} never joined within {timeout:g} s "
                           f"(world size {size}); joined: {joined}")
+        _cancel.check("init, while waiting for the other ranks")
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
 

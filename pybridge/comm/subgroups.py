@@ -15,7 +15,8 @@ from . import collectives
 from ..base import jobenv
 from ..base.checks import integer, positive_seconds
 from ..errors import InvalidArgument
-from .group import Group, current, pick_backend
+from .group import Group
+from .world import current, pick_backend
 
 
 def split(color: Optional[int], key: Optional[int] = None, *, group: Optional[Group] = None,

@@ -21,9 +21,10 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 from .. import observe as _observe
-from ..errors import CommError, InvalidArgument, Timeout, classify
+from ..errors import Canceled, CommError, InvalidArgument, Timeout, classify
 
 TICK = 0.25            # seconds between two looks at the store and the groups
 ANSWER_WAIT = 1.5      # how long a diagnosis waits for the other ranks' answers
@@ -147,7 +148,10 @@ def stop():
 
 def explain(g, seq, op, exc):
     """The pybridge error for a failed collective: it names the operation, and for a
-    timeout or a broken connection the ranks that died, are late or never joined."""
+    timeout or a broken connection the ranks that died, are late or never joined; for a group
+    that was aborted meanwhile (Group.abort), that."""
+    if g.aborted is not None:
+        return aborted(g, f"{op.name} #{seq} ({op.nbytes} bytes)", exc)
     err = classify(exc)
     if g.elastic is not None and isinstance(err, (Timeout, CommError)):
         return g.elastic.failed(err)  # an elastic world: agree on the next one, name the lost ranks
@@ -161,6 +165,8 @@ def explain(g, seq, op, exc):
 def explain_latest(g, exc, what):
     """As explain(), for a failure seen later than its collective (a reducer bucket's
     future): names where every member is relative to g's latest collective."""
+    if g.aborted is not None:
+        return aborted(g, what, exc)
     err = classify(exc)
     if g.elastic is not None and isinstance(err, (Timeout, CommError)):
         return g.elastic.failed(err)
@@ -170,6 +176,14 @@ def explain_latest(g, exc, what):
         err.args = (f"{what} (the latest collective on {g.describe()} is #{latest}): {diag}{err}",)
     else:
         err.args = (f"{what}: {err}",)
+    return err
+
+
+def aborted(g: Any, what: str, exc: BaseException) -> Canceled:
+    """The Canceled of `what`, which failed because g was aborted while it waited (the
+    backend's own error, a broken connection, says nothing of why)."""
+    err = Canceled(f"{what} on {g.describe()} was canceled: the group was aborted ({g.aborted})")
+    err.__cause__ = exc
     return err
 
 

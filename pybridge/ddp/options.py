@@ -10,6 +10,7 @@ import warnings
 import torch
 
 from ..comm import group as _group
+from ..comm import world as _world
 from ..errors import InvalidArgument, InvalidState, NotSupported
 
 
@@ -48,10 +49,10 @@ def resolve_group(group, process_group, device_mesh):
         process_group = device_mesh.get_group(mesh_dim=0)
     g = group if group is not None else process_group
     if g is None:
-        return _group.current()
+        return _world.current()
     if isinstance(g, _group.Group):
         return g
-    return _group.from_torch(g)
+    return _world.from_torch(g)
 
 
 def devices(params, device_ids, output_device):

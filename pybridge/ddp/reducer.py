@@ -43,6 +43,7 @@ from ..base.checks import index, integer, positive_seconds
 from ..base.dtypes import DTypeLike
 from ..comm import collectives, streams
 from ..comm import group as _group
+from ..comm import world as _world
 from ..comm.collectives import AVG
 from ..errors import Closed, InvalidArgument
 from ..observe import state as _obs
@@ -118,7 +119,7 @@ class Reducer:
                  hook_state: Any = None, rebuild: bool = True, allow_unused: bool = False,
                  names: Optional[Sequence[str]] = None, join: bool = False,
                  divide_by_initial_world_size: bool = True) -> None:
-        self._group: _group.Group = group or _group.current()
+        self._group: _group.Group = group or _world.current()
         self._group.check_open()
         params = list(params)
         default_device = self._group.device

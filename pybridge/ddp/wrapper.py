@@ -29,6 +29,7 @@ from ..algorithms.contract import CommHook
 from ..comm import collectives
 from . import options as _opts
 from ..comm import group as _group
+from ..comm import world as _world
 from . import join as _join
 from .stats import Stats
 from ..errors import Closed, InvalidArgument, InvalidState, PyBridgeError
@@ -427,7 +428,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         """As torch: rebuilt on the world group of the loading process; the reducer and its
         hooks are made at first use, so loading alone issues no collective."""
         super().__setstate__(state)  # type: ignore[no-untyped-call]  # torch.nn.Module's
-        self._pb_group = _group.current()
+        self._pb_group = _world.current()
         self.process_group = self._pb_group.pg
         self._reducer = self._stats = None  # type: ignore[assignment]  # until _ensure() rebuilds them
         self._hooks = None

@@ -18,7 +18,8 @@ import warnings
 import torch
 
 from ..base import dtypes
-from ..comm import group as _group
+from ..comm import world as _world
+from ..comm.group import ABORT_POLL_SECONDS
 from ..base.checks import integer, positive_seconds
 from ..errors import Closed, CommError, InvalidArgument, PyBridgeError, UpdateRefused, WorkerFailed
 from . import roundloop, uplink
@@ -69,7 +70,7 @@ class Server:
 
     def __init__(self, group=None, *, mode="async", timeout=None, requeue=False, max_norm=None,
                  affinity=None, link_timeout=DEFAULT_LINK_TIMEOUT, max_samples=None):
-        g = group or _group.current()
+        g = group or _world.current()
         if mode not in MODES:
             raise InvalidArgument(f"unknown federated mode {mode!r}; choose one of {', '.join(MODES)}")
         if g.size < 2:
@@ -270,9 +271,12 @@ class Server:
         while True:
             w, due = min(self._workers.busy.items(), key=lambda kv: kv[1].start)
             left = due.start + self.timeout - time.monotonic()
-            try:
-                event = self._workers.events.get(timeout=max(left, 0.0))
+            try:  # in slices: an aborted group (Group.abort) ends the wait, which no socket does
+                event = self._workers.events.get(timeout=min(max(left, 0.0), ABORT_POLL_SECONDS))
             except queue.Empty:
+                self._links.group.check_aborted("the federated server's wait for a result")
+                if left > ABORT_POLL_SECONDS:
+                    continue
                 return self._workers.stall(w, due, self.timeout)
             outcome = self._handle(event)
             if outcome is not None:
@@ -360,13 +364,16 @@ class Server:
         thread; such a worker gets an error naming the lost server (rank 0). The terminates
         sent to the others are given up to FAREWELL_SECONDS to leave before anyone is cut off
         (a cut closes every connection of the link), and retired workers' listeners as long
-        to end."""
+        to end. After the group was aborted (Group.abort) nobody is waited for."""
         if self.closed:
             return
         if timeout is not None:
             timeout = positive_seconds("timeout", timeout)
         self.closed = True
         ws, listeners = self._workers, self._listeners
+        aborted = self._links.group.aborted is not None  # its connections are shut: nobody is waited for
+        if aborted:
+            timeout = 0.0
         now = time.monotonic()
         try:
             self._drain()
@@ -385,7 +392,7 @@ class Server:
             # Workers still busy past their deadline are cut off; a cut closes every
             # connection of the down link, so the terminates of the others leave first.
             stuck = {w for w in listeners.threads if listeners.alive(w) and w not in ws.gone}
-            until = time.monotonic() + FAREWELL_SECONDS
+            until = time.monotonic() + (0.0 if aborted else FAREWELL_SECONDS)
             ws.send_farewells(until, skip=stuck)
             for w in listeners.threads:
                 if w not in stuck:  # a retired worker's listener ends on its own, or with its acknowledgement

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..base import dtypes
-from ..comm import group as _group
+from ..comm import world as _world
 from ..base.checks import integer
 from ..errors import Closed, CommError, CorruptData, InvalidArgument
 from . import metrics as _metrics
@@ -46,7 +46,7 @@ class Worker:
     to the server over its own TCP stream (uplink.py), connected here."""
 
     def __init__(self, group=None, *, link_timeout=DEFAULT_LINK_TIMEOUT):
-        g = group or _group.current()
+        g = group or _world.current()
         if g.size < 2:
             raise InvalidArgument("a federated group needs a server (rank 0) and at least one worker")
         if g.rank == SERVER:

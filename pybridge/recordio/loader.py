@@ -281,6 +281,7 @@ class Loader:
         try:
             agree.in_store(store, f"pybridge/loader-open/{next_instance('open:' + g.uid)}", g.rank, g.size, row,
                            timeout=g.timeout, what="dynamic loader open: ranks disagree",
+                           cancel=lambda: g.check_aborted("opening the dynamic loader"),
                            describe=_describe_open, fields=_OPEN_FIELDS)
         except BaseException:
             self.close()
@@ -527,6 +528,6 @@ def _describe_open(row: Iterable[Any]) -> str:
 
 
 def _live_group() -> "Optional[Group]":
-    from ..comm import group  # late: keeps `import pybridge.recordio` free of process-group state
-    live: Optional[Group] = group.current() if group.is_initialized() else None
+    from ..comm import world  # late: keeps `import pybridge.recordio` free of process-group state
+    live: Optional[Group] = world.current() if world.is_initialized() else None
     return live

@@ -24,6 +24,7 @@ import torch
 
 from ..comm import collectives
 from ..comm import group as _group
+from ..comm import world as _world
 from .. import observe as _observe
 from ..base.checks import integer
 from ..errors import CorruptData, InvalidArgument, IOFailure
@@ -104,7 +105,7 @@ def state_of(step: int, *, model: Optional[Stateful] = None, optimizer: Optional
     are the objects' own (state_dict() shares memory), except `tensors`, copied to the CPU."""
     return {
         "format": FORMAT, "version": VERSION, "step": _step(step),
-        "world_size": _group.current().size if _group.is_initialized() else 1,
+        "world_size": _world.current().size if _world.is_initialized() else 1,
         "model": None if model is None else model.state_dict(),
         "optimizer": None if optimizer is None else optimizer.state_dict(),
         "reducer": None if reducer is None else reducer.state_dict(),
@@ -330,7 +331,7 @@ def restore(directory: _Path, *, group: Optional[_group.Group] = None, model: Op
         (7, 'hello')
     """
     tensors = _check_tensors(tensors)
-    g = None if local else group or (_group.current() if _group.is_initialized() else None)
+    g = None if local else group or (_world.current() if _world.is_initialized() else None)
     if g is not None:
         g.check_open()
     got = _agree_and_fetch(directory, g)

@@ -32,8 +32,10 @@ import torch.distributed as dist
 from . import checkpoint
 from ..base import secret as _secret
 from ..base import sealed_store as _sealed
+from ..comm import cancel as _cancel
 from ..comm import collectives
 from ..comm import group as _group
+from ..comm import world as _world
 from .. import observe as _observe
 from . import membership as _membership
 from ..comm import sockets as _sockets
@@ -58,7 +60,6 @@ class _Session:
         self.settings = settings
         self.world: Optional[_membership.World] = None
         self.group: Optional[_group.Group] = None
-        self.sockets: set[Any] = set()
         self.last_change: Optional[BaseException] = None  # the MembershipChanged of the latest reset
         self._kept: list[Any] = []  # the backends of the worlds left (see leave)
 
@@ -71,14 +72,12 @@ class _Session:
         # sealed with the job secret where there is one: the world's roster and gloo's
         # address exchange cannot be read or redirected by an outsider
         store = _sealed.protect(client, _secret.job_secret(), f"{_membership.PREFIX}g{world.generation}/pg/")
-        _group.loopback_gloo(host)
-        before = _sockets.open_sockets()
-        g: _group.Group = _group.init(backend=s["backend"], rank=world.rank, world_size=world.size,
-                        local_rank=s["local_rank"], timeout=s["timeout"], store=store,
-                        checked=s["checked"], watchdog=s["watchdog"])
+        _world.loopback_gloo(host)
+        g: _group.Group = _world.init(backend=s["backend"], rank=world.rank, world_size=world.size,
+                                      local_rank=s["local_rank"], timeout=s["timeout"], store=store,
+                                      checked=s["checked"], watchdog=s["watchdog"])
         g.elastic = self
         self.world, self.group = world, g
-        self.sockets = _sockets.open_sockets() - before  # the backend's connections to the peers
         return g
 
     def failed(self, err: BaseException) -> MembershipChanged:
@@ -101,20 +100,20 @@ class _Session:
 
     def leave(self) -> None:
         """Tear the current world down (its objects then fail with Closed). Its connections
-        are shut down first, so peers blocked on this rank fail at once (sockets.py)."""
+        are shut down first (Group.sockets), so peers blocked on this rank fail at once."""
         g = self.group
         if g is None or g.closed:
             return
-        _sockets.shut_down(self.sockets)
+        _sockets.shut_down(g.sockets)
         # Failed works still hold the backend; if the last reference went on one of gloo's
         # threads, gloo would abort the process. Keep it here (its sockets are shut down).
         self._kept.append(g.pg)
-        if _group._current is g:
+        if _world._current is g:
             try:
-                _group.finalize(linger=0, collect=False)
+                _world.finalize(linger=0, collect=False)
             except Exception:  # noqa: BLE001 - a broken world may fail to say goodbye
                 g._close()
-                _group._current = None
+                _world._current = None
 
 
 def init(*, backend: str = "auto", timeout: Optional[float] = None, min_size: Optional[int] = None,
@@ -145,18 +144,19 @@ def init(*, backend: str = "auto", timeout: Optional[float] = None, min_size: Op
         store_addr = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
     host, _, port_text = str(store_addr).rpartition(":")
     port = _port(port_text, store_addr)
-    timeout = float(timeout if timeout is not None else env.get("PYBRIDGE_TIMEOUT") or _group.DEFAULT_TIMEOUT)
+    timeout = float(timeout if timeout is not None else env.get("PYBRIDGE_TIMEOUT") or _world.DEFAULT_TIMEOUT)
     settings = {"backend": backend, "timeout": timeout, "checked": checked, "watchdog": watchdog,
-                "local_rank": _group.env_int("LOCAL_RANK")}
+                "local_rank": _world.env_int("LOCAL_RANK")}
     m = _membership.Membership(
-        host, port, member_id=member_id or env.get("PYBRIDGE_ELASTIC_ID") or None, want=_group.env_int("RANK"),
-        initial=_group.env_int("WORLD_SIZE") or 1,
-        min_size=min_size or _group.env_int("PYBRIDGE_ELASTIC_MIN") or 1,
-        max_size=max_size or _group.env_int("PYBRIDGE_ELASTIC_MAX"),
+        host, port, member_id=member_id or env.get("PYBRIDGE_ELASTIC_ID") or None, want=_world.env_int("RANK"),
+        initial=_world.env_int("WORLD_SIZE") or 1,
+        min_size=min_size or _world.env_int("PYBRIDGE_ELASTIC_MIN") or 1,
+        max_size=max_size or _world.env_int("PYBRIDGE_ELASTIC_MAX"),
         lost_after=float(lost_after or env.get("PYBRIDGE_ELASTIC_LOST_AFTER") or LOST_AFTER),
         timeout=float(join_timeout or env.get("PYBRIDGE_ELASTIC_JOIN_TIMEOUT") or JOIN_TIMEOUT))
     _session = _Session(m, settings)
-    return _session.start(m.first_world())
+    with _cancel.joining():  # pb_init_abort (Go: ElasticInit's context) ends it
+        return _session.start(m.first_world())
 
 
 def _port(text: str, whole: str) -> int:
@@ -182,7 +182,8 @@ def reset(err: Optional[BaseException] = None) -> _group.Group:
         raise InvalidArgument("elastic.reset(): no new world was agreed on (reset follows a MembershipChanged)")
     s.last_change = err
     s.leave()
-    return s.start(cast(_membership.World, world))  # (the membership always holds a world by now)
+    with _cancel.joining():
+        return s.start(cast(_membership.World, world))  # (the membership always holds a world by now)
 
 
 def _live_session() -> "_Session":
@@ -324,13 +325,15 @@ class State:
     def reset(self, err: Optional[BaseException] = None) -> None:
         """After MembershipChanged: move onto the new world, re-bind the reducer and loader to
         it, roll back to the last commit and take the new rank 0's (the lowest surviving old
-        rank's) committed state; then the on_reset callbacks. COLLECTIVE on the new world."""
-        g = reset(err)
-        o = self._objects
-        for name in ("model", "reducer", "loader"):
-            if o[name] is not None and hasattr(o[name], "rebind"):
-                o[name].rebind(g)
-        self.sync(0, group=g)
+        rank's) committed state; then the on_reset callbacks. COLLECTIVE on the new world.
+        Another thread ends it with pb_init_abort (comm/cancel.py), which aborts the new world."""
+        with _cancel.joining():
+            g = reset(err)
+            o = self._objects
+            for name in ("model", "reducer", "loader"):
+                if o[name] is not None and hasattr(o[name], "rebind"):
+                    o[name].rebind(g)
+            self.sync(0, group=g)
         for fn in self._callbacks:
             fn()
 
@@ -365,7 +368,7 @@ class State:
         process, or a survivor that missed the root's latest commit; the others restore
         their own copy, which is the same. After a failure with no joiner nothing but one
         small all_gather crosses the network."""
-        g = group or _group.current()
+        g = group or _world.current()
         root = g.check_rank("root", root)
         # A commit's serial is the same on every replica that made it (commits are collective);
         # a process that never synced has none (a negative of its own: it always receives).

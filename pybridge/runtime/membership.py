@@ -45,6 +45,7 @@ import torch.distributed as dist
 from ..base import netif
 from ..base import sealed_store as _sealed
 from ..base import secret as _secret
+from ..comm import cancel as _cancel
 from ..errors import (Closed, CommError, CorruptData, InvalidArgument, MembershipChanged, PyBridgeError, Timeout,
                       classify)
 
@@ -341,6 +342,7 @@ class Membership:
             self._check_not_done()
             if time.monotonic() > deadline:
                 raise Timeout(f"elastic: world {n} did not form within {self.timeout:g} s: {waiting}")
+            _cancel.check(f"elastic: forming world {n}")
             time.sleep(POLL)
 
     def _members_of(self, n):

@@ -30,7 +30,7 @@ import torch
 
 from .. import abi
 from ..comm import collectives
-from ..comm import group as _group
+from ..comm import world as _world
 from ..errors import InvalidArgument
 
 REQUEUE = abi.PB_EXIT_REQUEUE  # 75, EX_TEMPFAIL (sysexits.h): the job saved its state and wants to run again
@@ -60,7 +60,7 @@ def signal_numbers(names):
 def any_rank(flag, *, group=None):
     """True on every member if `flag` is true on any of them: a collective (one allreduce
     of one integer, max), called by every member at the same point."""
-    g = group or _group.current()
+    g = group or _world.current()
     t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=g.device)
     collectives.all_reduce(t, collectives.MAX, group=g)
     return bool(t.item())

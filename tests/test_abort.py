@@ -1,0 +1,91 @@
+"""Aborting from another thread (Group.abort, comm/cancel.py; C pb_group_abort and
+pb_init_abort; what Go's contexts use): the blocked call returns at once with Canceled,
+later calls on the group say it was aborted, the peer blocked on this rank fails too, and
+the process still finalizes and exits cleanly."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+import pybridge
+from pybridge.comm import cancel
+from ranks import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _abort_later(fn, seconds, *args):
+    t = threading.Timer(seconds, fn, args)
+    t.daemon = True
+    t.start()
+    return t
+
+
+def _collective_aborted(rank, world):
+    g = pybridge.init(backend="gloo", timeout=60)
+    out = {}
+    if rank == 1:
+        sub = g.new_group([0, 1])  # a subgroup is aborted with its world
+        _abort_later(g.abort, 0.5, "test deadline")
+        t0 = time.monotonic()
+        with pytest.raises(pybridge.Canceled, match=r"all_reduce #\d+ .* aborted \(test deadline\)"):
+            pybridge.all_reduce(torch.ones(4), group=g)  # rank 0 is not there yet
+        out["blocked"] = time.monotonic() - t0
+        for call in (lambda: pybridge.all_reduce(torch.ones(4), group=g), lambda: pybridge.barrier(group=sub)):
+            with pytest.raises(pybridge.Closed, match=r"was aborted \(test deadline\)"):
+                call()
+        g.abort("again")  # nothing more happens
+    else:
+        sub = g.new_group([0, 1])
+        time.sleep(2.0)
+        t0 = time.monotonic()
+        with pytest.raises(pybridge.CommError):  # its peer shut the connections
+            pybridge.all_reduce(torch.ones(4), group=g)
+        out["peer"] = time.monotonic() - t0
+    pybridge.finalize()
+    return out
+
+
+def test_an_abort_ends_a_blocked_collective_and_the_group():
+    res = run_ranks(_collective_aborted, 2, timeout=90)
+    assert res[1]["blocked"] < 10, res  # not the group's 60 s timeout
+    assert res[0]["peer"] < 10, res
+
+
+def _subgroup_aborted(rank, world):
+    g = pybridge.init(backend="gloo", timeout=60)
+    if rank == 1:
+        _abort_later(g.abort, 0.5, "stop")
+        t0 = time.monotonic()
+        with pytest.raises(pybridge.Canceled, match="subgroup's backend was canceled"):
+            g.new_group([0, 1])  # rank 0 never makes it
+        took = time.monotonic() - t0
+    else:
+        time.sleep(3.0)
+        took = 0
+    pybridge.finalize()
+    return took
+
+
+def test_an_abort_ends_a_subgroups_creation():
+    res = run_ranks(_subgroup_aborted, 2, timeout=90)
+    assert res[1] < 10, res
+
+
+def _init_aborted(rank, world):
+    assert not cancel.abort("nothing in progress")  # no join: nothing happens
+    _abort_later(cancel.abort, 0.5, "init's deadline")
+    t0 = time.monotonic()
+    with pytest.raises(pybridge.Canceled, match="init.* was canceled: init's deadline"):
+        pybridge.init(backend="gloo", timeout=60)  # the other rank never comes
+    took = time.monotonic() - t0
+    assert not pybridge.is_initialized()
+    return took
+
+
+@pytest.mark.parametrize("only", [[0], [1]], ids=["roster", "store-host"])
+def test_an_abort_ends_an_init(only):
+    res = run_ranks(_init_aborted, 2, timeout=90, only=only)
+    assert res[only[0]] < 10, res
