@@ -40,6 +40,8 @@ FORMATS = ("fp32", "bf16", "fp8", "int8", "int4")
 DEFAULT_BLOCK = 128
 _SCALE_BYTES = 4  # float32 scales
 _FP8_MAX = 448.0  # largest finite float8_e4m3fn
+_QMAX = dict(fp8=_FP8_MAX, int8=127, int4=7)  # the largest magnitude each scaled format holds (not ABI codes)
+_BYTES = dict(fp32=4, bf16=2, fp8=1, int8=1, int4=0.5)  # bytes per element, before the blocks' scales
 
 
 def _align4(n):
@@ -56,7 +58,7 @@ class Codec:
             raise InvalidArgument(f"quantization {name!r} is unknown; choose one of {', '.join(FORMATS)}")
         self.name = name
         self.block = integer("block size", block, low=1, high=1 << 24)
-        self.qmax = {"fp8": _FP8_MAX, "int8": 127, "int4": 7}.get(name)
+        self.qmax = _QMAX.get(name)
 
     @property
     def scaled(self):
@@ -84,7 +86,7 @@ class Codec:
 
     def bytes_per_element(self):
         """What an element costs on the wire, scales included (the padding aside)."""
-        data = {"fp32": 4, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}[self.name]
+        data = _BYTES[self.name]
         return data + (_SCALE_BYTES / self.block if self.scaled else 0)
 
     # -- encoding ---------------------------------------------------------------------
