@@ -119,3 +119,15 @@ def _own(x, codec, p):
     padded = torch.zeros(p * c)
     padded[:n] = x
     return torch.cat([codec.decode(codec.encode(padded[r * c:(r + 1) * c]), c) for r in range(p)])[:n]
+
+
+def diloco_kwargs(how):
+    """A test's settings as DiLoCo's keywords: fragments as lists, a Codec as its format and
+    block size."""
+    how = dict(how)
+    if "fragments" in how:
+        how["fragments"] = [list(f) for f in how["fragments"]]
+    codec = how.pop("codec", None)
+    if codec is not None:
+        how.update(quantization=codec.name, block_size=codec.block)
+    return how

@@ -26,12 +26,7 @@ def _train(rank, steps, **how):
     from pybridge.algorithms.diloco import DiLoCo
     net = ref.model()
     opt = ref.inner_optimizer(net)
-    how = dict(how)
-    if "fragments" in how:
-        how["fragments"] = [list(f) for f in how["fragments"]]
-    codec = how.pop("codec", None)
-    if codec is not None:
-        how.update(quantization=codec.name, block_size=codec.block)
+    how = ref.diloco_kwargs(how)
     d = DiLoCo(list(net.parameters()), **how)
     applied = []
     for t in range(1, steps + 1):

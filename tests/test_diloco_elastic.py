@@ -38,12 +38,7 @@ def elastic_rank(rank, world, port, how):
     g = elastic.init(store_addr=f"127.0.0.1:{port}", timeout=20, lost_after=5)
     net = ref.model()
     opt = ref.inner_optimizer(net)
-    how = dict(how)
-    if "fragments" in how:
-        how["fragments"] = [list(f) for f in how["fragments"]]
-    codec = how.pop("codec", None)
-    if codec is not None:
-        how.update(quantization=codec.name, block_size=codec.block)
+    how = ref.diloco_kwargs(how)
     d = DiLoCo(list(net.parameters()), group=g, **how)
     changes = []
     for t in range(1, STEPS + 1):

@@ -83,7 +83,7 @@ def test_the_same_figures_as_prometheus():
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from pybridge.observe import families, otel
+    from pybridge.observe import otel, prometheus
     from pybridge.observe.metrics import Metrics
     m = Metrics(3, 4, None, 1)
     m.collective("all_reduce", 4096, 0.002, 4)
@@ -103,17 +103,8 @@ def test_the_same_figures_as_prometheus():
                 for dp in metric.data.data_points:
                     got[(metric.name, tuple(sorted(dp.attributes.items())))] = dp.value
 
-    class Families:
-        def collect(self):
-            from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-            kinds = {families.COUNTER: CounterMetricFamily, families.GAUGE: GaugeMetricFamily}
-            for f in families.families(m):
-                out = kinds[f.kind](f.name, f.help, labels=list(f.labels))
-                for labels, value in f.samples:
-                    out.add_metric(list(labels), value)
-                yield out
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Families())
+    registry.register(prometheus.collector(m))
     scraped = {}
     for fam in text_string_to_metric_families(generate_latest(registry).decode()):
         for s in fam.samples:

@@ -5,16 +5,9 @@ from ..errors import InvalidArgument
 from . import families
 
 
-def serve(metrics, port, addr):
-    """Serve `metrics` on http://addr:port/metrics; returns (server, thread)."""
-    try:
-        from prometheus_client import CollectorRegistry, start_http_server
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-    except ImportError:
-        raise InvalidArgument("a metrics port was given (PYBRIDGE_METRICS_PORT or --metrics-port) but the "
-                              "prometheus_client package is not installed: pip install prometheus-client "
-                              "(or pybridge[observe])") from None
-
+def collector(metrics):
+    """A prometheus_client collector of `metrics` (ImportError without the package)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     kinds = {families.COUNTER: CounterMetricFamily, families.GAUGE: GaugeMetricFamily}
 
     class Collector:
@@ -24,9 +17,20 @@ def serve(metrics, port, addr):
                 for labels, value in f.samples:
                     out.add_metric(list(labels), value)
                 yield out
+    return Collector()
 
+
+def serve(metrics, port, addr):
+    """Serve `metrics` on http://addr:port/metrics; returns (server, thread)."""
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+        made = collector(metrics)
+    except ImportError:
+        raise InvalidArgument("a metrics port was given (PYBRIDGE_METRICS_PORT or --metrics-port) but the "
+                              "prometheus_client package is not installed: pip install prometheus-client "
+                              "(or pybridge[observe])") from None
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Collector())
+    registry.register(made)
     try:
         return start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:
