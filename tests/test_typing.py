@@ -10,8 +10,9 @@ and when a docstring example stops working.
 
 Docstring examples are doctests under an `Example::` line, as torch's hooks have them. They run
 on 2 ranks in one process per rank (tests/ranks.py), in the order they are found, each docstring
-in a fresh namespace and a folder of its own: a docstring that calls `pybridge.init(` makes its
-own world (and is finalized after it), every other one finds a world made for it. An example
+in a fresh namespace and a folder of its own: a docstring whose code calls `pybridge.init(` (a
+comment that names it does not count) makes its own world (a world left from before is finalized
+first, and its own after it), every other one finds a world made for it. An example
 that cannot run in such a world (a launcher, a second node) says `# doctest: +SKIP` and is
 compiled only.
 """
@@ -21,7 +22,9 @@ import importlib
 import importlib.util
 import inspect
 import os
+import io
 import re
+import tokenize
 import tomllib
 
 import pytest
@@ -45,8 +48,6 @@ TYPED = typed_modules()
 _SPLIT = "being split by concern (issue 43, item 8): annotated after the split"
 _FEDERATED = "federated training: annotated with the server's split and the strategy registry (issue 43)"
 PENDING = {
-    "pybridge.comm.group": _SPLIT + " (Group)",
-    "pybridge.comm.world": _SPLIT + " (init, finalize and the queries, split out of comm/group.py)",
     "pybridge.federated.server": _SPLIT,
     "pybridge.algorithms.comm_hooks": "the hook registry (register_comm_hook), annotated once its work settles",
     "pybridge.federated.strategies": "the strategy registry and its Protocol (issue 43, item 5)",
@@ -61,7 +62,7 @@ PACKAGES = ("pybridge", "pybridge.ddp", "pybridge.recordio", "pybridge.launch", 
 FIRST = (
     "pybridge.all_reduce", "pybridge.broadcast", "pybridge.barrier", "pybridge.all_gather",
     "pybridge.DistributedDataParallel", "pybridge.Reducer", "pybridge.broadcast_parameters", "pybridge.split",
-    "pybridge.env",
+    "pybridge.env", "pybridge.init", "pybridge.finalize",
     "pybridge.recordio.Writer", "pybridge.recordio.Reader", "pybridge.recordio.Loader",
     "pybridge.recordio.write_file", "pybridge.recordio.read_file",
     "pybridge.runtime.checkpoint.save", "pybridge.runtime.checkpoint.restore",
@@ -73,7 +74,6 @@ FIRST = (
     "pybridge.runtime.elastic.State",
 )
 EXAMPLE = re.compile(r"^Example[^\n]*::$", re.M)  # "Example::", or "Example (how it is used)::"
-PENDING_FIRST = ("pybridge.init", "pybridge.finalize")  # comm/world.py: PENDING
 
 
 def _resolve(dotted):
@@ -161,8 +161,6 @@ def test_the_package_re_exports_its_names_for_type_checkers():
 def test_what_users_call_first_has_an_example():
     bad = [name for name in FIRST if not EXAMPLE.search(inspect.getdoc(_resolve(name)) or "")]
     assert not bad, "no `Example::` in the docstring of: " + ", ".join(bad)
-    for name in PENDING_FIRST:
-        assert _resolve(name).__module__ in PENDING, f"{name}: typed now, so it belongs in FIRST"
 
 
 def test_public_hooks_have_an_example():
@@ -201,6 +199,18 @@ def test_every_docstring_example_compiles():
             compile(ex.source, f"{t.name} (line {ex.lineno})", "single")
 
 
+def _calls_init(source):
+    """Whether an example's code calls pybridge.init (its comments do not count)."""
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return "pybridge.init(" in "".join(t.string for t in tokens if t.type != tokenize.COMMENT)
+
+
+def test_an_example_makes_its_own_world_only_when_its_code_calls_init():
+    assert _calls_init("w = pybridge.init(backend='gloo')\n")
+    assert not _calls_init("model = DDP(net)   # after pybridge.init()\n")
+    assert not _calls_init("pybridge.initialize = 1\n")
+
+
 def _run_examples(rank, world, names, ports, workdir):
     """On each rank: every docstring's examples, in order; a world made for those that need one."""
     import pybridge
@@ -211,7 +221,9 @@ def _run_examples(rank, world, names, ports, workdir):
     failures, port, tried = [], iter(ports), 0
     for name in names:
         t = tests[name]
-        own = any("pybridge.init(" in ex.source for ex in t.examples)
+        own = any(_calls_init(ex.source) for ex in t.examples)
+        if own and pybridge.is_initialized():
+            pybridge.finalize(linger=0)  # it makes its own world
         if not own and not pybridge.is_initialized():
             os.environ["MASTER_PORT"] = str(next(port))
             pybridge.init()

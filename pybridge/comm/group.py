@@ -7,10 +7,14 @@ collectives; Group.split imports it when called. The world's lifecycle (init, fi
 current, from_torch) is world.py's, above this module.
 """
 
+from __future__ import annotations
+
 import datetime
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -22,6 +26,9 @@ from . import roster as _roster
 from . import watchdog as _watchdog
 from ..base.checks import index
 from ..errors import Canceled, Closed, InvalidArgument, Timeout, classify
+
+if TYPE_CHECKING:  # torch.distributed does not export these to a type checker
+    from torch._C._distributed_c10d import Backend, Store
 
 _lock = threading.Lock()  # guards the tree of groups (children, creation counts) and world.py's _current
 
@@ -43,9 +50,19 @@ class Group:
     mode's (checked.State, None when off).
     """
 
-    def __init__(self, pg, ranks, global_rank, local_rank, backend, timeout, *, owned, parent=None,
-                 uid=None, checked=False, roster=None):
-        self.pg = pg
+    # Set on the world by world.init: the store it joined over (torch holds a Python store only
+    # by a C++ pointer) and its etcd membership; a subgroup's backend store. Unset otherwise.
+    rendezvous_store: Any
+    etcd_world: Any
+    _rendezvous_store: Any
+
+    def __init__(self, pg: dist.ProcessGroup | Backend | None, ranks: Iterable[int], global_rank: int, local_rank: int,
+                 backend: str, timeout: float, *, owned: bool, parent: Optional[Group] = None,
+                 uid: str | None = None, checked: bool = False,
+                 roster: Optional[list[dict[str, Any]]] = None) -> None:
+        # torch's default group (the world, adopted groups) or, for pybridge's subgroups, a
+        # Backend (_backend_group), whose collectives torch's stubs leave out; None once closed
+        self.pg: Any = pg
         self.ranks = tuple(ranks)  # the global rank of each group rank
         self._rank_of = {r: i for i, r in enumerate(self.ranks)}
         self.rank = self._rank_of[global_rank]
@@ -58,51 +75,67 @@ class Group:
             else torch.device("cpu")
         self.parent = parent
         self.closed = False
-        self.stream = None  # the CUDA stream calls are ordered on; None: the current one (streams.py)
+        # the CUDA stream calls are ordered on; None: the current one (streams.py)
+        self.stream: Optional[torch.cuda.Stream] = None
         self._owned = owned  # pybridge created the torch group, so pybridge destroys it
-        self._children = []
+        self._children: list[Group] = []
         self._created = 0  # subgroups made from this one so far: names the next one's store keys
-        self.uid = "w" if parent is None else uid  # the same on every member
-        self._store = None
+        if parent is not None and uid is None:
+            raise InvalidArgument("a subgroup needs a uid (the same on every member)")
+        self.uid: str = "w" if parent is None or uid is None else uid  # the same on every member
+        self._store: Optional[Store] = None
         # Reliability (docs/failures.md): checked mode, who every rank is, and progress.
-        self.checked = parent.checked if parent is not None else checked
-        self.roster = parent.roster if parent is not None else roster  # by global rank, or None
-        self.progress = _watchdog.Progress(parent.progress if parent is not None else None)
-        self.checks = _checked.State(self.device) if self.checked else None
+        self.checked: bool = parent.checked if parent is not None else checked
+        self.roster: Optional[list[dict[str, Any]]] = parent.roster if parent is not None else roster  # by global rank, or None
+        self.progress: _watchdog.Progress = _watchdog.Progress(parent.progress if parent is not None else None)
+        self.checks: Optional[_checked.State] = _checked.State(self.device) if self.checked else None
         # Elastic training (elastic.py): the world's link to its membership, None otherwise.
-        self.elastic = parent.elastic if parent is not None else None
+        # runtime.elastic.State, above this layer: not imported here
+        self.elastic: Any = parent.elastic if parent is not None else None
         # Aborting (abort()): the reason once aborted, and the backend's connections to shut.
-        self.aborted = None
-        self.sockets = frozenset()
+        self.aborted: Optional[str] = None
+        self.sockets: frozenset[str] = frozenset()  # inode numbers (sockets.py)
 
     @property
-    def issued(self):
+    def issued(self) -> int:
         """Collectives started on this group so far (they are "#1" ... "#issued" in errors)."""
-        return self.progress.issued
+        issued: int = self.progress.issued
+        return issued
 
     @property
-    def children(self):
+    def children(self) -> tuple[Group, ...]:
         """The live subgroups made from this one (a copy)."""
         with _lock:
             return tuple(self._children)
 
     # Deprecated: state that Group used to carry for the watchdog and checked mode.
-    inflight = property(lambda self: _deprecated(
-        "inflight", "Group.progress (the watchdog's)",
-        self.progress.snapshot()[1] if self.progress.watched else None))
-    fingerprint_buffer = property(lambda self: _deprecated("fingerprint_buffer", "Group.checks (checked mode's)", None))
-    p2p = property(lambda self: _deprecated("p2p", "Group.checks (checked mode's)", {}))
+    @property
+    def inflight(self) -> Optional[dict[int, Any]]:
+        """Deprecated: Group.progress (the watchdog's) holds it."""
+        return _deprecated("inflight", "Group.progress (the watchdog's)",
+                           self.progress.snapshot()[1] if self.progress.watched else None)
 
     @property
-    def store(self):
+    def fingerprint_buffer(self) -> None:
+        """Deprecated: Group.checks (checked mode's) holds it."""
+        return _deprecated("fingerprint_buffer", "Group.checks (checked mode's)", None)
+
+    @property
+    def p2p(self) -> dict[Any, Any]:
+        """Deprecated: Group.checks (checked mode's) holds it."""
+        return _deprecated("p2p", "Group.checks (checked mode's)", {})
+
+    @property
+    def store(self) -> Store:
         """A key-value store shared by the members (the rendezvous store; a subgroup's keys
         get a prefix of their own). Used e.g. for dynamic data partitioning."""
         if self._store is None:
             store = world_store()
-            self._store = store if self.parent is None else dist.PrefixStore(f"pybridge/{self.uid}/data/", store)
+            self._store = store if self.parent is None else dist.PrefixStore(  # type: ignore[attr-defined]
+                f"pybridge/{self.uid}/data/", store)
         return self._store
 
-    def check_open(self):
+    def check_open(self) -> None:
         if self.closed:
             raise Closed("process group was finalized" if self.parent is None else
                          "process group was closed (or its world group was finalized)")
@@ -142,18 +175,18 @@ class Group:
         if self.aborted is not None:
             raise Canceled(f"{what} was canceled: {self.describe()} was aborted ({self.aborted})")
 
-    def check_rank(self, what, r, allow_self=True):
+    def check_rank(self, what: str, r: int, allow_self: bool = True) -> int:
         """`r` as a rank within this group (InvalidArgument naming `what` otherwise)."""
         r = index(f"{what} rank", r, self.size, f"a group of size {self.size}")
         if not allow_self and r == self.rank:
             raise InvalidArgument(f"{what} rank {r} is this process's own rank")
         return r
 
-    def global_rank_of(self, group_rank):
+    def global_rank_of(self, group_rank: int) -> int:
         """The global rank of member `group_rank`."""
         return self.ranks[self.check_rank("group", group_rank)]
 
-    def group_rank_of(self, global_rank):
+    def group_rank_of(self, global_rank: int) -> int:
         """The rank within this group of the process with global rank `global_rank`."""
         r = self._rank_of.get(global_rank) if isinstance(global_rank, int) else None
         if r is None or isinstance(global_rank, bool):
@@ -161,17 +194,17 @@ class Group:
                                   f"(members: global ranks {list(self.ranks)})")
         return r
 
-    def who(self, group_rank):
+    def who(self, group_rank: int) -> str:
         """'rank 1 (host a, pid 42)' for a member (its global rank in a subgroup)."""
         g = self.ranks[group_rank]
         entry = self.roster[g] if self.roster else g
         text = _roster.describe(entry)
         return text if self.parent is None else f"{text} (group rank {group_rank})"
 
-    def describe(self):
+    def describe(self) -> str:
         return "the world group" if self.parent is None else f"group {self.uid}"
 
-    def set_stream(self, stream):
+    def set_stream(self, stream: torch.cuda.Stream | int | None) -> None:
         """Order this group's calls on CUDA memory on `stream` (a torch.cuda.Stream or a
         cudaStream_t address) instead of the calling thread's current stream; None (or 0)
         goes back to the current stream. Tensors must be ready in that stream's order when
@@ -187,7 +220,7 @@ class Group:
     # split(color, key=None, *, timeout=None, backend=None): MPI_Comm_split over this group,
     # defined in subgroups.py (above the collectives it needs; the package import loads it).
 
-    def new_group(self, ranks):
+    def new_group(self, ranks: Iterable[int]) -> Optional[Group]:
         """A subgroup of the members with these ranks (ranks within this group), ranked in
         that order. As torch's new_group, every member of this group calls it (members of the
         new one wait for each other; the others get None at once) in the same order as their
@@ -196,7 +229,8 @@ class Group:
         self.check_open()
         return self.subgroup(_member_list(ranks, self.size))
 
-    def subgroup(self, members, *, timeout=None, backend=None):
+    def subgroup(self, members: Optional[Sequence[int]], *, timeout: Optional[float] = None,
+                 backend: Optional[str] = None) -> Optional[Group]:
         """The next subgroup made from this one: the members with these ranks (within this
         group), ranked in that order; None when this rank is not among them (or members is
         None). Every member of this group calls it, in the same order as its other subgroup
@@ -222,7 +256,7 @@ class Group:
             self._children.append(child)
         return child
 
-    def close(self):
+    def close(self) -> None:
         """Free a subgroup (and its own subgroups). The world group is left with finalize()."""
         if self.parent is None:
             raise InvalidArgument("close() frees subgroups; leave the world group with finalize()")
@@ -231,7 +265,7 @@ class Group:
             if self in self.parent._children:
                 self.parent._children.remove(self)
 
-    def _close(self):
+    def _close(self) -> None:
         """Mark closed, children first, and destroy the torch groups pybridge created."""
         for child in self._children:
             child._close()
@@ -241,19 +275,22 @@ class Group:
         self.closed = True
         self.pg = None  # a subgroup's backend is ours alone: dropping it frees it (see finalize)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self.closed else "live"
         kind = "world" if self.parent is None else f"subgroup of global ranks {list(self.ranks)}"
         return (f"<pybridge.Group rank={self.rank}/{self.size} {kind} local_rank={self.local_rank} "
                 f"{self.backend} {state}>")
 
 
-def _deprecated(name, owner, value):
+_T = TypeVar("_T")
+
+
+def _deprecated(name: str, owner: str, value: _T) -> _T:
     warnings.warn(f"Group.{name} is deprecated: its state moved to {owner}", DeprecationWarning, stacklevel=3)
     return value
 
 
-def _member_list(ranks, size):
+def _member_list(ranks: Iterable[int], size: int) -> list[int]:
     try:
         members = [int(r) for r in ranks]
     except (TypeError, ValueError):
@@ -268,13 +305,13 @@ def _member_list(ranks, size):
     return members
 
 
-def world_store():
+def world_store() -> Store:
     """The world's rendezvous store (no prefix): subgroups' backends and checked mode's
     point-to-point fingerprints meet there."""
     return dist.distributed_c10d._get_default_store()
 
 
-def _own_connection(group):
+def _own_connection(group: Group) -> Store:
     """The world's store over a connection of its own (Store.clone), or the shared one where
     it cannot be cloned. The clone is made from the store init() joined over (a Python
     store's clone, as SealedStore's, is lost when reached through torch's wrapper of it)."""
@@ -283,14 +320,16 @@ def _own_connection(group):
         root = root.parent
     shared = world_store()
     try:
-        own = (getattr(root, "rendezvous_store", None) or shared).clone()
+        joined: Any = getattr(root, "rendezvous_store", None) or shared  # Store.clone: not in torch's stubs
+        own: Store = joined.clone()
         own.check(["pybridge/own-connection"])  # a clone that cannot work fails when used
         return own
     except Exception:  # noqa: BLE001 - "not implemented": share the world's connection
         return shared
 
 
-def _backend_group(backend, rank, size, prefix, timeout, parent):
+def _backend_group(backend: str, rank: int, size: int, prefix: str, timeout: float,
+                   parent: Group) -> tuple[Backend, frozenset[str], Store]:
     """The communication backend of a subgroup of `parent`, built over its own store prefix.
 
     Not torch.distributed.new_group: with members-only creation it names groups after how
@@ -303,13 +342,13 @@ def _backend_group(backend, rank, size, prefix, timeout, parent):
     store's timeout; that connection is shut when the wait is given up. Returns the backend,
     the connections it opened (Group.sockets) and the store it was made over."""
     device = torch.cuda.current_device() if backend == "nccl" else None
-    made = {}  # the helper's own store connection, once it has one
+    made: dict[str, frozenset[str]] = {}  # the helper's own store connection, once it has one
 
-    def make():
+    def make() -> tuple[Backend, frozenset[str], Store]:
         before = _sockets.open_sockets()
         store = _own_connection(parent)
         made["connection"] = frozenset(_sockets.open_sockets() - before)
-        prefixed = dist.PrefixStore(prefix, store)
+        prefixed = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
         if backend == "nccl":
             torch.cuda.set_device(device)  # the current device is per thread
             opts = dist.ProcessGroupNCCL.Options()
@@ -325,14 +364,15 @@ def _backend_group(backend, rank, size, prefix, timeout, parent):
 SUBGROUP_GRACE_SECONDS = 2.0  # beyond the timeout, which bounds the wait for the members
 
 
-def _within(seconds, what, fn, parent=None, give_up=None):
+def _within(seconds: float, what: str, fn: Callable[[], _T], parent: Optional[Group] = None,
+            give_up: Optional[Callable[[], None]] = None) -> _T:
     """fn(), given up after `seconds` with Timeout, or with Canceled once `parent` is aborted;
     give_up() is called then, to end the helper thread's wait (shut its store connection).
     Without it (or where it cannot), the helper thread left behind ends with its store
     round trip's own timeout; its result is dropped."""
-    box = {}
+    box: dict[str, Any] = {}
 
-    def run():
+    def run() -> None:
         try:
             box["value"] = fn()
         except Exception as exc:  # noqa: BLE001 - handed to the caller
@@ -356,4 +396,5 @@ def _within(seconds, what, fn, parent=None, give_up=None):
                       "store's host), is not answering")
     if "error" in box:
         raise classify(box["error"]) from box["error"]
-    return box["value"]
+    value: _T = box["value"]
+    return value

@@ -7,6 +7,8 @@ that lived in group.py before still load from there (`pybridge.comm.group.init`)
 DeprecationWarning: use `pybridge.init` and the others, or this module.
 """
 
+from __future__ import annotations
+
 import atexit
 import datetime
 import gc
@@ -15,7 +17,8 @@ import sys
 import time
 import urllib.parse
 import warnings
-from typing import Optional
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -34,11 +37,14 @@ from ..base import netif
 from .. import observe as _observe
 from ..errors import AlreadyInitialized, InvalidArgument, NotInitialized, PyBridgeError, classify
 
+if TYPE_CHECKING:  # torch.distributed does not export it to a type checker
+    from torch._C._distributed_c10d import Store
+
 DEFAULT_TIMEOUT = 300.0  # seconds; bounds rendezvous and every collective
 BACKENDS = ("auto", "gloo", "nccl")
 
 _lock = _group._lock  # one lock for the tree of groups and the world
-_current = None  # the live world Group, or None
+_current: Optional[Group] = None  # the live world Group, or None
 
 
 env_int = jobenv.env_int  # an integer environment variable, or None (importable from here, as before)
@@ -57,7 +63,7 @@ def pick_backend(backend: Optional[str]) -> str:
     return backend
 
 
-def _rendezvous(init_method, master_addr, master_port):
+def _rendezvous(init_method: Optional[str], master_addr: Optional[str], master_port: Optional[int]) -> str:
     if master_addr or master_port:
         if init_method not in (None, "", "env://"):
             raise InvalidArgument("give either init_method or master_addr/master_port, not both")
@@ -78,10 +84,12 @@ def _rendezvous(init_method, master_addr, master_port):
     return init_method
 
 
-def init(init_method=None, backend="auto", rank=None, world_size=None, local_rank=None,
-         timeout=DEFAULT_TIMEOUT, master_addr=None, master_port=None, *, checked=None,
-         watchdog=None, store=None, rdzv_backend=None, rdzv_endpoint=None, rdzv_id=None,
-         rdzv_conf=None) -> Group:
+def init(init_method: Optional[str] = None, backend: Optional[str] = "auto", rank: Optional[int] = None,
+         world_size: Optional[int] = None, local_rank: Optional[int] = None, timeout: float = DEFAULT_TIMEOUT,
+         master_addr: Optional[str] = None, master_port: Optional[int] = None, *, checked: Optional[bool] = None,
+         watchdog: float | bool | None = None, store: Optional[Store] = None,
+         rdzv_backend: Optional[str] = None, rdzv_endpoint: Optional[str] = None, rdzv_id: Optional[str] = None,
+         rdzv_conf: Optional[Mapping[str, Any]] = None) -> Group:
     """Join the process group and return it.
 
     Anything not given comes from the launcher environment (RANK, WORLD_SIZE,
@@ -107,14 +115,29 @@ def init(init_method=None, backend="auto", rank=None, world_size=None, local_ran
     authentication (cacert, cert, key, user, password). Unset, they come from
     PYBRIDGE_RDZV_BACKEND, PYBRIDGE_RDZV_ENDPOINT, PYBRIDGE_RDZV_ID and PYBRIDGE_ETCD_*
     (how C and Go programs and pybridge-launch --rdzv-backend etcd choose it).
+
+    Example (on every rank, as pybridge-launch or torchrun starts them)::
+
+        >>> import torch, pybridge
+        >>> world = pybridge.init()                # RANK, WORLD_SIZE, MASTER_* from the launcher
+        >>> world.rank == pybridge.rank() and world.size == pybridge.size()
+        True
+        >>> x = torch.ones(2)
+        >>> pybridge.all_reduce(x)                 # sums over the ranks
+        >>> x.tolist() == [float(world.size)] * 2
+        True
+        >>> pybridge.finalize()
     """
     with _cancel.joining():  # another thread may end it: pb_init_abort (Go: Init's context)
         return _init(init_method, backend, rank, world_size, local_rank, timeout, master_addr, master_port,
                      checked, watchdog, store, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf)
 
 
-def _init(init_method, backend, rank, world_size, local_rank, timeout, master_addr, master_port, checked,
-          watchdog, store, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf):
+def _init(init_method: Optional[str], backend: Optional[str], rank: Optional[int], world_size: Optional[int],
+          local_rank: Optional[int], timeout: float, master_addr: Optional[str], master_port: Optional[int],
+          checked: Optional[bool], watchdog: float | bool | None, store: Optional[Store],
+          rdzv_backend: Optional[str], rdzv_endpoint: Optional[str], rdzv_id: Optional[str],
+          rdzv_conf: Optional[Mapping[str, Any]]) -> Group:
     global _current
     with _lock:
         if _current is not None or dist.is_initialized():
@@ -168,7 +191,7 @@ def _init(init_method, backend, rank, world_size, local_rank, timeout, master_ad
         return _current
 
 
-def _observe_world(world):
+def _observe_world(world: Group) -> None:
     """Start recording if asked (observe/), with this rank's clock measured against rank 0's
     once: an elastic world made again keeps the first offset."""
     rec = _observe.joined(world.rank, world.size, world.local_rank)
@@ -180,7 +203,8 @@ def _observe_world(world):
         rec.clock_synced = True
 
 
-def _join(backend, method, rank, world_size, timeout, checked, watchdog, given=None):
+def _join(backend: str, method: Optional[str], rank: int, world_size: int, timeout: float, checked: bool,
+          watchdog: float, given: Optional[Store] = None) -> tuple[Any, Store, frozenset[str]]:
     """Rendezvous, publish who this rank is and check that every rank agrees (roster.py),
     then build the backend over the same store. Returns the roster, the store and the
     backend's connections (Group.sockets: gloo connects its full mesh here)."""
@@ -200,20 +224,24 @@ def _join(backend, method, rank, world_size, timeout, checked, watchdog, given=N
     return roster, store, sockets
 
 
-def _own_store(method, timeout, given=None, etcd_world=None):
+def _own_store(method: Optional[str], timeout: float, given: Optional[Store] = None,
+               etcd_world: Any = None) -> Optional[Store]:
     """A second connection to the rendezvous store, for the watchdog: a TCPStore client
     serializes its calls, so a blocking wait on the shared one (a subgroup's rendezvous)
     would otherwise hold the watchdog up. Other stores are shared."""
     if etcd_world is not None:
-        return rendezvous.seal_etcd(etcd_world.another())
+        sealed: Store = rendezvous.seal_etcd(etcd_world.another())
+        return sealed
     if method is None:
         return given
     if urllib.parse.urlparse(method).scheme not in ("tcp", "env") or rendezvous.agent_hosts_store():
         return _group.world_store()
     host, port = rendezvous.tcp_address(method)
-    client = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout),
+    client = dist.TCPStore(host,  # type: ignore[attr-defined]  # (not in torch.distributed's __all__)
+                           port, None, False, datetime.timedelta(seconds=timeout),
                            wait_for_workers=False)
-    return rendezvous.seal(client, host, "default_pg")
+    own: Store = rendezvous.seal(client, host, "default_pg")
+    return own
 
 
 def loopback_gloo(host: str) -> None:
@@ -227,7 +255,7 @@ def loopback_gloo(host: str) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
-def _checked_setting(checked):
+def _checked_setting(checked: Optional[bool]) -> bool:
     """checked= wins; None reads PYBRIDGE_CHECKED (1/true/yes/on or 0/false/no/off/empty)."""
     if checked is None:
         raw = os.environ.get("PYBRIDGE_CHECKED", "").strip().lower()
@@ -239,13 +267,23 @@ def _checked_setting(checked):
     return checked
 
 
-def finalize(*, linger=None, collect=True):
+def finalize(*, linger: Optional[float] = None, collect: bool = True) -> None:
     """Leave the process group: its subgroups are closed too. A torch group that pybridge
     adopted (see current()) is left to its owner. Safe to call when not initialized.
     linger: seconds to wait for other references to the backend to go before it is parked
     (see _free_here); collect: run the garbage collector (see below). Elastic training keeps
     a broken world's backend itself, so it passes 0 and False: a full collection takes
-    0.1-0.3 s."""
+    0.1-0.3 s.
+
+    Example::
+
+        >>> import pybridge
+        >>> world = pybridge.init()
+        >>> pybridge.finalize()                    # subgroups are closed with it
+        >>> pybridge.is_initialized(), world.closed
+        (False, True)
+        >>> pybridge.finalize()                    # again: nothing to leave
+    """
     global _current
     _watchdog.stop()
     _observe.left()
@@ -253,7 +291,7 @@ def finalize(*, linger=None, collect=True):
         group, _current = _current, None
         if group is not None:
             group._close()
-        world = []
+        world: list[Optional[dist.ProcessGroup]] = []
         if dist.is_initialized() and (group is None or group._owned):
             world.append(dist.group.WORLD)
             try:
@@ -268,18 +306,19 @@ def finalize(*, linger=None, collect=True):
         _release_parked()
         if world:
             _free_here(world, FREE_WAIT_SECONDS if linger is None else linger)
-        if getattr(group, "etcd_world", None) is not None:
-            group.etcd_world.leave()
+        etcd_world = getattr(group, "etcd_world", None)
+        if etcd_world is not None:
+            etcd_world.leave()
 
 
 FREE_WAIT_SECONDS = 0.02
 
 # Destroyed backends that something else still held when finalize() let go of them (see
 # _free_here), dropped later on a caller's thread: by the next finalize() or at exit.
-_parked = []
+_parked: list[Optional[dist.ProcessGroup]] = []
 
 
-def _free_here(holder, seconds):
+def _free_here(holder: list[Optional[dist.ProcessGroup]], seconds: float) -> None:
     """Drop a destroyed process group's reference on this thread, or park it. A future
     callback that has just run on one of gloo's worker threads (torch's PowerSGD hook keeps
     the group in its closures) releases its closure there a moment later; if that were the
@@ -297,7 +336,7 @@ def _free_here(holder, seconds):
         _parked.append(pg)
 
 
-def _release_parked(everything=False):
+def _release_parked(everything: bool = False) -> None:
     """Drop the parked groups that nothing else holds any more (each is freed here, on this
     thread); at exit, every parked reference (the interpreter's teardown frees the rest on
     the main thread, as it would have without parking)."""
@@ -308,15 +347,15 @@ def _release_parked(everything=False):
 atexit.register(_release_parked, True)
 
 
-def _adopt():
+def _adopt() -> Group:
     """The group of a program that called torch.distributed.init_process_group itself."""
     rank, size = dist.get_rank(), dist.get_world_size()
     local_rank = env_int("LOCAL_RANK")
-    backend = dist.get_backend()
+    backend: str = dist.get_backend()
     backend = "nccl" if "nccl" in backend else backend
     timeout = DEFAULT_TIMEOUT
     try:  # the group's own timeout where this torch exposes it
-        timeout = dist.distributed_c10d._get_default_group().options._timeout.total_seconds()
+        timeout = dist.distributed_c10d._get_default_group().options._timeout.total_seconds()  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001
         pass
     return Group(dist.group.WORLD, range(size), rank, rank if local_rank is None else local_rank,
@@ -339,14 +378,14 @@ def current() -> Group:
     return group
 
 
-def _stale(group):
+def _stale(group: Group) -> bool:
     """An adopted world whose torch group was destroyed and initialized again (a program, or
     torch's own tests, calling init_process_group once per run): adopt the new one."""
     return not group._owned and group.parent is None and dist.is_initialized() \
         and group.pg is not dist.group.WORLD
 
 
-def from_torch(pg) -> Group:
+def from_torch(pg: Optional[dist.ProcessGroup]) -> Group:
     """The pybridge group for a torch ProcessGroup: the world for torch's default group, the
     subgroup that wraps `pg` if pybridge made it, else `pg` adopted as a subgroup of the world
     (torch's own new_group; pybridge leaves it to its owner). This process must be a member."""
@@ -377,7 +416,7 @@ def from_torch(pg) -> Group:
     return child
 
 
-def _find(group, pg):
+def _find(group: Group, pg: dist.ProcessGroup) -> Optional[Group]:
     for child in group.children:
         if child.pg is pg:
             return child
@@ -391,7 +430,7 @@ def is_initialized() -> bool:
     return _current is not None or dist.is_initialized()
 
 
-def new_group(ranks, *, group=None):
+def new_group(ranks: Iterable[int], *, group: Optional[Group] = None) -> Optional[Group]:
     """A subgroup of `group` (default: the world) from ranks within it; see Group.new_group."""
     return (group or current()).new_group(ranks)
 
@@ -415,7 +454,7 @@ _MOVED_FROM_GROUP = ("DEFAULT_TIMEOUT", "BACKENDS", "env_int", "pick_backend", "
                      "FREE_WAIT_SECONDS")
 
 
-def _old_path(name):
+def _old_path(name: str) -> Any:
     """`pybridge.comm.group.init` and the others that moved here: this module's, with a
     DeprecationWarning (group.py cannot import this module, which imports it)."""
     if name not in _MOVED_FROM_GROUP:
@@ -424,4 +463,4 @@ def _old_path(name):
     return globals()[name]
 
 
-_group.__getattr__ = _old_path
+_group.__getattr__ = _old_path  # type: ignore[method-assign]  # the module's, for the old names
