@@ -2,6 +2,7 @@
 and end with the same weights as torch DDP with the same hook; pybridge's built-in hooks
 (by code, as C and Go select them) match torch's; hook errors are pybridge errors."""
 
+import glob
 import os
 
 import pytest
@@ -292,7 +293,7 @@ def test_the_builtin_table_is_the_headers_and_gos():
     codes = {n for n, comment in re.findall(r"#define (PB_HOOK_\w+) +\d+ +/\* *(\S+)", header)
              if comment != "hook_flags:"}
     assert codes == set(table), "header hook codes vs comm_hooks.BUILTIN"
-    go = open(os.path.join(repo, "go", "reducer.go")).read()
+    go = "".join(open(p).read() for p in glob.glob(os.path.join(repo, "go", "*.go")) if not p.endswith("_test.go"))
     assert set(re.findall(r"\bHook\w* +Hook = C\.(PB_HOOK_\w+)", go)) == set(table), "Go Hook constants vs BUILTIN"
     with pytest.raises(InvalidArgument, match="unknown hook code 9; use one of PB_HOOK_ALLREDUCE"):
         comm_hooks.builtin(9, None)

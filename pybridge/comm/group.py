@@ -156,19 +156,24 @@ class Group:
         communicator is aborted. The group stays to be closed (finalize for the world).
         Aborting again does nothing."""
         reason = str(reason) if reason else "aborted"
-        todo = [self]
+        todo, marked = [self], []
         while todo:
             g = todo.pop()
             todo.extend(list(g._children))  # no lock: the caller may hold it (an init being aborted)
             if g.aborted is None and not g.closed:
                 g.aborted = reason
-                _sockets.shut_down(g.sockets)
-                pg = g.pg
-                if pg is not None:
-                    try:
-                        pg.abort()  # NCCL: ncclCommAbort; gloo: nothing that ends a wait
-                    except Exception:  # noqa: BLE001 - a backend without abort: the sockets did it
-                        pass
+                marked.append(g)
+        # Every group is marked before any call is ended: a caller whose blocked call returns
+        # next must find the subgroups aborted too (seen: a barrier on a subgroup started in
+        # between, under load, and was canceled instead of refused).
+        for g in marked:
+            _sockets.shut_down(g.sockets)
+            pg = g.pg
+            if pg is not None:
+                try:
+                    pg.abort()  # NCCL: ncclCommAbort; gloo: nothing that ends a wait
+                except Exception:  # noqa: BLE001 - a backend without abort: the sockets did it
+                    pass
 
     def check_aborted(self, what: str) -> None:
         """Raise Canceled for `what` (a wait that no socket ends) once this group is aborted."""
