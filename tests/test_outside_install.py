@@ -188,6 +188,17 @@ def test_wheel_serves_c_and_go_from_a_fresh_venv(tmp_path):
     # wheel offline (its dependencies are already there).
     venv = os.path.join(tmp, "venv")
     run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], tmp, env)
+    if sys.prefix != sys.base_prefix:
+        # Run from a virtual environment (make setup's .venv): a venv made from it sees the base
+        # interpreter's packages, not this environment's, where torch may be (a fresh machine
+        # installs it into .venv). A path file lends the new venv this environment's packages;
+        # its own site-packages stay first, and .pth files there (the checkout's editable
+        # install) are not run.
+        lent = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+        mine = run([os.path.join(venv, "bin", "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                   tmp, env).strip()
+        with open(os.path.join(mine, "_pybridge_test_parent_env.pth"), "w") as f:
+            f.write("\n".join(lent) + "\n")
     env = outside_env(tmp, venv)
     py = os.path.join(venv, "bin", "python")
     run([py, "-m", "pip", "install", "-q", "--no-index", wheel], tmp, env)
