@@ -49,7 +49,6 @@ _SPLIT = "being split by concern (issue 43, item 8): annotated after the split"
 _FEDERATED = "federated training: annotated with the server's split and the strategy registry (issue 43)"
 PENDING = {
     "pybridge.federated.server": _SPLIT,
-    "pybridge.federated.strategies": "the strategy registry and its Protocol (issue 43, item 5)",
     **{f"pybridge.federated.{m}": _FEDERATED for m in ("aggregate", "buffered", "fedprox", "protocol", "rounds",
                                                          "sampling", "results", "staleness", "worker")},
 }
