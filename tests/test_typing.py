@@ -49,7 +49,7 @@ _SPLIT = "being split by concern (issue 43, item 8): annotated after the split"
 _FEDERATED = "federated training: annotated with the server's split and the strategy registry (issue 43)"
 PENDING = {
     "pybridge.federated.server": _SPLIT,
-    **{f"pybridge.federated.{m}": _FEDERATED for m in ("rounds", "worker")},
+    **{f"pybridge.federated.{m}": _FEDERATED for m in ("rounds",)},
 }
 
 # The subpackages whose public names (__all__) users import, besides `pybridge` itself.
