@@ -46,10 +46,8 @@ TYPED = typed_modules()
 # Public names whose module is not typed yet, and why. The test fails for a name that is typed
 # and still listed here, so the list only shrinks.
 _SPLIT = "being split by concern (issue 43, item 8): annotated after the split"
-_FEDERATED = "federated training: annotated with the server's split and the strategy registry (issue 43)"
 PENDING = {
     "pybridge.federated.server": _SPLIT,
-    **{f"pybridge.federated.{m}": _FEDERATED for m in ("rounds",)},
 }
 
 # The subpackages whose public names (__all__) users import, besides `pybridge` itself.
