@@ -195,8 +195,9 @@ class Server:
         self._drain()
         if not self._workers.live:
             raise WorkerFailed(f"no federated workers are left (lost: {self._workers.lost_text()})")
-        self.new_version(flat_model.clone())
-        self._workers.send_model(self.idle_workers(), self._model, self.round)
+        sent = flat_model.clone()
+        self.new_version(sent)
+        self._workers.send_model(self.idle_workers(), sent, self.round)
         command = EVALUATE if evaluate else TRAIN
         rr = self._current = RoundResults(self.round, command, roundloop.results(self, command, collections.deque(ids)))
         return rr
@@ -267,6 +268,7 @@ class Server:
         """Hand `client` to the idle `worker` to train or evaluate (`command`) on the current
         version, sending the model first if the worker holds an older one. A send that fails
         is a LOST outcome of next_outcome, not an error here."""
+        assert self._model is not None  # run_round or stream gave the first version
         self._workers.assign(worker, client, command, self.round, self._model)
 
     def next_outcome(self) -> Outcome:
