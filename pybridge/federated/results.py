@@ -2,9 +2,10 @@
 results that keeps its summary), and Outcome, what the server makes of a worker's answer or
 loss. Used by the server's round modes and by the buffered stream alike."""
 
+import collections
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, NamedTuple, Optional
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Protocol
 
 import torch
 
@@ -87,6 +88,42 @@ class Outcome(_Outcome):
     REFUSED = "refused"  # value: UpdateRefused (integrity.refusal said no)
     LOST = "lost"        # value: WorkerFailed / WorkerTimeout; the worker was retired or stalled
     BACK = "back"        # a stalled worker answered and takes clients again; no assignment, no value
+
+
+class HandOut(Protocol):
+    """The server's hand-out seam (server.Server provides it): all that the round modes'
+    loop (roundloop.py) and the buffered stream (stream.py) use of the server, so that
+    neither imports it."""
+
+    mode: str
+
+    @property
+    def round(self) -> int: ...
+
+    @property
+    def current(self) -> Optional[RoundResults]: ...
+
+    def check_open(self) -> None: ...
+
+    def new_version(self, model: Optional[torch.Tensor] = None) -> int: ...
+
+    def start_summary(self, command: int) -> RoundResults: ...
+
+    def idle_workers(self) -> list[int]: ...
+
+    def busy_workers(self) -> list[int]: ...
+
+    def out(self) -> bool: ...
+
+    def take_client(self, pending: "collections.deque[int]", worker: int) -> Optional[int]: ...
+
+    def assign(self, worker: int, client: int, command: int) -> None: ...
+
+    def next_outcome(self) -> Outcome: ...
+
+    def retry_client(self, outcome: Outcome, refusals: "collections.Counter[int]") -> bool: ...
+
+    def unassignable(self, pending: Iterable[int]) -> Exception: ...
 
 
 def client_list(clients: Iterable[Any]) -> list[int]:

@@ -6,16 +6,13 @@ the same in every mode. Server.run_round makes it.
 """
 
 import collections
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from ..errors import InvalidArgument
-from .results import Outcome, Result
-
-if TYPE_CHECKING:  # the server runs the loop
-    from .server import Server
+from .results import HandOut, Outcome, Result
 
 
-def results(server: "Server", command: int, pending: "collections.deque[int]") -> Iterator[Result]:
+def results(server: HandOut, command: int, pending: "collections.deque[int]") -> Iterator[Result]:
     """Hand out `pending` (a deque of client ids) to `command` (TRAIN or EVALUATE) on the
     server's current round, and yield the round's Results as they come: in mode async a
     worker gets its next client at once, in mode sync clients go out in waves of one per

@@ -10,15 +10,12 @@ refusal, requeue and affinity hold in every mode. FedAvgRounds (rounds.py) drive
 """
 
 import collections
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch
 
 from .protocol import EVALUATE, TRAIN
-from .results import Outcome, Result, client_list
-
-if TYPE_CHECKING:  # the server makes streams
-    from .server import Server
+from .results import HandOut, Outcome, Result, client_list
 
 
 class Stream:
@@ -31,7 +28,7 @@ class Stream:
     to hand out and a worker is idle: clients still out stay out, and their results come
     with later calls (applied late). Evaluations are handed out before training clients."""
 
-    def __init__(self, server: "Server", model: torch.Tensor) -> None:
+    def __init__(self, server: HandOut, model: torch.Tensor) -> None:
         self.server = server
         self.pending: dict[int, collections.deque[int]] = {EVALUATE: collections.deque(), TRAIN: collections.deque()}
         self._refusals: collections.Counter[int] = collections.Counter()
