@@ -45,15 +45,7 @@ TYPED = typed_modules()
 
 # Public names whose module is not typed yet, and why. The test fails for a name that is typed
 # and still listed here, so the list only shrinks.
-_SPLIT = "being split by concern (issue 43, item 8): annotated after the split"
-_FEDERATED = "federated training: annotated with the server's split and the strategy registry (issue 43)"
-PENDING = {
-    "pybridge.federated.server": _SPLIT,
-    "pybridge.algorithms.comm_hooks": "the hook registry (register_comm_hook), annotated once its work settles",
-    "pybridge.federated.strategies": "the strategy registry and its Protocol (issue 43, item 5)",
-    **{f"pybridge.federated.{m}": _FEDERATED for m in ("aggregate", "buffered", "fedprox", "protocol", "rounds",
-                                                         "sampling", "results", "staleness", "worker")},
-}
+PENDING: dict[str, str] = {}  # every public module is typed now
 
 # The subpackages whose public names (__all__) users import, besides `pybridge` itself.
 PACKAGES = ("pybridge", "pybridge.ddp", "pybridge.recordio", "pybridge.launch", "pybridge.federated")

@@ -22,10 +22,11 @@ ranks. Adding a built-in hook: docs/design.md, "Adding a built-in hook".
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Union
 
 from .. import abi
 from ..base.registry import Registry, describe, provides
+from ..comm.group import Group
 from ..errors import InvalidArgument
 from . import gossip
 from .contract import (Closing, CommHook, GradBucket, HookContext, HookState, StepCounting, _describe, _name,
@@ -40,15 +41,20 @@ HOOK_POWERSGD = abi.PB_HOOK_POWERSGD
 HOOK_HIERARCHICAL = abi.PB_HOOK_HIERARCHICAL
 
 
-def _context(hook):
+# (state, hook): what building a hook over a group (None: only described) gives.
+StateAndHook = tuple[Any, Callable[..., Any]]
+_Build = Callable[[Optional[Group], dict[str, Any]], StateAndHook]
+
+
+def _context(hook: Callable[..., Any]) -> _Build:
     return lambda group, how: (HookContext(group), hook)
 
 
-def _powersgd(group, how):
+def _powersgd(group: Optional[Group], how: dict[str, Any]) -> StateAndHook:
     return powersgd_state(group, how["rank"], how["warm_start"], how["start_iter"], how["seed"]), powersgd_hook
 
 
-def _hierarchical(group, how):
+def _hierarchical(group: Optional[Group], how: dict[str, Any]) -> StateAndHook:
     kw = {"ranks_per_node": how["ranks_per_node"], "compression": how["compression"]}
     state = HierarchicalState.described(**kw) if group is None else HierarchicalState(group, **kw)
     return state, hierarchical_hook
@@ -57,7 +63,7 @@ def _hierarchical(group, how):
 # The built-in hooks by code (PB_HOOK_* of the header): the one table. builtin() builds from
 # it, its error lists it, and tests check that the header's codes and Go's Hook constants
 # name exactly these (tests/test_comm_hooks.py).
-BUILTIN = {
+BUILTIN: dict[int, tuple[str, _Build]] = {
     HOOK_ALLREDUCE: ("PB_HOOK_ALLREDUCE", _context(allreduce_hook)),
     HOOK_FP16: ("PB_HOOK_FP16", _context(fp16_compress_hook)),
     HOOK_BF16: ("PB_HOOK_BF16", _context(bf16_compress_hook)),
@@ -66,8 +72,8 @@ BUILTIN = {
 }
 
 
-def builtin(code, group, *, rank=1, warm_start=True, start_iter=2, seed=0, ranks_per_node=0,
-            compression=None):
+def builtin(code: Any, group: Optional[Group], *, rank: int = 1, warm_start: bool = True, start_iter: int = 2,
+            seed: int = 0, ranks_per_node: int = 0, compression: Optional[str] = None) -> StateAndHook:
     """(state, hook) for a hook code of the C ABI (PB_HOOK_*). group None: a state that is
     only described (its identity), never run."""
     try:
@@ -94,22 +100,22 @@ class BuiltinHook:
     rank=2))`. Other codes ignore the PowerSGD settings (rank, warm_start, start_iter,
     seed) and the hierarchical ones (ranks_per_node, compression)."""
 
-    def __init__(self, code=HOOK_ALLREDUCE, *, rank=1, warm_start=True, start_iter=2, seed=0, ranks_per_node=0,
-                 compression=None):
+    def __init__(self, code: int = HOOK_ALLREDUCE, *, rank: int = 1, warm_start: bool = True, start_iter: int = 2,
+                 seed: int = 0, ranks_per_node: int = 0, compression: Optional[str] = None) -> None:
         self.code, self.rank, self.warm_start, self.start_iter, self.seed = code, rank, warm_start, start_iter, seed
         self.ranks_per_node, self.compression = ranks_per_node, compression
         self._identity = identity(*self.build(None))  # checks the settings, here and now
 
-    def identity(self):
+    def identity(self) -> str:
         return self._identity
 
-    def build(self, group):
+    def build(self, group: Optional[Group]) -> StateAndHook:
         """(state, hook) over `group`."""
         return builtin(self.code, group, rank=self.rank, warm_start=self.warm_start,
                        start_iter=self.start_iter, seed=self.seed, ranks_per_node=self.ranks_per_node,
                        compression=self.compression)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"BuiltinHook({self._identity})"
 
 
@@ -120,10 +126,10 @@ class HierarchicalHook(BuiltinHook):
     compression 'fp16' or 'bf16': float32 buckets travel as that type. Building it creates
     groups (a collective), after every rank agreed on the settings."""
 
-    def __init__(self, ranks_per_node=0, *, compression=None):
+    def __init__(self, ranks_per_node: int = 0, *, compression: Optional[str] = None) -> None:
         super().__init__(HOOK_HIERARCHICAL, ranks_per_node=ranks_per_node, compression=compression)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"HierarchicalHook({self.identity()})"
 
 
@@ -131,20 +137,21 @@ class GossipHook:
     """GossipGraD (pybridge.algorithms.gossip) by its settings: `Reducer(..., hook=GossipHook('cube'))`.
     The settings are checked when the state is built, after every rank agreed on them."""
 
-    def __init__(self, topology="cube", *, ranks_per_node=None, seed=0, sync_every=0, rotate=True):
-        self.settings = {"topology": topology.lower() if isinstance(topology, str) else topology,
+    def __init__(self, topology: str = "cube", *, ranks_per_node: Optional[int] = None, seed: int = 0,
+                 sync_every: int = 0, rotate: bool = True) -> None:
+        self.settings: dict[str, Any] = {"topology": topology.lower() if isinstance(topology, str) else topology,
                          "ranks_per_node": gossip.ranks_per_node_or_launchers(ranks_per_node), "seed": seed, "rotate": bool(rotate),
                          "sync_every": sync_every}
 
-    def identity(self):
+    def identity(self) -> str:
         return _describe(gossip.gossip_hook, gossip.GossipState, self.settings)
 
-    def build(self, group):
+    def build(self, group: Optional[Group]) -> StateAndHook:
         """(state, hook): a collective over `group` (the state creates the node groups)."""
         state = gossip.GossipState(group, **self.settings)
         return state, gossip.gossip_hook
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"GossipHook({self.identity()})"
 
 
@@ -158,7 +165,7 @@ class Registered:
     hook: Callable[..., Any]
     state: Callable[..., Any]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{describe(self.hook)} (state {describe(self.state)})"
 
 
@@ -170,7 +177,7 @@ for _code, (_c_name, _) in BUILTIN.items():
     HOOKS.register(_c_name[len("PB_HOOK_"):].lower(), _code)
 
 
-def register_comm_hook(name, hook, state=HookContext):
+def register_comm_hook(name: str, hook: Callable[..., Any], state: Callable[..., Any] = HookContext) -> None:
     """Register `hook` as `name`, for every reducer of this process to choose by name:
     `Reducer(params, hook=name)`, C's `pb_reducer_options.hook_name`, Go's `WithHookName`.
     `hook(state, bucket) -> Future` is a comm hook (torch's contract, `CommHook`);
@@ -201,7 +208,7 @@ def register_comm_hook(name, hook, state=HookContext):
     HOOKS.register(name, Registered(hook, state))
 
 
-def _check_call(what, fn, nargs, how):
+def _check_call(what: str, fn: Any, nargs: int, how: str) -> None:
     """`fn` must be callable with `nargs` positional arguments (when its signature says)."""
     if not callable(fn):
         raise InvalidArgument(f"{what} must be callable as {how}, got {fn!r}")
@@ -219,28 +226,28 @@ class NamedHook:
     """A registered hook (register_comm_hook) chosen by name: `Reducer(..., hook='name')`.
     Building it makes the state for the group and checks it provides HookState."""
 
-    def __init__(self, name):
+    def __init__(self, name: str) -> None:
         entry = HOOKS.lookup(name)
         if not isinstance(entry, Registered):
             raise InvalidArgument(f"{name!r} is a built-in hook: choose it with by_name() or BuiltinHook")
         self.name, self.entry = name, entry
 
-    def identity(self):
+    def identity(self) -> str:
         """What the ranks compare before building it: the name, the hook and how its state is
         made (the built state's settings are compared at the next agreement)."""
         return f"{self.name}: {_name(self.entry.hook)}(state from {_name(self.entry.state)})"
 
-    def build(self, group):
+    def build(self, group: Optional[Group]) -> StateAndHook:
         """(state, hook) over `group`."""
         state = self.entry.state(group)
         provides(f"comm hook {self.name!r}: its state {type(state).__qualname__}", state, HookState)
         return state, self.entry.hook
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"NamedHook({self.name!r}: {self.entry})"
 
 
-def by_name(name, **settings):
+def by_name(name: str, **settings: Any) -> Union["BuiltinHook", "NamedHook"]:
     """The hook named `name` in HOOKS, for Reducer(hook=...): a built-in as
     BuiltinHook(its code, **settings), a registered one as NamedHook(name) (it takes no
     settings). An unknown name is InvalidArgument listing every name."""

@@ -14,17 +14,20 @@ of a later round drops what an unfinished round had added (that round failed or 
 left), so no partial sum reaches a later step().
 """
 
+from typing import Any, Iterable, Optional
+
 import torch
 
 from ..errors import InvalidArgument
 from .protocol import TRAIN
+from .results import Result
 
 
 class FedAvg:
     """Aggregates a round's TRAIN results into the model `params` (an iterable of tensors,
     e.g. model.parameters(); one floating-point dtype)."""
 
-    def __init__(self, params, optimizer=None):
+    def __init__(self, params: Iterable[torch.Tensor], optimizer: Optional[Any] = None) -> None:
         self.params = list(params)
         if not self.params:
             raise InvalidArgument("FedAvg needs at least one parameter tensor")
@@ -35,15 +38,15 @@ class FedAvg:
         self.optimizer = optimizer if optimizer is not None else torch.optim.SGD(self.params, lr=1.0)
         self._sum = torch.zeros(self.numel, dtype=torch.float64, device=self.params[0].device)
         self._samples = 0
-        self.clients = set()  # clients added this round
-        self.round = None  # the round being summed (None: nothing added since the last step or reset)
-        self.stepped = None  # the last round applied by step()
+        self.clients: set[int] = set()  # clients added this round
+        self.round: Optional[int] = None  # the round being summed (None: nothing added since the last step or reset)
+        self.stepped: Optional[int] = None  # the last round applied by step()
 
-    def vector(self):
+    def vector(self) -> torch.Tensor:
         """The model as one flat tensor (a copy): what Server.run_round sends."""
         return torch.cat([p.detach().reshape(-1) for p in self.params])
 
-    def add(self, result):
+    def add(self, result: Result) -> None:
         """Add one client's Result (command TRAIN) to the round's weighted sum."""
         if result.command != TRAIN:
             raise InvalidArgument(f"FedAvg adds training results; client {result.client} was evaluated")
@@ -65,14 +68,14 @@ class FedAvg:
         self.clients.add(result.client)
         self.round = result.round
 
-    def reset(self):
+    def reset(self) -> None:
         """Drop the round's sum (after a failed round, say): the next add() starts afresh."""
         self._sum.zero_()
         self._samples = 0
         self.clients = set()
         self.round = None
 
-    def step(self):
+    def step(self) -> int:
         """Apply the round: every parameter's gradient is its slice of sum(n_i * delta_i) /
         sum(n_i), then the optimizer steps. Returns the number of clients aggregated."""
         if self._samples == 0:

@@ -22,6 +22,7 @@ model. The weights are pure Python floats; the sum is float64 whatever the model
 """
 
 import warnings
+from typing import Any, Optional
 
 import torch
 
@@ -29,7 +30,9 @@ from ..base.checks import integer
 from ..errors import InvalidArgument
 from .modes import BUFFERED as MODES  # noqa: F401  (buffered.MODES: the modes handled here)
 from .protocol import TRAIN
+from .results import Result
 from .staleness import Staleness
+from .strategies import CentralDP
 
 DEFAULT_BUFFER = 10  # FedBuff's K when none is given
 
@@ -37,7 +40,7 @@ DEFAULT_BUFFER = 10  # FedBuff's K when none is given
 class StaleUpdate(InvalidArgument):
     """A result computed on a model older than max_staleness versions: not aggregated."""
 
-    def __init__(self, message, worker, client, staleness):
+    def __init__(self, message: str, worker: int, client: int, staleness: int) -> None:
         super().__init__(message)
         self.worker, self.client, self.staleness = worker, client, staleness
 
@@ -46,7 +49,8 @@ class UpdateBuffer:
     """The weighted float64 sum of the training results since the last step (see the module
     docstring). `dp` is a strategies.CentralDP or None."""
 
-    def __init__(self, numel, device, staleness=None, max_staleness=None, dp=None):
+    def __init__(self, numel: int, device: Any, staleness: Optional[Staleness] = None,
+                 max_staleness: Optional[int] = None, dp: Optional[CentralDP] = None) -> None:
         self.numel = numel
         self.staleness = staleness or Staleness()
         self.max_staleness = None if max_staleness is None else integer("max_staleness", max_staleness, low=0)
@@ -54,20 +58,20 @@ class UpdateBuffer:
         self._sum = torch.zeros(numel, dtype=torch.float64, device=device)
         self._reset()
 
-    def _reset(self):
+    def _reset(self) -> None:
         self._sum.zero_()
         self.samples = 0
-        self.clients = []  # (worker, client, staleness, weight) per update in the buffer
+        self.clients: list[tuple[int, int, int, float]] = []  # (worker, client, staleness, weight) per update in the buffer
         self.clipped = 0
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.clients)
 
-    def weight(self, samples, tau):
+    def weight(self, samples: int, tau: int) -> float:
         """The update's weight in the sum: s(tau) * samples, or s(tau) under DP."""
         return self.staleness(tau) * (1 if self.dp is not None else samples)
 
-    def add(self, result, tau=0):
+    def add(self, result: Result, tau: int = 0) -> float:
         """Add a TRAIN Result computed `tau` versions ago; StaleUpdate past max_staleness.
         Returns its weight."""
         if result.command != TRAIN:
@@ -89,13 +93,13 @@ class UpdateBuffer:
         self.clients.append((result.worker, result.client, tau, w))
         return w
 
-    def take(self):
+    def take(self) -> tuple[torch.Tensor, dict[str, Any]]:
         """(g, record): the step's pseudo-gradient (float64) and what went into it; the buffer
         is then empty."""
         n = len(self.clients)
         if n == 0 or (self.dp is None and self.samples == 0):
             raise InvalidArgument("no samples to average this round (no results added, or all had 0 samples)")
-        record = {"clients": n, "samples": self.samples, "staleness": [c[2] for c in self.clients],
+        record: dict[str, Any] = {"clients": n, "samples": self.samples, "staleness": [c[2] for c in self.clients],
                   "weights": [c[3] for c in self.clients]}
         if self.dp is None:
             g = self._sum / self.samples
@@ -108,7 +112,7 @@ class UpdateBuffer:
         return g, record
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     # Stream moved to stream.py (the hand-out); this module keeps the arithmetic
     if name == "Stream":
         warnings.warn("pybridge.federated.buffered.Stream moved to pybridge.federated.stream.Stream",

@@ -14,19 +14,20 @@ tests/data/fedprox.json holds the cases both tests run.
 """
 
 import math
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from ..errors import InvalidArgument
 
 
-def _mu(mu):
+def _mu(mu: Any) -> float:
     if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not math.isfinite(mu) or mu < 0:
         raise InvalidArgument(f"FedProx's mu must be a finite number >= 0, got {mu!r}")
     return float(mu)
 
 
-def _pairs(params, global_params):
+def _pairs(params: Iterable[torch.Tensor], global_params: Iterable[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     params, global_params = list(params), list(global_params)
     if len(params) != len(global_params):
         raise InvalidArgument(f"FedProx needs one global tensor per parameter: {len(params)} parameters, "
@@ -38,14 +39,14 @@ def _pairs(params, global_params):
     return zip(params, global_params)
 
 
-def proximal_loss(params, global_params, mu):
+def proximal_loss(params: Iterable[torch.Tensor], global_params: Iterable[torch.Tensor], mu: float) -> torch.Tensor:
     """mu/2 * sum_i ||params[i] - global_params[i]||^2, differentiable in params."""
     mu = _mu(mu)
     terms = [(p - g.detach()).pow(2).sum() for p, g in _pairs(params, global_params)]
     return 0.5 * mu * torch.stack(terms).sum() if terms else torch.zeros(())
 
 
-def add_proximal_grad(params, global_params, mu):
+def add_proximal_grad(params: Iterable[torch.Tensor], global_params: Iterable[torch.Tensor], mu: float) -> None:
     """Add the proximal term's gradient mu * (p - g) to each p.grad (created if None)."""
     mu = _mu(mu)
     with torch.no_grad():

@@ -5,13 +5,14 @@ are counted only for the message of a refused one. And the one check of the boun
 whoever sets it (Server(max_norm=), Server.set_max_norm, C, Go)."""
 
 import math
+from typing import Any, Optional
 
 import torch
 
 from ..errors import InvalidArgument
 
 
-def max_norm_setting(max_norm):
+def max_norm_setting(max_norm: Any) -> Optional[float]:
     """The bound `max_norm` as the server keeps it: None for no bound (None or 0), else a
     finite number > 0 as a float. Anything else (negative, NaN, Inf, not a number) is an
     InvalidArgument with one message for every caller."""
@@ -23,7 +24,7 @@ def max_norm_setting(max_norm):
     return float(max_norm) or None
 
 
-def refusal(update, max_norm=None):
+def refusal(update: torch.Tensor, max_norm: Optional[float] = None) -> Optional[str]:
     """Why `update` (a pseudo-gradient) is refused, or None when it is accepted."""
     if update.numel() == 0:
         return None

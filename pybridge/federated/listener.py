@@ -12,6 +12,7 @@ bench/federated_mechanisms.py).
 
 import threading
 import time
+from typing import Callable, Mapping, Optional
 
 import torch
 
@@ -19,19 +20,20 @@ from ..base import dtypes
 from ..errors import CommError, Timeout, classify
 from . import metrics as _metrics
 from . import uplink
+from .workers import Assignment, Workers
 from .protocol import EVALUATE, FAILED, MAX_MESSAGE, MIN_EVALUATE_BYTES, NAMES, TERMINATE, TRAIN, UPDATE, Header
 
 THREAD_PREFIX = "pybridge-federated"  # a listener thread is named THREAD_PREFIX-<worker rank>
 
 
-def check_header(h, task, answered, terminating, max_samples):
+def check_header(h: Header, task: Optional[Assignment], answered: int, terminating: bool, max_samples: int) -> None:
     """Raise uplink.Misbehaved unless header `h` is one the server expects from a worker:
     the acknowledgement of a terminate it was sent (`terminating`), or the answer to its
     open `task` (an Assignment; `answered`: the seq of the last task it answered): round,
     client, seq; a TRAIN result of the model's exact size and dtype, an EVALUATE payload at
     most the model's bytes or MIN_EVALUATE_BYTES, a FAILED text of at most MAX_MESSAGE
     bytes; with a sample count in [0, max_samples] and metrics of at most metrics.MAX_BYTES."""
-    def bad(why):
+    def bad(why: str) -> "uplink.Misbehaved":
         return uplink.Misbehaved(f"its header (command {h.command}, round {h.round}, client {h.client}, seq "
                                  f"{h.seq}, samples {h.samples}, length {h.length}, dtype code {h.dtype}, "
                                  f"metrics {h.metrics}) {why}")
@@ -75,7 +77,8 @@ class Listeners:
     `link_timeout` seconds for a header's first byte and `timeout` for each later byte;
     max_samples() is the server's current bound on a result's sample count."""
 
-    def __init__(self, conns, workers, device, link_timeout, timeout, max_samples):
+    def __init__(self, conns: Mapping[int, "uplink.Conn"], workers: Workers, device: torch.device, link_timeout: float,
+                 timeout: float, max_samples: Callable[[], int]) -> None:
         self.conns = conns
         self.workers = workers
         self.device = device
@@ -87,18 +90,18 @@ class Listeners:
         for t in self.threads.values():
             t.start()
 
-    def alive(self, w):
+    def alive(self, w: int) -> bool:
         return self.threads[w].is_alive()
 
-    def join(self, w, until):
+    def join(self, w: int, until: float) -> None:
         """Wait for `w`'s listener to end, until time.monotonic() reaches `until`."""
         self.threads[w].join(max(until - time.monotonic(), 0.0))
 
-    def shutdown(self, w):
+    def shutdown(self, w: int) -> None:
         """End `w`'s listener's read at once."""
         self.conns[w].shutdown()
 
-    def _listen(self, w):
+    def _listen(self, w: int) -> None:
         """Read everything worker `w` sends on its up stream, in order, until its terminate
         acknowledgement or its end."""
         conn, events, timeout = self.conns[w], self.workers.events, self.timeout

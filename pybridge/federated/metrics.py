@@ -8,6 +8,7 @@ which reads back to the same double): no pickling, and a C or Go peer goes throu
 
 import math
 import re
+from typing import Any, Mapping, Optional
 
 from ..errors import CorruptData, InvalidArgument
 
@@ -18,7 +19,7 @@ MAX_VALUE = 1e200  # larger magnitudes are refused: times any sample count, a su
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*\Z")
 
 
-def check(metrics):
+def check(metrics: Optional[Mapping[str, Any]]) -> dict[str, float]:
     """`metrics` (a mapping of names to numbers, or None) as a new dict of floats; names are
     identifiers of at most MAX_NAME characters (letters, digits, `_ . : / -`), values
     finite numbers of magnitude at most MAX_VALUE (NaN or Inf would poison a round's means)."""
@@ -28,7 +29,7 @@ def check(metrics):
         raise InvalidArgument(f"metrics must be a dict of names to numbers, got {type(metrics).__name__}")
     if len(metrics) > MAX_METRICS:
         raise InvalidArgument(f"at most {MAX_METRICS} metrics per result, got {len(metrics)}")
-    out = {}
+    out: dict[str, float] = {}
     for name, value in metrics.items():
         if not isinstance(name, str) or len(name) > MAX_NAME or not NAME.match(name):
             raise InvalidArgument(f"metric name {name!r} is not an identifier of at most {MAX_NAME} "
@@ -45,12 +46,12 @@ def check(metrics):
     return out
 
 
-def encode(metrics):
+def encode(metrics: Mapping[str, float]) -> bytes:
     """The wire text of checked metrics (bytes; empty for none)."""
     return "\n".join(f"{k}={v!r}" for k, v in metrics.items()).encode("ascii")
 
 
-def decode(data):
+def decode(data: Any) -> dict[str, float]:
     """Metrics from their wire text; CorruptData if it is not what encode() writes (or breaks
     check()'s rules: a non-finite value, a bad name)."""
     try:
@@ -66,15 +67,15 @@ class RoundMetrics:
     plain mean when those results have no samples. Sums are exact (math.fsum), so the order
     results arrive in does not change the means."""
 
-    def __init__(self):
-        self._seen = {}  # name -> [(samples, value)]
+    def __init__(self) -> None:
+        self._seen: dict[str, list[tuple[int, float]]] = {}  # name -> [(samples, value)]
 
-    def add(self, samples, metrics):
+    def add(self, samples: int, metrics: Mapping[str, float]) -> None:
         for name, value in metrics.items():
             self._seen.setdefault(name, []).append((samples, value))
 
-    def means(self):
-        out = {}
+    def means(self) -> dict[str, float]:
+        out: dict[str, float] = {}
         for name, pairs in self._seen.items():
             total = sum(n for n, _ in pairs)
             if total:

@@ -26,11 +26,14 @@ Header fields, in order (int64 each):
 
 import datetime
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from .. import abi
-from ..comm import collectives
+from ..comm import collectives, subgroups
+from ..comm.collectives import Work
+from ..comm.group import Group
 from ..base import dtypes
 from ..errors import CorruptData, InvalidArgument
 from .metrics import MAX_BYTES as MAX_METRICS_BYTES
@@ -72,11 +75,11 @@ class Header:
     seq: int = 0
     metrics: int = 0
 
-    def tensor(self):
+    def tensor(self) -> torch.Tensor:
         return torch.tensor([getattr(self, f) for f in FIELDS], dtype=torch.int64)
 
     @classmethod
-    def parse(cls, t):
+    def parse(cls, t: torch.Tensor) -> "Header":
         """A header from a received tensor; CorruptData if it cannot be one."""
         h = cls(*(int(v) for v in t.tolist()))
         if h.command not in NAMES:
@@ -91,7 +94,7 @@ class Header:
         return h
 
     @property
-    def name(self):
+    def name(self) -> str:
         return NAMES[self.command]
 
 
@@ -99,45 +102,45 @@ class Links:
     """The down direction's two subgroups of a federated group (see the module docstring);
     the up direction is uplink.py's streams."""
 
-    def __init__(self, group, timeout):
+    def __init__(self, group: Group, timeout: float) -> None:
         # Collectives over `group`: the server and every worker create them in this order.
         # Their timeout is long because a gloo operation that times out closes its
         # connection for good; a dead peer is noticed at once anyway (its connection
         # closes) and a slow client is the server's own `timeout`.
         self.group = group
-        self.down = group.split(0, timeout=timeout, backend="gloo")
-        self.data_down = group.split(0, timeout=timeout)
+        self.down = _link(group, timeout, "gloo")
+        self.data_down = _link(group, timeout)
         self.device = self.data_down.device  # where payloads live
         self.store = self.down.store  # this federation's own key namespace (the up link's setup)
 
-    def send_header(self, header, dst, link):
+    def send_header(self, header: Header, dst: int, link: Group) -> None:
         collectives.send(header.tensor(), dst, TAG_HEADER, group=link)
 
-    def isend_header(self, header, dst, link):
+    def isend_header(self, header: Header, dst: int, link: Group) -> Work:
         return collectives.isend(header.tensor(), dst, TAG_HEADER, group=link)
 
-    def recv_header(self, src, link):
+    def recv_header(self, src: int, link: Group) -> Header:
         t = torch.empty(HEADER_LEN, dtype=torch.int64)
         collectives.recv(t, src, TAG_HEADER, group=link)
         return Header.parse(t)
 
-    def data(self, link):
+    def data(self, link: Group) -> Group:
         """The data link beside control link `link`."""
         return self.data_down
 
-    def send_payload(self, payload, dst, link):
+    def send_payload(self, payload: torch.Tensor, dst: int, link: Group) -> None:
         collectives.send(payload, dst, TAG_PAYLOAD, group=self.data(link))
 
-    def isend_payload(self, payload, dst, link):
+    def isend_payload(self, payload: torch.Tensor, dst: int, link: Group) -> Work:
         return collectives.isend(payload, dst, TAG_PAYLOAD, group=self.data(link))
 
-    def recv_payload(self, header, src, link, out=None):
+    def recv_payload(self, header: Header, src: int, link: Group, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         t = torch.empty(header.length, dtype=dtypes.BY_CODE[header.dtype], device=self.device) \
             if out is None else out
         collectives.recv(t, src, TAG_PAYLOAD, group=self.data(link))
         return t
 
-    def cut(self, peer):
+    def cut(self, peer: int) -> None:
         """Fail every receive and send still waiting on the gloo links: gloo cannot cancel a
         receive, but one that times out makes it close all the connections of its link
         (measured: the others fail with "Application timeout caused pair closure" at once).
@@ -151,13 +154,20 @@ class Links:
             except RuntimeError:
                 pass  # the timeout that closes the link, or the pair was closed already
 
-    def close(self):
+    def close(self) -> None:
         for g in (self.down, self.data_down):
             if not g.closed:
                 g.close()
 
 
-def flat(t, what="payload"):
+def _link(group: Group, timeout: float, backend: Optional[str] = None) -> Group:
+    """A link: split(0) over `group` (color 0 on every member, so never None)."""
+    link = subgroups.split(0, group=group, timeout=timeout, backend=backend)
+    assert link is not None  # every member has color 0
+    return link
+
+
+def flat(t: object, what: str = "payload") -> torch.Tensor:
     """`t` as a contiguous 1-D tensor (a view where possible)."""
     if not isinstance(t, torch.Tensor):
         raise InvalidArgument(f"{what} must be a torch tensor, got {type(t).__name__}")
@@ -165,10 +175,10 @@ def flat(t, what="payload"):
     return t.detach().reshape(-1).contiguous()
 
 
-def encode_message(text):
+def encode_message(text: Optional[str]) -> torch.Tensor:
     data = (text or "(no message)").encode("utf-8", "replace")[:MAX_MESSAGE]
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def decode_message(t):
+def decode_message(t: torch.Tensor) -> str:
     return bytes(t.cpu().numpy().tobytes()).decode("utf-8", "replace")

@@ -2,9 +2,10 @@
 results that keeps its summary), and Outcome, what the server makes of a worker's answer or
 loss. Used by the server's round modes and by the buffered stream alike."""
 
+import collections
 import operator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Protocol
 
 import torch
 
@@ -26,7 +27,7 @@ class Result:
     samples: int
     payload: torch.Tensor
     seconds: float
-    metrics: dict = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class RoundResults:
@@ -37,23 +38,23 @@ class RoundResults:
     `retired` (worker rank -> WorkerFailed, for workers retired for breaking the protocol
     during the round: what they sent was dropped)."""
 
-    def __init__(self, number, command, results=None):
+    def __init__(self, number: int, command: int, results: Optional[Iterator[Result]] = None) -> None:
         self.round = number
         self.command = command
-        self.clients = []
+        self.clients: list[int] = []
         self.samples = 0
-        self.refused = {}
-        self.retired = {}
+        self.refused: dict[int, Any] = {}
+        self.retired: dict[int, Any] = {}
         self._metrics = RoundMetrics()
-        self._results = iter(()) if results is None else results  # what iterating takes from
+        self._results: Iterator[Result] = iter(()) if results is None else results  # what iterating takes from
 
-    def __iter__(self):
+    def __iter__(self) -> "RoundResults":
         return self
 
-    def __next__(self):
+    def __next__(self) -> Result:
         return self.record(next(self._results))
 
-    def record(self, result):
+    def record(self, result: Result) -> Result:
         """Count `result` in the summary (what iterating does); returns it. The buffered
         stream records the results it hands on this way."""
         self.clients.append(result.client)
@@ -62,20 +63,25 @@ class RoundResults:
         return result
 
     @property
-    def metrics(self):
+    def metrics(self) -> dict[str, float]:
         """Each metric's sample-weighted mean over the results taken so far."""
         return self._metrics.means()
 
 
-class Outcome(NamedTuple):
+class _Outcome(NamedTuple):
+    kind: str
+    assignment: Any
+    value: Any
+
+
+class Outcome(_Outcome):
     """What the server made of one answer or loss among the busy workers
     (Server.next_outcome): its kind (one of the constants below), the assignment it
     settles (the server's record of the hand-out: round, client, command; None for a
     worker lost while idle, and for BACK) and its value."""
 
-    kind: str
-    assignment: Any
-    value: Any
+    # the fields are _Outcome's (a NamedTuple may not hold constants, for mypy); no __dict__
+    __slots__ = ()
 
     RESULT = "result"    # value: a Result (None: a late result of an abandoned round, dropped)
     FAILED = "failed"    # value: WorkerFailed, the failure the worker reported or its malformed answer
@@ -84,7 +90,43 @@ class Outcome(NamedTuple):
     BACK = "back"        # a stalled worker answered and takes clients again; no assignment, no value
 
 
-def client_list(clients):
+class HandOut(Protocol):
+    """The server's hand-out seam (server.Server provides it): all that the round modes'
+    loop (roundloop.py) and the buffered stream (stream.py) use of the server, so that
+    neither imports it."""
+
+    mode: str
+
+    @property
+    def round(self) -> int: ...
+
+    @property
+    def current(self) -> Optional[RoundResults]: ...
+
+    def check_open(self) -> None: ...
+
+    def new_version(self, model: Optional[torch.Tensor] = None) -> int: ...
+
+    def start_summary(self, command: int) -> RoundResults: ...
+
+    def idle_workers(self) -> list[int]: ...
+
+    def busy_workers(self) -> list[int]: ...
+
+    def out(self) -> bool: ...
+
+    def take_client(self, pending: "collections.deque[int]", worker: int) -> Optional[int]: ...
+
+    def assign(self, worker: int, client: int, command: int) -> None: ...
+
+    def next_outcome(self) -> Outcome: ...
+
+    def retry_client(self, outcome: Outcome, refusals: "collections.Counter[int]") -> bool: ...
+
+    def unassignable(self, pending: Iterable[int]) -> Exception: ...
+
+
+def client_list(clients: Iterable[Any]) -> list[int]:
     """The client ids of a round, checked: integers >= 0, each listed once."""
     try:
         given = list(clients)

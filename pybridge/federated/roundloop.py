@@ -6,12 +6,13 @@ the same in every mode. Server.run_round makes it.
 """
 
 import collections
+from typing import Iterator
 
 from ..errors import InvalidArgument
-from .results import Outcome
+from .results import HandOut, Outcome, Result
 
 
-def results(server, command, pending):
+def results(server: HandOut, command: int, pending: "collections.deque[int]") -> Iterator[Result]:
     """Hand out `pending` (a deque of client ids) to `command` (TRAIN or EVALUATE) on the
     server's current round, and yield the round's Results as they come: in mode async a
     worker gets its next client at once, in mode sync clients go out in waves of one per
@@ -20,7 +21,7 @@ def results(server, command, pending):
     is raised. Ends when every client has answered."""
     s = server
     mine = s.round
-    refusals = collections.Counter()
+    refusals: collections.Counter[int] = collections.Counter()
     while True:
         s.check_open()
         if s.round != mine:

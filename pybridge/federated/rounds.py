@@ -11,6 +11,8 @@ steps by itself every `buffer_size` training results, and a round is the clients
 one `start`.
 """
 
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Union
+
 import torch
 
 from ..base.checks import integer, positive_finite
@@ -18,10 +20,14 @@ from ..errors import InvalidArgument
 from . import buffered
 from .modes import BUFFERED
 from .protocol import EVALUATE, TRAIN, flat
-from .results import client_list
-from .staleness import parse as parse_staleness
+from .results import Result, RoundResults, client_list
+from .staleness import Staleness, parse as parse_staleness
 from ..base.registry import provides
-from .strategies import ServerSGD, Strategy
+from .strategies import CentralDP, ServerSGD, Strategy
+
+if TYPE_CHECKING:  # the server imports nothing of this module; kept lazy as before
+    from .server import Server
+    from .stream import Stream
 
 
 class FedAvgRounds:
@@ -49,13 +55,15 @@ class FedAvgRounds:
     refused: the buffered.StaleUpdate errors of the results refused as too stale.
     """
 
-    def __init__(self, server, *, strategy=None, dp=None, buffer_size=None, staleness=None, max_staleness=None):
+    def __init__(self, server: "Server", *, strategy: Optional[Strategy] = None, dp: Optional[CentralDP] = None,
+                 buffer_size: Optional[int] = None, staleness: Union[Staleness, str, None] = None,
+                 max_staleness: Optional[int] = None) -> None:
         self.server = server
         self.mode = getattr(server, "mode", "async")
         self.buffered = self.mode in BUFFERED
         if strategy is not None:
             provides(f"strategy {strategy!r}", strategy, Strategy)
-        self.strategy = strategy if strategy is not None else ServerSGD()
+        self.strategy: Strategy = strategy if strategy is not None else ServerSGD()
         self.dp = dp
         if not self.buffered and (buffer_size, staleness, max_staleness) != (None, None, None):
             raise InvalidArgument(f"buffer_size, staleness and max_staleness are for the fedbuff and fedasync "
@@ -66,28 +74,30 @@ class FedAvgRounds:
                                    else buffer_size, low=1) if self.mode != "fedasync" else 1
         self.staleness = parse_staleness(staleness)
         self.max_staleness = None if max_staleness is None else integer("max_staleness", max_staleness, low=0)
-        self.model = None  # the server's flat copy of the model (what the strategy updates)
-        self.history = []
-        self.refused = []
-        self._results = None  # the current round's iterator (round modes)
-        self._stream = None  # the buffered modes' hand-out across versions
-        self._buf = None  # the training results summed since the last step
+        self.model: Optional[torch.Tensor] = None  # the server's flat copy of the model (what the strategy updates)
+        self.history: list[dict[str, Any]] = []
+        self.refused: list[buffered.StaleUpdate] = []
+        self._results: Optional[RoundResults] = None  # the current round's iterator (round modes)
+        self._stream: Optional["Stream"] = None  # the buffered modes' hand-out across versions
+        self._buf: Optional[buffered.UpdateBuffer] = None  # the training results summed since the last step
         self._aggregated = 0  # clients stepped since the last aggregate (buffered modes)
         self._draining = False
         self._ended = False  # a buffered round ended by an error
+        self._failed: Optional[Exception] = None  # the round-mode round's error (its sum is not applied)
 
     @property
-    def started(self):
+    def started(self) -> bool:
         """Whether a round was started (its results may all be taken)."""
         return self._buf is not None
 
     @property
-    def version(self):
+    def version(self) -> int:
         """The model's version: the server's round number (in the buffered modes it moves
         at every step)."""
-        return self.server.round
+        version: int = self.server.round
+        return version
 
-    def start(self, clients, model, *, evaluate=False):
+    def start(self, clients: Iterable[int], model: torch.Tensor, *, evaluate: bool = False) -> None:
         """Start a round on a copy of `model` (a floating-point tensor, flattened): train
         `clients` (or evaluate them, `evaluate=True`). In the round modes an unfinished round
         is dropped. In the buffered modes the clients join the queue of those to hand out,
@@ -96,34 +106,35 @@ class FedAvgRounds:
         m = flat(model, "model")
         if not m.dtype.is_floating_point:
             raise InvalidArgument(f"the model must have a floating-point dtype, got {m.dtype}")
-        fresh = self.model is None or self.model.numel() != m.numel() or self.model.dtype != m.dtype \
-            or self.model.device != m.device
+        own = self.model
+        fresh = own is None or own.numel() != m.numel() or own.dtype != m.dtype or own.device != m.device
         if self.buffered and self._stream is not None:
+            assert own is not None  # the stream hands out this model
             if fresh:
                 raise InvalidArgument(f"the model must keep its size, dtype and device between the rounds of "
-                                      f"mode {self.mode} ({self.model.numel()} x {self.model.dtype})")
+                                      f"mode {self.mode} ({own.numel()} x {own.dtype})")
             ids = client_list(clients)  # checked before the model changes
-            if not torch.equal(self.model, m):
-                self.model.copy_(m)
+            if not torch.equal(own, m):
+                own.copy_(m)
                 self._stream.advance()
             self._stream.add(ids, EVALUATE if evaluate else TRAIN)  # its summary starts at the new version
             self._ended = False
             return
-        if fresh:
-            self.model = torch.empty(m.numel(), dtype=m.dtype, device=m.device)
-        self.model.copy_(m)
+        if fresh or own is None:
+            own = self.model = torch.empty(m.numel(), dtype=m.dtype, device=m.device)
+        own.copy_(m)
         self._results = self._buf = None  # an earlier round's are of no use now, even if this start fails
         self._failed = None
         if self.buffered:
-            stream = self.server.stream(self.model)
+            stream = self.server.stream(own)
             stream.add(clients, EVALUATE if evaluate else TRAIN)
             self._stream, self._ended = stream, False
         else:
-            self._results = self.server.run_round(clients, self.model, evaluate=evaluate)
-        self._buf = buffered.UpdateBuffer(self.model.numel(), self.model.device, self.staleness,
+            self._results = self.server.run_round(clients, own, evaluate=evaluate)
+        self._buf = buffered.UpdateBuffer(own.numel(), own.device, self.staleness,
                                           self.max_staleness, self.dp)
 
-    def next_result(self):
+    def next_result(self) -> Optional[Result]:
         """The round's next Result in completion order (a TRAIN one is added to the sum; in
         the buffered modes the model steps when the buffer is full), or None once the round
         is over. A worker's failure raises and ends the round. A buffered-mode result too
@@ -131,8 +142,10 @@ class FedAvgRounds:
         if self._buf is None:
             raise InvalidArgument("no round was started: call start first")
         if not self.buffered:
+            results = self._results
+            assert results is not None  # run_round gave it before the sum was made
             try:
-                r = next(self._results, None)
+                r = next(results, None)
             except Exception as exc:
                 self._failed = exc  # the round is over: its partial sum must not be applied
                 raise
@@ -141,34 +154,37 @@ class FedAvgRounds:
             return r
         if self._ended:
             return None
+        assert self._stream is not None  # a buffered round's start made it
         try:
-            r = self._stream.next(wait=self._draining)
+            taken: Optional[Result] = self._stream.next(wait=self._draining)
         except Exception:
             self._ended = True  # until the next start, as a round-mode round that raised
             raise
-        if r is not None and r.command == TRAIN:
+        if taken is not None and taken.command == TRAIN:
             try:
-                self._buf.add(r, self.version - r.round)
+                self._buf.add(taken, self.version - taken.round)
             except buffered.StaleUpdate as exc:
                 self.refused.append(exc)
-                return r
+                return taken
             if len(self._buf) >= self.buffer_size:
                 self._aggregated += self._step(None)
-        return r
+        return taken
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Result]:
         return iter(self.next_result, None)
 
-    def _step(self, lr):
+    def _step(self, lr: Optional[float]) -> int:
+        assert self._buf is not None and self.model is not None  # a started round
         g, record = self._buf.take()
         lr = self.strategy.eta if lr is None else lr
         self.strategy.step(self.model, g.to(self.model.device), lr)
         if self._stream is not None:
             self._stream.advance()
         self.history.append({"version": self.version, "lr": lr, **record, **self.strategy.settings()})
-        return record["clients"]
+        clients: int = record["clients"]
+        return clients
 
-    def aggregate(self, lr=None, out=None):
+    def aggregate(self, lr: Optional[float] = None, out: Optional[torch.Tensor] = None) -> int:
         """Round modes: one step of the strategy over the TRAIN results taken this round at
         server learning rate `lr` (default: the strategy's eta; 1.0 for plain FedAvg), then
         the model is copied into `out` (a tensor of the model's size and dtype) if given.
@@ -179,13 +195,15 @@ class FedAvgRounds:
         strategy's eta for the steps to come."""
         if self._buf is None:
             raise InvalidArgument("no round was started: call start first")
+        model = self.model
+        assert model is not None  # a started round's
         if lr is not None:
             lr = positive_finite("lr", lr)
         if out is not None and not isinstance(out, torch.Tensor):
             raise InvalidArgument(f"out must be a torch tensor, got {type(out).__name__}")
-        if out is not None and (out.numel() != self.model.numel() or out.dtype != self.model.dtype):
-            raise InvalidArgument(f"the model to write must match the round's model ({self.model.numel()} x "
-                                  f"{self.model.dtype}); got {out.numel()} x {out.dtype}")
+        if out is not None and (out.numel() != model.numel() or out.dtype != model.dtype):
+            raise InvalidArgument(f"the model to write must match the round's model ({model.numel()} x "
+                                  f"{model.dtype}); got {out.numel()} x {out.dtype}")
         if self.buffered:
             if lr is not None:
                 self.strategy.eta = lr
@@ -196,10 +214,10 @@ class FedAvgRounds:
         else:
             count = self._step(lr)
         if out is not None:
-            out.detach().copy_(self.model.view(out.shape))
+            out.detach().copy_(model.view(out.shape))
         return count
 
-    def drain(self):
+    def drain(self) -> Iterator[Result]:
         """Buffered modes: the results of every client still out, in completion order, added
         (and stepped) as next_result does; what the last round's stragglers send."""
         if not self.buffered or self._buf is None:
@@ -211,7 +229,7 @@ class FedAvgRounds:
         finally:
             self._draining = False
 
-    def flush(self):
+    def flush(self) -> int:
         """Buffered modes: step now over the results in the buffer (fewer than buffer_size).
         Returns the number of clients stepped (0 with an empty buffer)."""
         if not self.buffered or self._buf is None:
@@ -222,7 +240,7 @@ class FedAvgRounds:
         self._aggregated += n
         return n
 
-    def train_round(self, clients, model, lr=None):
+    def train_round(self, clients: Iterable[int], model: torch.Tensor, lr: Optional[float] = None) -> int:
         """One whole training round: start, take every result, aggregate into `model` (in
         place). Returns the number of clients aggregated."""
         self.start(clients, model)
@@ -230,13 +248,13 @@ class FedAvgRounds:
             pass
         return self.aggregate(lr, out=model)
 
-    def close(self):
+    def close(self) -> None:
         """Drop the round and close the server (terminating the workers)."""
         self._results = self._buf = self._stream = None
         self.server.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "FedAvgRounds":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

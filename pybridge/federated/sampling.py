@@ -6,7 +6,7 @@ import random
 from ..base.checks import integer
 
 
-def sample_clients(num_clients, per_round, seed, round):
+def sample_clients(num_clients: int, per_round: int, seed: int, round: int) -> list[int]:
     """`per_round` distinct client ids of range(num_clients), sorted, drawn for `round` of a
     run seeded `seed`: reproducible from (seed, round) alone, so a resumed run draws the
     rounds it has not done yet exactly as an uninterrupted one would."""

@@ -14,12 +14,13 @@ import collections
 import queue
 import time
 import warnings
+from typing import Any, Iterable, Mapping, Optional
 
 import torch
 
 from ..base import dtypes
 from ..comm import world as _world
-from ..comm.group import ABORT_POLL_SECONDS
+from ..comm.group import ABORT_POLL_SECONDS, Group
 from ..base.checks import integer, positive_seconds
 from ..errors import Closed, CommError, InvalidArgument, PyBridgeError, UpdateRefused, WorkerFailed
 from . import roundloop, uplink
@@ -28,9 +29,9 @@ from .modes import BUFFERED as BUFFERED_MODES, MODES
 from .results import Outcome, Result, RoundResults, client_list
 from .integrity import max_norm_setting, refusal
 from .stream import Stream
-from .protocol import (DEFAULT_LINK_TIMEOUT, DEFAULT_MAX_SAMPLES, EVALUATE, FAILED, SERVER, TRAIN, Links,
+from .protocol import (DEFAULT_LINK_TIMEOUT, DEFAULT_MAX_SAMPLES, EVALUATE, FAILED, SERVER, TRAIN, Header, Links,
                        decode_message, flat)
-from .workers import Workers
+from .workers import Assignment, Workers
 
 REFUSED_RETRIES = 1  # with requeue, a client whose update was refused is handed out once more
 # How long close() lets the terminates it sent leave before it closes the links (see close()).
@@ -68,8 +69,10 @@ class Server:
     Use it from one thread. docs/federated.md has the failure model.
     """
 
-    def __init__(self, group=None, *, mode="async", timeout=None, requeue=False, max_norm=None,
-                 affinity=None, link_timeout=DEFAULT_LINK_TIMEOUT, max_samples=None):
+    def __init__(self, group: Optional[Group] = None, *, mode: str = "async", timeout: Optional[float] = None,
+                 requeue: bool = False, max_norm: Optional[float] = None,
+                 affinity: Optional[Mapping[int, Optional[Iterable[int]]]] = None,
+                 link_timeout: float = DEFAULT_LINK_TIMEOUT, max_samples: Optional[int] = None) -> None:
         g = group or _world.current()
         if mode not in MODES:
             raise InvalidArgument(f"unknown federated mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -80,14 +83,14 @@ class Server:
         self.mode = mode
         self.requeue = bool(requeue)
         self.timeout = g.timeout if timeout is None else positive_seconds("timeout", timeout)
-        self._max_norm = None
+        self._max_norm: Optional[float] = None
         self.set_max_norm(max_norm)
         self._max_samples = DEFAULT_MAX_SAMPLES
         if max_samples is not None:
             self.set_max_samples(max_samples)
         self.link_timeout = positive_seconds("link_timeout", link_timeout)
         self.workers = tuple(range(1, g.size))
-        self.affinity = {}  # client -> frozenset of the worker ranks holding its data
+        self.affinity: dict[int, frozenset[int]] = {}  # client -> frozenset of the worker ranks holding its data
         for client, holders in (affinity or {}).items():
             self.set_affinity(client, holders)
         self._links = Links(g, link_timeout)
@@ -99,8 +102,8 @@ class Server:
             self._links.close()
             raise
         self._round = 0  # the model version: the round number (buffered modes: moves at every step)
-        self._current = None  # the latest round's RoundResults
-        self._model = None  # the current version's model, sent to workers that hold an older one
+        self._current: Optional[RoundResults] = None  # the latest round's RoundResults
+        self._model: Optional[torch.Tensor] = None  # the current version's model, sent to workers that hold an older one
         self.closed = False
         self._workers = Workers(self.workers, self._links)
         for w in self.workers:
@@ -111,39 +114,39 @@ class Server:
                                     lambda: self._max_samples)
 
     @property
-    def round(self):
+    def round(self) -> int:
         """The current round, which is the model's version: what the headers' round field
         carries (in the buffered modes it moves at every model step)."""
         return self._round
 
     @property
-    def lost(self):
+    def lost(self) -> dict[int, Exception]:
         """{worker rank: the error that retired it} (a stalled worker's until it answers)."""
         return self._workers.lost
 
     @property
-    def current(self):
+    def current(self) -> Optional[RoundResults]:
         """The latest round's RoundResults (None before the first): its clients, samples,
         metrics and refusals so far."""
         return self._current
 
     @property
-    def max_norm(self):
+    def max_norm(self) -> Optional[float]:
         """The bound on a training update's L2 norm (None: no bound); see set_max_norm."""
         return self._max_norm
 
-    def set_max_norm(self, max_norm):
+    def set_max_norm(self, max_norm: Optional[float]) -> None:
         """Refuse, from the next result on, training updates whose L2 norm is larger than
         `max_norm`: a finite number >= 0, where 0 or None removes the bound. The one rule
         for Python, C (pb_fed_server_set_max_norm) and Go (WithMaxNorm)."""
         self._max_norm = max_norm_setting(max_norm)
 
     @property
-    def max_samples(self):
+    def max_samples(self) -> int:
         """The largest sample count a result may carry; see set_max_samples."""
         return self._max_samples
 
-    def set_max_samples(self, max_samples):
+    def set_max_samples(self, max_samples: int) -> None:
         """Retire, from the next result on, a worker whose result claims more than
         `max_samples` samples (an integer >= 1; default 2**31). Sample counts weight the
         FedAvg sum, so set it to the largest client's dataset size: then no single update
@@ -151,7 +154,7 @@ class Server:
         (pb_fed_server_set_max_samples) and Go (WithMaxSamples)."""
         self._max_samples = integer("max_samples", max_samples, low=1)
 
-    def set_affinity(self, client, workers):
+    def set_affinity(self, client: int, workers: Optional[Iterable[int]]) -> None:
         """Hand `client` only to `workers` (ranks of workers that hold its data), from the
         next assignment on; None or empty: to any worker again."""
         c = integer("client", client, low=0)
@@ -172,7 +175,7 @@ class Server:
 
     # ---- rounds -----------------------------------------------------------------------------
 
-    def run_round(self, clients, model, *, evaluate=False):
+    def run_round(self, clients: Iterable[int], model: torch.Tensor, *, evaluate: bool = False) -> RoundResults:
         """Start a round: send `model` (a flat tensor, or any tensor: it is flattened) to the
         workers, then hand out `clients` (ids, each once, at least one) to train (or
         evaluate). Returns a RoundResults: an iterator over the Results in completion order
@@ -184,23 +187,24 @@ class Server:
         if self.mode in BUFFERED_MODES:  # FedBuff / FedAsync dispatch: no rounds there
             raise InvalidArgument(f"mode {self.mode} hands clients out across model versions, not in rounds: "
                                   "drive it with FedAvgRounds (or server.stream)")
-        clients = client_list(clients)
-        if not clients:
+        ids = client_list(clients)
+        if not ids:
             raise InvalidArgument("run_round needs at least one client: an empty round would send the "
                                   "model and advance the round for nothing")
-        model = flat(model, "model").to(self._links.device)
+        flat_model = flat(model, "model").to(self._links.device)
         self._drain()
         if not self._workers.live:
             raise WorkerFailed(f"no federated workers are left (lost: {self._workers.lost_text()})")
-        self.new_version(model.clone())
-        self._workers.send_model(self.idle_workers(), self._model, self.round)
+        sent = flat_model.clone()
+        self.new_version(sent)
+        self._workers.send_model(self.idle_workers(), sent, self.round)
         command = EVALUATE if evaluate else TRAIN
-        rr = self._current = RoundResults(self.round, command, roundloop.results(self, command, collections.deque(clients)))
+        rr = self._current = RoundResults(self.round, command, roundloop.results(self, command, collections.deque(ids)))
         return rr
 
     # ---- FedBuff / FedAsync (stream.py): the one entry into the buffered modes -----------------
 
-    def stream(self, model):
+    def stream(self, model: torch.Tensor) -> Stream:
         """Mode fedbuff or fedasync: a stream.Stream handing clients out on `model` (the
         server's flat model, read at each send) across versions. FedAvgRounds uses it."""
         self.check_open()
@@ -216,12 +220,12 @@ class Server:
 
     # ---- the hand-out seam: what run_round's loop and the buffered stream drive -----------------
 
-    def check_open(self):
+    def check_open(self) -> None:
         """Raise Closed once the server was closed."""
         if self.closed:
             raise Closed("the federated server was closed")
 
-    def new_version(self, model=None):
+    def new_version(self, model: Optional[torch.Tensor] = None) -> int:
         """The model changed: the round (the model's version) moves on by one, and a worker
         holding an older version gets the model before its next client. `model` is the tensor
         to send from now on (sent as is, read at each send); None keeps the one there, changed
@@ -231,25 +235,27 @@ class Server:
         self._round += 1
         return self._round
 
-    def start_summary(self, command):
+    def start_summary(self, command: int) -> RoundResults:
         """A fresh summary (RoundResults of `command` at the current version) for the results
         taken from now on: `current`. The caller records results in it (RoundResults.record)."""
-        self._current = RoundResults(self.round, command)
-        return self._current
+        current = self._current = RoundResults(self.round, command)
+        return current
 
-    def idle_workers(self):
+    def idle_workers(self) -> list[int]:
         """Live workers that hold no client, in rank order: those take clients now."""
-        return self._workers.idle()
+        idle: list[int] = self._workers.idle()
+        return idle
 
-    def busy_workers(self):
+    def busy_workers(self) -> list[int]:
         """Workers holding a client (of this round or version, or an earlier one), in rank order."""
         return sorted(self._workers.busy)
 
-    def out(self):
+    def out(self) -> bool:
         """Whether a client of the current round (version) is out."""
-        return self._workers.out(self.round)
+        out: bool = self._workers.out(self.round)
+        return out
 
-    def take_client(self, pending, worker):
+    def take_client(self, pending: "collections.deque[int]", worker: int) -> Optional[int]:
         """Take out of `pending` (a deque of client ids) the first client `worker` may hold
         (its affinity); None if there is none."""
         for i, c in enumerate(pending):
@@ -258,13 +264,14 @@ class Server:
                 return c
         return None
 
-    def assign(self, worker, client, command):
+    def assign(self, worker: int, client: int, command: int) -> None:
         """Hand `client` to the idle `worker` to train or evaluate (`command`) on the current
         version, sending the model first if the worker holds an older one. A send that fails
         is a LOST outcome of next_outcome, not an error here."""
+        assert self._model is not None  # run_round or stream gave the first version
         self._workers.assign(worker, client, command, self.round, self._model)
 
-    def next_outcome(self):
+    def next_outcome(self) -> Outcome:
         """Wait for the next answer or loss among the busy workers (at least one must be
         busy): an Outcome of kind RESULT, FAILED, REFUSED, LOST or BACK (results.py). A
         worker past its client's timeout is stalled here (LOST, with a WorkerTimeout)."""
@@ -277,18 +284,20 @@ class Server:
                 self._links.group.check_aborted("the federated server's wait for a result")
                 if left > ABORT_POLL_SECONDS:
                     continue
-                return self._workers.stall(w, due, self.timeout)
+                stalled: Outcome = self._workers.stall(w, due, self.timeout)
+                return stalled
             outcome = self._handle(event)
             if outcome is not None:
                 return outcome
 
-    def retry_client(self, outcome, refusals):
+    def retry_client(self, outcome: Outcome, refusals: "collections.Counter[int]") -> bool:
         """Whether a failed outcome's client goes back to be handed out again. With requeue:
         a lost worker's client always, a refused update's client REFUSED_RETRIES times
         (`refusals`: a Counter per client that the caller keeps for its round); never a
         reported failure. A refusal is noted in current.refused either way."""
         kind, a, value = outcome
         if kind == Outcome.REFUSED:
+            assert self._current is not None  # the round (or summary) the refusal is in
             self._current.refused[a.client] = value
             if self.requeue and refusals[a.client] < REFUSED_RETRIES:
                 refusals[a.client] += 1
@@ -296,7 +305,7 @@ class Server:
             return False
         return kind == Outcome.LOST and self.requeue
 
-    def unassignable(self, pending):
+    def unassignable(self, pending: Iterable[int]) -> WorkerFailed:
         """The error for clients `pending` that no worker left can take (the caller raises it)."""
         if self._workers.live:  # live workers, but none holds these clients' data
             held = "; ".join(f"client {c}: workers {sorted(self.affinity[c])}" for c in pending)
@@ -307,17 +316,18 @@ class Server:
 
     # ---- events from the listeners ------------------------------------------------------------
 
-    def _handle(self, event):
+    def _handle(self, event: tuple[Any, ...]) -> Optional[Outcome]:
         """The Outcome of one event (workers.py moves the worker's state); a worker retired
         for breaking the protocol is warned about and noted in the round's `retired`."""
-        outcome = self._workers.handle(event, self.round, self._judge)
+        outcome: Optional[Outcome] = self._workers.handle(event, self.round, self._judge)
         if event[0] == "retire" and outcome is not None:
             warnings.warn(str(outcome.value), RuntimeWarning, stacklevel=2)
             if self._current is not None:
                 self._current.retired[event[1]] = outcome.value
         return outcome
 
-    def _judge(self, w, h, payload, metrics, arrived, a):
+    def _judge(self, w: int, h: Header, payload: Optional[torch.Tensor], metrics: dict[str, float], arrived: float,
+               a: Assignment) -> Outcome:
         """The Outcome of worker `w`'s answer `h` to its assignment `a`: its reported
         failure, a late result of an abandoned round (dropped by the caller), a training
         update that does not fit the model or is refused (integrity.refusal), or a Result."""
@@ -329,12 +339,13 @@ class Server:
         if a.round != self.round and self.mode not in BUFFERED_MODES:  # FedBuff / FedAsync apply late ones
             return Outcome(Outcome.RESULT, a, None)  # late, from an abandoned round: dropped by the caller
         if h.command == TRAIN:
+            assert self._model is not None  # sent before any client
             if (h.length, h.dtype) != (self._model.numel(), dtypes.code(self._model.dtype)):
                 return Outcome(Outcome.FAILED, a, WorkerFailed(
                     f"federated worker rank {w} returned {h.length} elements of dtype code {h.dtype} for "
                     f"client {a.client} (round {a.round}); the model has {self._model.numel()} of dtype "
                     f"code {dtypes.code(self._model.dtype)}", w, a.client, a.round))
-            why = refusal(payload, self._max_norm)
+            why = refusal(payload, self._max_norm) if payload is not None else None  # none: an empty update
             if why is not None:
                 return Outcome(Outcome.REFUSED, a, UpdateRefused(
                     f"federated worker rank {w} returned client {a.client}'s update for round {a.round}, "
@@ -344,7 +355,7 @@ class Server:
         return Outcome(Outcome.RESULT, a, Result(h.command, h.round, h.client, w, h.samples, payload,
                                                  arrived - a.start, metrics))
 
-    def _drain(self):
+    def _drain(self) -> None:
         """Take in the notices already queued (losses, late results, stalled workers back)."""
         while True:
             try:
@@ -355,7 +366,7 @@ class Server:
 
     # ---- shutdown ---------------------------------------------------------------------------
 
-    def close(self, timeout=None):
+    def close(self, timeout: Optional[float] = None) -> None:
         """Terminate the workers and end the listener threads. Idle workers stop at once; one
         still holding a client (of an unfinished round) stops after it, and is waited for
         until that client's deadline (hand-out + the server's timeout), or `timeout` seconds
@@ -377,7 +388,7 @@ class Server:
         now = time.monotonic()
         try:
             self._drain()
-            deadline = {}
+            deadline: dict[int, float] = {}
             for w in sorted(ws.live | set(ws.stalled)):
                 a = ws.busy.get(w) or ws.stalled.get(w)
                 deadline[w] = now + timeout if timeout is not None else \
@@ -406,9 +417,9 @@ class Server:
                 listeners.join(w, time.monotonic() + 5.0)
             self._links.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Server":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 

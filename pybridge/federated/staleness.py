@@ -13,6 +13,7 @@ al. 2019). Pure Python floats, no torch: the tests compare them exactly.
 import math
 import operator
 from dataclasses import dataclass
+from typing import Callable, Optional, Union
 
 from ..errors import InvalidArgument
 
@@ -28,7 +29,7 @@ class Staleness:
     a: float = 0.0
     b: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise InvalidArgument(f"unknown staleness function {self.kind!r}; choose one of {', '.join(KINDS)}")
         for name in ("a", "b"):
@@ -37,7 +38,7 @@ class Staleness:
                 raise InvalidArgument(f"staleness {self.kind}'s {name} must be a finite number >= 0, got {v!r}")
             object.__setattr__(self, name, float(v))
 
-    def __call__(self, tau):
+    def __call__(self, tau: int) -> float:
         try:
             tau = operator.index(tau)
         except TypeError:
@@ -45,29 +46,29 @@ class Staleness:
         if tau < 0:
             raise InvalidArgument(f"staleness must be >= 0, got {tau}")
         if self.kind == "polynomial":
-            return (1.0 + tau) ** -self.a
+            return float((1.0 + tau) ** -self.a)
         if self.kind == "hinge" and tau > self.b:
             return 1.0 / (self.a * (tau - self.b) + 1.0)
         return 1.0
 
-    def __str__(self):
+    def __str__(self) -> str:
         return {"constant": "constant", "polynomial": f"polynomial(a={self.a:g})",
                 "hinge": f"hinge(a={self.a:g}, b={self.b:g})"}[self.kind]
 
 
-def constant():
+def constant() -> Staleness:
     return Staleness("constant")
 
 
-def polynomial(a=0.5):
+def polynomial(a: float = 0.5) -> Staleness:
     return Staleness("polynomial", a)
 
 
-def hinge(a=10.0, b=4.0):
+def hinge(a: float = 10.0, b: float = 4.0) -> Staleness:
     return Staleness("hinge", a, b)
 
 
-def parse(spec):
+def parse(spec: Union[Staleness, str, None]) -> Staleness:
     """A Staleness from itself, None (constant) or a string "constant", "polynomial[:a]",
     "hinge[:a[:b]]" (the defaults above)."""
     if spec is None:
@@ -77,7 +78,7 @@ def parse(spec):
     if not isinstance(spec, str):
         raise InvalidArgument(f"staleness must be a Staleness or a string such as 'polynomial:0.5', got {spec!r}")
     kind, *args = spec.split(":")
-    make = {"constant": constant, "polynomial": polynomial, "hinge": hinge}.get(kind)
+    make: Optional[Callable[..., Staleness]] = {"constant": constant, "polynomial": polynomial, "hinge": hinge}.get(kind)
     if make is None or len(args) > len(PARAMETERS[kind]):
         raise InvalidArgument(f"bad staleness {spec!r}: write constant, polynomial[:a] or hinge[:a[:b]]")
     try:

@@ -24,7 +24,7 @@ strategy provides `Strategy` (the Protocol FedAvgRounds relies on).
 """
 
 import math
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 import torch
 
@@ -52,7 +52,7 @@ class Strategy(Protocol):
     def settings(self) -> dict[str, Any]: ...
 
 
-def _unit(name, value, *, closed=False):
+def _unit(name: str, value: Any, *, closed: bool = False) -> float:
     """A number in [0, 1) (or [0, 1] with closed)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value < 0 or value > 1 or (value == 1 and not closed):
@@ -66,17 +66,17 @@ class ServerOptimizer:
     besides eta and eta_l that build() passes it."""
 
     name = "?"
-    SETTINGS = ()
+    SETTINGS: tuple[str, ...] = ()
 
-    def __init__(self, eta, eta_l=None):
+    def __init__(self, eta: float, eta_l: Optional[float] = None) -> None:
         self.eta = positive_finite("eta", eta)
         self.eta_l = None if eta_l is None else positive_finite("eta_l", eta_l)
 
-    def step(self, model, g, lr=None):
+    def step(self, model: torch.Tensor, g: torch.Tensor, lr: Optional[float] = None) -> None:
         """model (flat, floating point) moves by the pseudo-gradient g (float64, same length)."""
         raise NotImplementedError
 
-    def settings(self):
+    def settings(self) -> dict[str, Any]:
         return {"strategy": self.name, "eta": self.eta, "eta_l": self.eta_l}
 
 
@@ -86,86 +86,90 @@ class ServerSGD(ServerOptimizer):
     name = "fedavg"
     SETTINGS = ("momentum",)
 
-    def __init__(self, eta=1.0, momentum=0.0, eta_l=None):
+    def __init__(self, eta: float = 1.0, momentum: float = 0.0, eta_l: Optional[float] = None) -> None:
         super().__init__(eta, eta_l)
         self.momentum = _unit("momentum", momentum)
-        self._m = None
+        self._m: Optional[torch.Tensor] = None
 
-    def step(self, model, g, lr=None):
+    def step(self, model: torch.Tensor, g: torch.Tensor, lr: Optional[float] = None) -> None:
         lr = self.eta if lr is None else lr
         if self.momentum:
             self._m = g.clone() if self._m is None else self._m.mul_(self.momentum).add_(g)
             g = self._m
         model.add_(g.to(model.dtype), alpha=-lr)  # torch.optim.SGD's arithmetic
 
-    def settings(self):
+    def settings(self) -> dict[str, Any]:
         return {**super().settings(), "momentum": self.momentum}
 
 
 class _Adaptive(ServerOptimizer):
     SETTINGS = ("beta1", "beta2", "tau")
 
-    def __init__(self, eta=1e-2, beta1=0.9, beta2=0.99, tau=1e-3, eta_l=None):
+    def __init__(self, eta: float = 1e-2, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3,
+                 eta_l: Optional[float] = None) -> None:
         super().__init__(eta, eta_l)
         self.beta1 = _unit("beta1", beta1)
         self.beta2 = _unit("beta2", beta2)
         self.tau = positive_finite("tau", tau)
-        self.m = self.v = None
+        self.m: Optional[torch.Tensor] = None
+        self.v: Optional[torch.Tensor] = None
 
-    def _second_moment(self, d2):
+    def _second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> None:
+        """v (the second moment, in place) after a step whose squared delta is d2."""
         raise NotImplementedError
 
-    def step(self, model, g, lr=None):
+    def step(self, model: torch.Tensor, g: torch.Tensor, lr: Optional[float] = None) -> None:
         lr = self.eta if lr is None else lr
         delta = -g.to(torch.float64)
-        if self.m is None:
-            self.m = torch.zeros_like(delta)
-            self.v = torch.full_like(delta, self.tau * self.tau)
-        self.m.mul_(self.beta1).add_(delta, alpha=1 - self.beta1)
-        self._second_moment(delta * delta)
-        x = model.to(torch.float64) + lr * self.m / (self.v.sqrt() + self.tau)
+        m, v = self.m, self.v
+        if m is None or v is None:  # both are set on the first step
+            m = self.m = torch.zeros_like(delta)
+            v = self.v = torch.full_like(delta, self.tau * self.tau)
+        m.mul_(self.beta1).add_(delta, alpha=1 - self.beta1)
+        self._second_moment(v, delta * delta)
+        x = model.to(torch.float64) + lr * m / (v.sqrt() + self.tau)
         model.copy_(x)
 
-    def settings(self):
+    def settings(self) -> dict[str, Any]:
         return {**super().settings(), "beta1": self.beta1, "beta2": self.beta2, "tau": self.tau}
 
 
 class FedAdagrad(_Adaptive):
     name = "fedadagrad"
 
-    def _second_moment(self, d2):
-        self.v.add_(d2)
+    def _second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> None:
+        v.add_(d2)
 
 
 class FedAdam(_Adaptive):
     name = "fedadam"
 
-    def _second_moment(self, d2):
-        self.v.mul_(self.beta2).add_(d2, alpha=1 - self.beta2)
+    def _second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> None:
+        v.mul_(self.beta2).add_(d2, alpha=1 - self.beta2)
 
 
 class FedYogi(_Adaptive):
     name = "fedyogi"
 
-    def _second_moment(self, d2):
-        self.v.sub_((1 - self.beta2) * d2 * torch.sign(self.v - d2))
+    def _second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> None:
+        v.sub_((1 - self.beta2) * d2 * torch.sign(v - d2))
 
 
 # The one registry of server strategies, by name: the built-ins, then register_strategy's.
 # The built-ins' C codes are the header's PB_FED_STRATEGY_<NAME> and Go's FedStrategy
 # constants (tests/test_federated_registry.py checks both); C's strategy_name, Go's
 # WithServerOptimizerName and the MNIST example's --server-opt take any name here.
-STRATEGIES: Registry[Any] = Registry("server strategy")
+STRATEGIES: Registry[Callable[..., Any]] = Registry("server strategy")
 for _builtin in (ServerSGD, FedAdagrad, FedAdam, FedYogi):
     STRATEGIES.register(_builtin.name, _builtin)
 BUILTIN = tuple(STRATEGIES)  # the names with a C code
 
 
-def _settings_of(make):
+def _settings_of(make: Callable[..., Any]) -> tuple[str, ...]:
     return tuple(getattr(make, "SETTINGS", ()))
 
 
-def register_strategy(name, make):
+def register_strategy(name: str, make: Callable[..., Any]) -> None:
     """Register the server strategy `make` as `name`, for FedAvgRounds' users to choose by
     name: `strategies.build(name)`, C's `pb_fed_options.strategy_name`, Go's
     `WithServerOptimizerName`. `make(eta=..., **settings)` builds it (a class, usually a
@@ -195,7 +199,7 @@ def register_strategy(name, make):
     STRATEGIES.register(name, make)
 
 
-def build(name, eta=None, **settings):
+def build(name: str, eta: Optional[float] = None, **settings: Any) -> Strategy:
     """The strategy registered as `name`, at server learning rate `eta` (None: its default),
     given those of `settings` it takes (its SETTINGS) and none of the others: a C caller
     passes every pb_fed_options field whatever the strategy."""
@@ -204,7 +208,8 @@ def build(name, eta=None, **settings):
     if unknown:
         raise InvalidArgument(f"no server strategy takes {', '.join(unknown)}")
     given = {k: v for k, v in settings.items() if k in _settings_of(make)}
-    return make(**given) if eta is None else make(eta=eta, **given)
+    strategy: Strategy = make(**given) if eta is None else make(eta=eta, **given)
+    return strategy
 
 
 class CentralDP:
@@ -213,7 +218,7 @@ class CentralDP:
     equally, and the mean gets Gaussian noise of standard deviation
     noise_multiplier * C / n, drawn in float64 from a generator seeded with `seed`."""
 
-    def __init__(self, clip_norm, noise_multiplier, seed=0):
+    def __init__(self, clip_norm: float, noise_multiplier: float, seed: int = 0) -> None:
         self.clip_norm = positive_finite("clip_norm", clip_norm)
         if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, (int, float)) \
                 or not math.isfinite(noise_multiplier) or noise_multiplier < 0:
@@ -224,7 +229,7 @@ class CentralDP:
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
 
-    def clip(self, delta):
+    def clip(self, delta: torch.Tensor) -> bool:
         """Scale `delta` (float64, in place) to norm C at most; True if it was scaled."""
         norm = float(torch.linalg.vector_norm(delta))
         if norm > self.clip_norm:
@@ -232,7 +237,7 @@ class CentralDP:
             return True
         return False
 
-    def noise(self, numel, clients):
+    def noise(self, numel: int, clients: int) -> tuple[torch.Tensor, float]:
         """The noise of a step over `clients` clients (float64, on the CPU) and its std."""
         std = self.noise_multiplier * self.clip_norm / clients
         return torch.randn(numel, dtype=torch.float64, generator=self.generator) * std, std

@@ -10,9 +10,12 @@ refusal, requeue and affinity hold in every mode. FedAvgRounds (rounds.py) drive
 """
 
 import collections
+from typing import Iterable, Optional
+
+import torch
 
 from .protocol import EVALUATE, TRAIN
-from .results import Outcome, client_list
+from .results import HandOut, Outcome, Result, client_list
 
 
 class Stream:
@@ -25,31 +28,31 @@ class Stream:
     to hand out and a worker is idle: clients still out stay out, and their results come
     with later calls (applied late). Evaluations are handed out before training clients."""
 
-    def __init__(self, server, model):
+    def __init__(self, server: HandOut, model: torch.Tensor) -> None:
         self.server = server
-        self.pending = {EVALUATE: collections.deque(), TRAIN: collections.deque()}
-        self._refusals = collections.Counter()
+        self.pending: dict[int, collections.deque[int]] = {EVALUATE: collections.deque(), TRAIN: collections.deque()}
+        self._refusals: collections.Counter[int] = collections.Counter()
         server.new_version(model)  # the live model, sent as is; versions travel as the headers' round
 
     @property
-    def version(self):
+    def version(self) -> int:
         return self.server.round
 
-    def advance(self):
+    def advance(self) -> None:
         """The model changed (a step, or a new model from the caller): a new version."""
         self.server.new_version()
 
-    def add(self, clients, command):
+    def add(self, clients: Iterable[int], command: int) -> None:
         """A round: `clients` join the queue, and the server's `current` summary (metrics,
         samples, refusals) starts afresh, at the current version, for the results taken
         from now on."""
         self.pending[command].extend(client_list(clients))
         self.server.start_summary(command)
 
-    def _left(self):
+    def _left(self) -> list[int]:
         return [c for q in self.pending.values() for c in q]
 
-    def next(self, wait=False):
+    def next(self, wait: bool = False) -> Optional[Result]:
         """The next Result, or None: with nothing left to hand out, as soon as a worker is
         idle, or (`wait`) once no client is out."""
         s = self.server
@@ -72,6 +75,7 @@ class Stream:
             if a is None:
                 continue  # a worker lost while idle, or a stalled one taken back
             if outcome.kind == Outcome.RESULT:
+                assert s.current is not None  # add() started the summary
                 return s.current.record(outcome.value)
             if s.retry_client(outcome, self._refusals):
                 self.pending[a.command].appendleft(a.client)

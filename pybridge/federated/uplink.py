@@ -28,6 +28,7 @@ import select
 import socket
 import struct
 import time
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -35,6 +36,9 @@ from ..base import dtypes, netif
 from ..comm import group as _group
 from ..comm import rendezvous
 from ..errors import CommError, Timeout
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
 
 HEADER = struct.Struct("<8q")  # protocol.FIELDS, in order
 HELLO = struct.Struct("<8sq16s")
@@ -48,49 +52,52 @@ class Misbehaved(Exception):
     """A worker broke the up protocol (the text says how): it is retired."""
 
 
-def uplink_address():
+def uplink_address() -> str:
     """The address the server's up listener binds: the interface of the rendezvous store's
     host (MASTER_ADDR), GLOO_SOCKET_IFNAME's if set, loopback for a loopback store or when
     nothing tells. Never 0.0.0.0."""
     ifname = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
     if ifname:
-        address = netif.ipv4_of(ifname)
+        address: Optional[str] = netif.ipv4_of(ifname)
         if address:
             return address
     host = _store_host() or os.environ.get("MASTER_ADDR")
     if not host:
         return "127.0.0.1"
     try:
-        ip = socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+        ip = str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])  # AF_INET: (host, port)
     except OSError:
         return "127.0.0.1"
     if ip.startswith("127."):
         return "127.0.0.1"
     try:
-        return netif.local_address_towards(ip)
+        address_towards: str = netif.local_address_towards(ip)
+        return address_towards
     except OSError:
         return "127.0.0.1"
 
 
-def _store_host():
+def _store_host() -> Optional[str]:
     try:
         store = _group.world_store()
     except Exception:  # noqa: BLE001 - no world: fall back on the environment
         return None
-    return rendezvous.tcp_host(store)
+    host: Optional[str] = rendezvous.tcp_host(store)
+    return host
 
 
-def _key(w):
+def _key(w: int) -> str:
     return f"federated/uplink/{w}"
 
 
 class Listener:
     """The server's side of the setup: listen, publish, accept one connection per worker."""
 
-    def __init__(self, store, workers):
+    def __init__(self, store: "Store", workers: Iterable[int]) -> None:
         self.store = store
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind((uplink_address(), 0))
+        workers = list(workers)
         self.sock.listen(max(len(workers), 8))
         host, port = self.sock.getsockname()
         self.tokens = {w: secrets.token_bytes(TOKEN_BYTES) for w in workers}
@@ -98,13 +105,14 @@ class Listener:
             store.set(_key(w), json.dumps({"host": host, "port": port, "token": token.hex()}))
 
     @property
-    def address(self):
-        return self.sock.getsockname()
+    def address(self) -> tuple[str, int]:
+        address: tuple[str, int] = self.sock.getsockname()
+        return address
 
-    def accept(self, timeout):
+    def accept(self, timeout: float) -> dict[int, "Conn"]:
         """{worker rank: Conn} of the workers that connected within `timeout` seconds. A
         connection whose hello is not a worker's (wrong magic, rank or token) is closed."""
-        conns = {}
+        conns: dict[int, Conn] = {}
         deadline = time.monotonic() + timeout
         try:
             while len(conns) < len(self.tokens):
@@ -132,7 +140,7 @@ class Listener:
             self.close()
         return conns
 
-    def close(self):
+    def close(self) -> None:
         self.sock.close()
         for w in self.tokens:
             try:
@@ -141,7 +149,7 @@ class Listener:
                 pass
 
 
-def connect(store, rank, timeout):
+def connect(store: "Store", rank: int, timeout: float) -> socket.socket:
     """The worker's side of the setup: the server's published address and this rank's
     token from the store, a connection, the hello. Returns the connected socket."""
     try:
@@ -154,7 +162,7 @@ def connect(store, rank, timeout):
     return s
 
 
-def _read(s, n):
+def _read(s: socket.socket, n: int) -> bytes:
     """Exactly n bytes from socket `s` (its own timeout); EOFError when it ends first."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
@@ -169,11 +177,11 @@ def _read(s, n):
 class Conn:
     """The server's end of one worker's up stream."""
 
-    def __init__(self, sock):
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def read_into(self, view, timeout, what):
+    def read_into(self, view: memoryview, timeout: float, what: str) -> None:
         """Fill memoryview `view`; Misbehaved when the stream ends or no byte comes for
         `timeout` seconds before it is full (what: the part being read, for the message)."""
         n, got = len(view), 0
@@ -187,7 +195,7 @@ class Conn:
                 raise Misbehaved(f"sent {got} of the {n} bytes of {what}, then closed its connection")
             got += k
 
-    def read_header(self, idle, timeout):
+    def read_header(self, idle: Optional[float], timeout: float) -> tuple[int, ...]:
         """The next header's 8 fields: waits up to `idle` seconds (None: for ever) for its
         first byte. EOFError when the stream ends cleanly before it (the worker is gone)."""
         buf = bytearray(HEADER.size)
@@ -203,34 +211,34 @@ class Conn:
             self.read_into(view[k:], timeout, "a header")
         return HEADER.unpack(buf)
 
-    def read_tensor(self, numel, dtype, timeout, what):
+    def read_tensor(self, numel: int, dtype: int, timeout: float, what: str) -> torch.Tensor:
         t = torch.empty(numel, dtype=dtypes.BY_CODE[dtype])
         if numel:
             self.read_into(memoryview(t.view(torch.uint8).numpy()), timeout, what)
         return t
 
-    def read_bytes(self, n, timeout, what):
+    def read_bytes(self, n: int, timeout: float, what: str) -> bytes:
         buf = bytearray(n)
         if n:
             self.read_into(memoryview(buf), timeout, what)
         return bytes(buf)
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
 
-    def close(self):
+    def close(self) -> None:
         self.sock.close()
 
 
-def send_message(sock, fields, payload, metrics):
+def send_message(sock: socket.socket, fields: Sequence[int], payload: torch.Tensor, metrics: bytes) -> None:
     """A worker's message: header `fields`, `payload` (a CPU tensor) and `metrics` (bytes),
     then the trailer. Raises CommError when the server's end is gone: checked before the
     send, since a send to a closed peer can succeed into the kernel's buffer."""
     _check_alive(sock)
-    data = memoryview(payload.contiguous().view(torch.uint8).numpy()) if payload.numel() else b""
+    data: Union[memoryview, bytes] = memoryview(payload.contiguous().view(torch.uint8).numpy()) if payload.numel() else b""
     head = HEADER.pack(*fields)
     try:
         if len(data) <= SMALL:
@@ -243,7 +251,7 @@ def send_message(sock, fields, payload, metrics):
         raise CommError(f"the up link to the server broke: {exc}") from None
 
 
-def _check_alive(sock):
+def _check_alive(sock: socket.socket) -> None:
     """CommError if the server closed the stream (it never writes to it, so anything to read
     is its end: EOF or a reset)."""
     try:

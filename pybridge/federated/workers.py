@@ -13,10 +13,14 @@ answer with the assignment it closes.
 import queue
 import time
 from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+import torch
 
 from ..base import dtypes
+from ..comm.collectives import Work
 from ..errors import PyBridgeError, WorkerFailed, WorkerTimeout
-from .protocol import FAILED, TERMINATE, UPDATE, Header
+from .protocol import FAILED, TERMINATE, UPDATE, Header, Links
 from .results import Outcome
 
 
@@ -35,7 +39,7 @@ class Assignment:
     dtype: int = 0
 
 
-def answers(h, a):
+def answers(h: Header, a: Assignment) -> bool:
     """Whether header `h` answers assignment `a` (its result, or its reported failure)."""
     return (h.round, h.client, h.seq) == (a.round, a.client, a.seq) and h.command in (a.command, FAILED)
 
@@ -49,37 +53,37 @@ class Workers:
     assignment each worker's next answer must answer) and `terminating` (workers sent a
     terminate, whose acknowledgement is expected)."""
 
-    def __init__(self, ranks, links):
+    def __init__(self, ranks: Iterable[int], links: Links) -> None:
         self.ranks = tuple(ranks)
         self.links = links
-        self.events = queue.Queue()
+        self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.live = set(self.ranks)  # connected and taking clients (idle or busy)
-        self.lost = {}  # worker rank -> the error that retired it (a stalled one's until it answers)
-        self.gone = set()  # retired for good: connection lost or out of protocol
-        self.stalled = {}  # worker rank -> the assignment it timed out on: taken back if it answers
-        self.busy = {}  # worker rank -> Assignment, of this round or an abandoned one
-        self.has = {}  # worker rank -> the round of the model it holds
+        self.lost: dict[int, Exception] = {}  # worker rank -> the error that retired it (a stalled one's until it answers)
+        self.gone: set[int] = set()  # retired for good: connection lost or out of protocol
+        self.stalled: dict[int, Assignment] = {}  # worker rank -> the assignment it timed out on: taken back if it answers
+        self.busy: dict[int, Assignment] = {}  # worker rank -> Assignment, of this round or an abandoned one
+        self.has: dict[int, int] = {}  # worker rank -> the round of the model it holds
         self.seq = dict.fromkeys(self.ranks, 0)
-        self.expect = {}  # worker rank -> the Assignment its next answer must answer (listeners read it)
-        self.terminating = set()  # workers sent a terminate: their acknowledgement is expected
-        self.farewells = []  # (worker, terminate sent and not waited for)
+        self.expect: dict[int, Assignment] = {}  # worker rank -> the Assignment its next answer must answer (listeners read it)
+        self.terminating: set[int] = set()  # workers sent a terminate: their acknowledgement is expected
+        self.farewells: list[tuple[int, Work]] = []  # (worker, terminate sent and not waited for)
 
-    def idle(self):
+    def idle(self) -> list[int]:
         """Live workers that hold no client, in rank order."""
         return [w for w in self.ranks if w in self.live and w not in self.busy]
 
-    def out(self, round):
+    def out(self, round: int) -> bool:
         """Whether a client of version `round` is out."""
         return any(a.round == round for a in self.busy.values())
 
-    def send_model(self, ranks, model, round):
+    def send_model(self, ranks: Iterable[int], model: torch.Tensor, round: int) -> None:
         """`model` (version `round`) to the idle workers `ranks`, point to point and
         concurrently. Not a collective broadcast: that couples every worker to every other,
         so one that died unnoticed would leave the others waiting inside it, with no way to
         reach them; a send fails only for its own worker, whose loss is then queued."""
         links = self.links
         h = Header(UPDATE, round, length=model.numel(), dtype=dtypes.code(model.dtype))
-        sends = []
+        sends: list[tuple[int, Work]] = []
         for w in ranks:  # every one is idle, waiting for a header
             try:
                 links.send_header(h, w, links.down)
@@ -93,7 +97,7 @@ class Workers:
             except PyBridgeError as exc:
                 self.events.put(("lost", w, exc))
 
-    def assign(self, w, client, command, round, model):
+    def assign(self, w: int, client: int, command: int, round: int, model: torch.Tensor) -> None:
         """Hand `client` to the idle worker `w` to train or evaluate (`command`) on version
         `round`, sending it `model` first if it holds an older one. A send that fails queues
         the worker's loss, and the client counts as out, so that handling the loss gives it
@@ -112,10 +116,10 @@ class Workers:
         except PyBridgeError as exc:
             self.events.put(("lost", w, exc))
 
-    def lost_text(self):
+    def lost_text(self) -> str:
         return "; ".join(f"rank {w}: {e}" for w, e in sorted(self.lost.items())) or "none"
 
-    def stall(self, w, a, timeout):
+    def stall(self, w: int, a: Assignment, timeout: float) -> Outcome:
         """`w` held its client past `timeout` seconds: stop giving it clients, but keep
         listening, so that it is taken back once it answers (its late result is dropped)."""
         err = WorkerTimeout(f"federated worker rank {w} did not return client {a.client} (round {a.round}) "
@@ -126,12 +130,15 @@ class Workers:
         self.lost[w] = err
         return Outcome(Outcome.LOST, a, err)
 
-    def handle(self, event, round, judge):
+    def handle(self, event: tuple[Any, ...], round: int,
+               judge: Callable[[int, Header, Optional[torch.Tensor], dict[str, float], float, Assignment], Outcome]
+               ) -> Optional[Outcome]:
         """The Outcome of `event` (None: nothing for the caller), the states moved. `round`
         is the current version (a terminate carries it); judge(w, header, payload, metrics,
         arrived, assignment) gives the Outcome of an answer to the assignment it closes."""
         if event[0] == "retire":
-            return self.retire_misbehaved(*event[1:], round)
+            _, w, why = event
+            return self.retire_misbehaved(w, why, round)
         if event[0] == "lost":
             _, w, exc = event
             if w in self.gone:
@@ -139,8 +146,8 @@ class Workers:
             a = self.busy.pop(w, None)
             self.stalled.pop(w, None)
             held = f" while it held client {a.client} (round {a.round})" if a else ""
-            err = WorkerFailed(f"federated worker rank {w} was lost{held}: {exc}", w, a and a.client,
-                               a and a.round)
+            err = WorkerFailed(f"federated worker rank {w} was lost{held}: {exc}", w, a.client if a else None,
+                               a.round if a else None)
             err.__cause__ = exc
             self.retire(w, err, round)
             return Outcome(Outcome.LOST, a, err)
@@ -159,7 +166,7 @@ class Workers:
             return self._out_of_turn(w, h, a, round)
         return judge(w, h, payload, metrics, arrived, a)
 
-    def retire_misbehaved(self, w, why, round):
+    def retire_misbehaved(self, w: int, why: str, round: int) -> Optional[Outcome]:
         """Worker `w` broke the protocol (`why`): retire it, dropping what it sent. The
         Outcome's error says so (the server warns with it and notes it in the round)."""
         if w in self.gone:
@@ -168,18 +175,18 @@ class Workers:
         held = a or self.stalled.pop(w, None) or self.expect.get(w)
         where = f" (client {held.client}, round {held.round})" if held else ""
         err = WorkerFailed(f"federated worker rank {w} was retired{where}: {why}; what it sent was dropped",
-                           w, held and held.client, held and held.round)
+                           w, held.client if held else None, held.round if held else None)
         self.retire(w, err, round, stop=True)
         return Outcome(Outcome.LOST, a, err)
 
-    def _out_of_turn(self, w, h, a, round):
+    def _out_of_turn(self, w: int, h: Header, a: Optional[Assignment], round: int) -> Outcome:
         err = WorkerFailed(f"federated worker rank {w} sent an unexpected {h.name} message "
-                           f"(round {h.round}, client {h.client}, seq {h.seq})", w, a and a.client,
-                           a and a.round)
+                           f"(round {h.round}, client {h.client}, seq {h.seq})", w,
+                           a.client if a else None, a.round if a else None)
         self.retire(w, err, round, stop=True)
         return Outcome(Outcome.LOST, a, err)
 
-    def retire(self, w, err, round, stop=False):
+    def retire(self, w: int, err: Exception, round: int, stop: bool = False) -> None:
         """Stop using worker `w` for good. One still connected (`stop`: it answered out of
         turn) gets a terminate, not waited for, so that it stops instead of waiting for
         tasks, and its listener ends with the acknowledgement."""
@@ -192,14 +199,14 @@ class Workers:
             except PyBridgeError:
                 pass  # its connection is gone too: nothing left to stop
 
-    def terminate(self, w, round):
+    def terminate(self, w: int, round: int) -> None:
         """Send `w` a terminate, not waited for (a busy worker takes it after its client);
         its acknowledgement is then expected. A send that fails raises."""
         self.terminating.add(w)
         links = self.links
         self.farewells.append((w, links.isend_header(Header(TERMINATE, round), w, links.down)))
 
-    def send_farewells(self, until, skip):
+    def send_farewells(self, until: float, skip: Iterable[int]) -> None:
         """Let the terminates sent (and not waited for) leave, until `until`, except those to
         the workers in `skip`. Gloo sends a message only once its receiver has posted the
         receive: a retired worker still busy with its last answer had not, and closing the
