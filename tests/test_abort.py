@@ -89,3 +89,31 @@ def _init_aborted(rank, world):
 def test_an_abort_ends_an_init(only):
     res = run_ranks(_init_aborted, 2, timeout=90, only=only)
     assert res[only[0]] < 10, res
+
+
+_ELASTIC_JOIN = '''
+import threading, time, pybridge
+from pybridge.comm import cancel
+from pybridge.runtime import elastic
+def later():
+    time.sleep(1.5)
+    cancel.abort("test deadline")  # what Go's ElasticInitContext does when its context ends
+threading.Thread(target=later, daemon=True).start()
+t0 = time.monotonic()
+try:
+    elastic.init(join_timeout=60)
+    print("FORMED")
+except pybridge.Canceled as e:
+    print("CANCELED after %.1f s: %s" % (time.monotonic() - t0, e))
+'''
+
+
+def test_an_elastic_join_waiting_for_its_first_world_is_aborted(tmp_path):
+    """ElasticInit's wait (min world 2, one worker) ends at the abort, not at the join timeout."""
+    from launcher import launch
+    script = tmp_path / "join.py"
+    script.write_text(_ELASTIC_JOIN)
+    code, out, _ = launch(["--elastic", "--nproc-per-node", "1", "--min-world", "2", str(script)], timeout=90)
+    line = next((ln for ln in out.splitlines() if ln.startswith(("CANCELED", "FORMED"))), None)
+    assert line and line.startswith("CANCELED") and "forming world 1 was canceled: test deadline" in line, out
+    assert float(line.split()[2]) < 20, line  # not the 60 s join timeout
