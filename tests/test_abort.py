@@ -117,3 +117,33 @@ def test_an_elastic_join_waiting_for_its_first_world_is_aborted(tmp_path):
     line = next((ln for ln in out.splitlines() if ln.startswith(("CANCELED", "FORMED"))), None)
     assert line and line.startswith("CANCELED") and "forming world 1 was canceled: test deadline" in line, out
     assert float(line.split()[2]) < 20, line  # not the 60 s join timeout
+
+
+_ELASTIC_CHANGE = '''
+import os, threading, time, torch, pybridge
+from pybridge.runtime import elastic
+g = elastic.init(join_timeout=60, lost_after=2)
+if g.rank == 1:
+    os._exit(0)  # leaves: rank 0's next collective fails and waits for a world of 2
+time.sleep(0.5)
+threading.Timer(1.5, g.abort, ["test deadline"]).start()  # what Go's AllReduceContext does when its context ends
+t0 = time.monotonic()
+try:
+    for _ in range(1000):
+        pybridge.all_reduce(torch.ones(1), group=g)
+    print("NO FAILURE")
+except pybridge.PyBridgeError as e:
+    print("%s after %.1f s: %s" % (type(e).__name__, time.monotonic() - t0, e))
+'''
+
+
+def test_aborting_an_elastic_world_ends_the_wait_for_the_next_one(tmp_path):
+    """A collective of an elastic world whose peer left waits to agree on the next world (up
+    to the join timeout); aborting the world (Go: the call's context ended) ends that wait."""
+    from launcher import launch
+    script = tmp_path / "change.py"
+    script.write_text(_ELASTIC_CHANGE)
+    code, out, _ = launch(["--elastic", "--nproc-per-node", "2", "--min-world", "2", str(script)], timeout=120)
+    line = next((ln for ln in out.splitlines() if ln.startswith(("Canceled", "NO FAILURE", "Timeout"))), None)
+    assert line and line.startswith("Canceled after") and "forming world 2 was canceled: test deadline" in line, out
+    assert float(line.split()[2]) < 30, line  # not the 60 s join timeout

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import checked as _checked
+from . import cancel as _cancel
 from . import sockets as _sockets
 from . import streams as _streams
 from . import roster as _roster
@@ -156,6 +157,10 @@ class Group:
         communicator is aborted. The group stays to be closed (finalize for the world).
         Aborting again does nothing."""
         reason = str(reason) if reason else "aborted"
+        if self.elastic is not None:
+            # An elastic world whose call failed goes on to agree on the next world (a join,
+            # up to the join timeout): the abort that ends the call ends that wait too.
+            _cancel.abort(reason)
         todo, marked = [self], []
         while todo:
             g = todo.pop()

@@ -93,7 +93,8 @@ class _Session:
         seen = time.time()
         self.leave()
         left = time.time()
-        changed: MembershipChanged = self.membership.changed(self.world, cause=cause)
+        with _cancel.joining():  # agreeing on the next world is a join: aborting the old world's group ends it
+            changed: MembershipChanged = self.membership.changed(self.world, cause=cause)
         if changed.seen_at is None:
             changed.seen_at, changed.left_at, changed.agreed_at = seen, left, time.time()
         return changed
