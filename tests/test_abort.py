@@ -147,3 +147,41 @@ def test_aborting_an_elastic_world_ends_the_wait_for_the_next_one(tmp_path):
     line = next((ln for ln in out.splitlines() if ln.startswith(("Canceled", "NO FAILURE", "Timeout"))), None)
     assert line and line.startswith("Canceled after") and "forming world 2 was canceled: test deadline" in line, out
     assert float(line.split()[2]) < 30, line  # not the 60 s join timeout
+
+
+_ELASTIC_RESET = '''
+import os, threading, time, torch, pybridge
+from pybridge.comm import cancel
+from pybridge.runtime import elastic
+g = elastic.init(join_timeout=60, lost_after=2)
+if g.rank == 2:
+    os._exit(0)  # leaves: ranks 0 and 1 agree on a world of 2
+try:
+    for _ in range(1000):
+        pybridge.all_reduce(torch.ones(1), group=g)
+except pybridge.MembershipChanged as err:
+    if g.rank == 1:
+        time.sleep(8)  # never resets in time: rank 0's reset waits for it in the new world's rendezvous
+        os._exit(0)
+    def later():
+        time.sleep(1.5)
+        cancel.abort("test deadline")  # what Go's ElasticState.ResetContext does when its context ends
+    threading.Thread(target=later, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        elastic.reset(err)
+        print("FORMED")
+    except pybridge.PyBridgeError as e:
+        print("%s after %.1f s: %s" % (type(e).__name__, time.monotonic() - t0, e))
+'''
+
+
+def test_an_elastic_reset_waiting_for_a_member_is_aborted(tmp_path):
+    """ElasticState.Reset's wait for the new world's members ends at the abort."""
+    from launcher import launch
+    script = tmp_path / "reset.py"
+    script.write_text(_ELASTIC_RESET)
+    code, out, _ = launch(["--elastic", "--nproc-per-node", "3", "--min-world", "2", str(script)], timeout=120)
+    line = next((ln for ln in out.splitlines() if ln.startswith(("Canceled", "FORMED", "Timeout"))), None)
+    assert line and line.startswith("Canceled after") and "canceled: test deadline" in line, out
+    assert float(line.split()[2]) < 30, line  # not the 60 s timeout
