@@ -91,6 +91,17 @@ def test_an_abort_ends_an_init(only):
     assert res[only[0]] < 10, res
 
 
+def _elastic_outcome(tmp_path, script, nproc, timeout):
+    """Run `script` on `nproc` workers under pybridge-launch --elastic (min world 2); the line
+    it printed about how its wait ended (None if none), and the whole output."""
+    from launcher import launch
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    _, out, _ = launch(["--elastic", "--nproc-per-node", str(nproc), "--min-world", "2", str(path)], timeout=timeout)
+    ends = ("CANCELED", "Canceled", "FORMED", "NO FAILURE", "Timeout")
+    return next((ln for ln in out.splitlines() if ln.startswith(ends)), None), out
+
+
 _ELASTIC_JOIN = '''
 import threading, time, pybridge
 from pybridge.comm import cancel
@@ -110,11 +121,7 @@ except pybridge.Canceled as e:
 
 def test_an_elastic_join_waiting_for_its_first_world_is_aborted(tmp_path):
     """ElasticInit's wait (min world 2, one worker) ends at the abort, not at the join timeout."""
-    from launcher import launch
-    script = tmp_path / "join.py"
-    script.write_text(_ELASTIC_JOIN)
-    code, out, _ = launch(["--elastic", "--nproc-per-node", "1", "--min-world", "2", str(script)], timeout=90)
-    line = next((ln for ln in out.splitlines() if ln.startswith(("CANCELED", "FORMED"))), None)
+    line, out = _elastic_outcome(tmp_path, _ELASTIC_JOIN, 1, timeout=90)
     assert line and line.startswith("CANCELED") and "forming world 1 was canceled: test deadline" in line, out
     assert float(line.split()[2]) < 20, line  # not the 60 s join timeout
 
@@ -140,11 +147,7 @@ except pybridge.PyBridgeError as e:
 def test_aborting_an_elastic_world_ends_the_wait_for_the_next_one(tmp_path):
     """A collective of an elastic world whose peer left waits to agree on the next world (up
     to the join timeout); aborting the world (Go: the call's context ended) ends that wait."""
-    from launcher import launch
-    script = tmp_path / "change.py"
-    script.write_text(_ELASTIC_CHANGE)
-    code, out, _ = launch(["--elastic", "--nproc-per-node", "2", "--min-world", "2", str(script)], timeout=120)
-    line = next((ln for ln in out.splitlines() if ln.startswith(("Canceled", "NO FAILURE", "Timeout"))), None)
+    line, out = _elastic_outcome(tmp_path, _ELASTIC_CHANGE, 2, timeout=120)
     assert line and line.startswith("Canceled after") and "forming world 2 was canceled: test deadline" in line, out
     assert float(line.split()[2]) < 30, line  # not the 60 s join timeout
 
@@ -178,10 +181,6 @@ except pybridge.MembershipChanged as err:
 
 def test_an_elastic_reset_waiting_for_a_member_is_aborted(tmp_path):
     """ElasticState.Reset's wait for the new world's members ends at the abort."""
-    from launcher import launch
-    script = tmp_path / "reset.py"
-    script.write_text(_ELASTIC_RESET)
-    code, out, _ = launch(["--elastic", "--nproc-per-node", "3", "--min-world", "2", str(script)], timeout=120)
-    line = next((ln for ln in out.splitlines() if ln.startswith(("Canceled", "FORMED", "Timeout"))), None)
+    line, out = _elastic_outcome(tmp_path, _ELASTIC_RESET, 3, timeout=120)
     assert line and line.startswith("Canceled after") and "canceled: test deadline" in line, out
     assert float(line.split()[2]) < 30, line  # not the 60 s timeout
