@@ -16,6 +16,14 @@
    last step to the first step done after every worker restarted and loaded the checkpoint.
    Work lost is the same in both (the steps since the last commit or checkpoint); the time
    to go on is not.
+3. The same elastic run with the job's store in etcd (3 members on loopback) beside the
+   TCPStore of node 0's launcher: recovery from the worker's death, the median step and
+   the median commit that reads the store (one that may admit joiners).
+4. Node 0 lost whole (as root, on the simulated cluster: 3 nodes of one worker, an etcd
+   member in each): its link taken down, then its launcher, worker and etcd member killed;
+   from then to the first step of the survivors' world, with --timeout and
+   PYBRIDGE_ELASTIC_LOST_AFTER set to what the table says (a dead node is told only by its
+   silence). With the TCPStore node 0's death ends the job: nothing to time.
 Writes bench/results/elastic.json.
 """
 
@@ -74,15 +82,16 @@ def case(width, depth, repeat):
             "restore_ms": timed(state.restore, repeat) * 1e3, "committed_mb": state.committed_bytes / 1e6}
 
 
-def elastic_recovery(data, folder, ballast_mb):
-    """The elastic run: kill, survivors' recovery, then a joiner. Times in seconds."""
-    log, port = os.path.join(folder, "elastic"), free_port()
+def elastic_recovery(data, folder, ballast_mb, etcd=None):
+    """The elastic run: kill, survivors' recovery, then a joiner. Times in seconds. etcd:
+    the members' endpoints (the job's store there), else node 0's TCPStore."""
+    log, port = os.path.join(folder, "elastic" + ("-etcd" if etcd else "")), free_port()
     deadline = time.monotonic() + 300
     common = ["--commit-every", str(COMMIT_EVERY), "--ballast-mb", str(ballast_mb), "--timeout", "30"]
     procs = [launch(port, log, data, "--die-at", str(KILL_AT), "--die-rank", "2", "--admit-from", str(JOIN_AT),
-                    "--await-joiner-at", str(JOIN_AT), *common)]
+                    "--await-joiner-at", str(JOIN_AT), *common, etcd=etcd)]
     wait_for(log, lambda e: e["ev"] == "reset" and e["gen"] == 2, deadline)
-    procs.append(launch(port, log, data, "--admit-from", str(JOIN_AT), *common, nproc=1, node=1))
+    procs.append(launch(port, log, data, "--admit-from", str(JOIN_AT), *common, nproc=1, node=1, etcd=etcd))
     outs = finish(procs, deadline)
     if any(rc for rc, _ in outs):
         raise SystemExit("elastic run failed:\n" + "\n".join(out[-3000:] for _, out in outs))
@@ -102,9 +111,44 @@ def elastic_recovery(data, folder, ballast_mb):
     joined = min(e["t"] for e in joiner if e["ev"] == "step") - admitted
     step_s = statistics.median(b["t"] - a["t"] for evs in logs.values()
                                for a, b in zip(evs, evs[1:]) if a["ev"] == b["ev"] == "step" and a["gen"] == b["gen"])
+    commit_ms = statistics.median(e["ms"] for evs in logs.values() for e in evs
+                                  if e["ev"] == "commit" and "ms" in e and e["step"] > JOIN_AT)
     lost_steps = KILL_AT - 1 - (KILL_AT - 1) // COMMIT_EVERY * COMMIT_EVERY  # done since the commit
-    return {**worst, "joiner_first_step": joined, "step_s": step_s, "lost_steps": lost_steps,
+    return {**worst, "joiner_first_step": joined, "step_s": step_s, "commit_ms": commit_ms, "lost_steps": lost_steps,
             "survivors": len(rows)}
+
+
+NODE_TIMEOUT, NODE_LOST_AFTER = 2, 1  # seconds: --timeout and PYBRIDGE_ELASTIC_LOST_AFTER for a node's loss
+
+
+def node0_recovery(folder):
+    """Node 0 lost whole on the simulated cluster, the job's store in etcd: seconds from the
+    loss to the first step of the survivors' world (the slowest survivor); None without root."""
+    from pybridge.testing import cluster
+    from pybridge.testing import etcd as etcd_testing
+    ok, why = cluster.available()
+    if not ok or etcd_testing.binary()[0] is None:
+        progress(f"elastic: node 0's loss not measured: {why or etcd_testing.binary()[1]}")
+        return None
+    data = write_dataset(folder, 400)
+    log = os.path.join(folder, "node0")
+    env = {"PYBRIDGE_ELASTIC_LOST_AFTER": str(NODE_LOST_AFTER)}
+    with cluster.Cluster(3) as c, etcd_testing.EtcdCluster(nodes=c.nodes) as e:
+        deadline = time.monotonic() + 300
+        procs = [launch(0, log, data, "--timeout", str(NODE_TIMEOUT), "--commit-every", str(COMMIT_EVERY), nproc=1,
+                        node=k, nnodes=3, etcd=e.endpoints, env=env, popen=c.nodes[k].popen) for k in range(3)]
+        wait_for(log, lambda ev: ev["ev"] == "step" and ev["step"] >= KILL_AT, deadline)
+        lost_at = time.time()
+        c.nodes[0].unplug()
+        c.nodes[0].kill()
+        outs = finish(procs[1:], deadline)
+    if any(rc for rc, _ in outs):
+        raise SystemExit("node 0 run failed:\n" + "\n".join(out[-3000:] for _, out in outs))
+    logs = read_logs(log)
+    firsts = [min(ev["t"] for ev in evs if ev["ev"] == "step" and ev["gen"] == 2)
+              for evs in logs.values() if any(ev["ev"] == "step" and ev["gen"] == 2 for ev in evs)]
+    return {"first_step": max(firsts) - lost_at, "survivors": len(firsts), "timeout_s": NODE_TIMEOUT,
+            "lost_after_s": NODE_LOST_AFTER}
 
 
 def restart_the_world(data, folder):
@@ -126,22 +170,34 @@ def restart_the_world(data, folder):
 
 
 def recovery(ballast_mb):
+    from pybridge.testing.etcd import EtcdCluster
     with tempfile.TemporaryDirectory(prefix="pybridge-bench-elastic-") as folder:
         data = write_dataset(folder, 400)
         progress("elastic: 4 workers, rank 2 killed in step 37, a joiner at step 60")
         el = elastic_recovery(data, folder, ballast_mb)
+        progress("elastic over etcd (3 members): the same run")
+        with EtcdCluster(3, pick_port=free_port) as members:
+            ee = elastic_recovery(data, folder, ballast_mb, etcd=members.endpoints)
         progress("elastic: restart-the-world, rank 1 dies in step 37")
         rw = restart_the_world(data, folder)
+        progress("elastic over etcd: node 0 lost whole on the simulated cluster")
+        n0 = node0_recovery(folder)
     ms = lambda s: f"{s * 1e3:.0f}"  # noqa: E731
     print(table(["after the kill (ms)", "failure seen", "world torn down", "next world agreed",
                  "first step on it", "steps lost"],
-                [["elastic (slowest of 3 survivors)", ms(el["seen"]), ms(el["torn_down"]), ms(el["agreed"]),
-                  ms(el["first_step"]), str(el["lost_steps"])],
+                [["elastic, node 0's TCPStore (slowest of 3 survivors)", ms(el["seen"]), ms(el["torn_down"]),
+                  ms(el["agreed"]), ms(el["first_step"]), str(el["lost_steps"])],
+                 ["elastic, etcd (slowest of 3 survivors)", ms(ee["seen"]), ms(ee["torn_down"]), ms(ee["agreed"]),
+                  ms(ee["first_step"]), str(ee["lost_steps"])],
                  ["restart the world (torchrun, disk checkpoint)", "-", "-", "-", ms(rw["first_step"]),
-                  str(rw["lost_steps"])]]))
-    print(f"joiner: {ms(el['joiner_first_step'])} ms from the admitting commit to its first step "
-          f"(state of {ballast_mb:g} MB received over the network); one step takes {ms(el['step_s'])} ms")
-    return {"elastic": el, "restart_the_world": rw, "ballast_mb": ballast_mb}
+                  str(rw["lost_steps"])]]
+                + ([[f"node 0 lost whole, etcd (--timeout {n0['timeout_s']} s, lost after {n0['lost_after_s']} s)",
+                     "-", "-", "-", ms(n0["first_step"]), "-"]] if n0 else [])))
+    print(f"joiner: {ms(el['joiner_first_step'])} ms (etcd: {ms(ee['joiner_first_step'])} ms) from the admitting "
+          f"commit to its first step (state of {ballast_mb:g} MB received over the network); one step takes "
+          f"{ms(el['step_s'])} ms (etcd: {ms(ee['step_s'])} ms); a commit that reads the store "
+          f"{el['commit_ms']:.2f} ms (etcd: {ee['commit_ms']:.2f} ms, {ee['commit_ms'] / el['commit_ms'] - 1:+.0%})")
+    return {"elastic": el, "elastic_etcd": ee, "restart_the_world": rw, "node0_etcd": n0, "ballast_mb": ballast_mb}
 
 
 def main(argv=None):

@@ -32,16 +32,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECRET = "elastic-runs-test-secret-0123456789"
 
 
-def launch(port, log, data, *extra, nproc=4, node=None, launcher=(), env=None, epochs=3, batch=4):
+def launch(port, log, data, *extra, nproc=4, node=None, launcher=(), env=None, epochs=3, batch=4, etcd=None,
+           nnodes=2, popen=subprocess.Popen):
     """pybridge-launch --elastic running tests/elastic_train.py (its output piped); node: start
-    it as that node of a 2-node job (a launcher that joins the running job's store). Every
-    launcher gets the same job secret, as the nodes of a real job would."""
-    where = ["--nnodes", "2", "--node-rank", str(node)] if node is not None else []
+    it as that node of an `nnodes`-node job (a launcher that joins the running job's store).
+    Every launcher gets the same job secret, as the nodes of a real job would. etcd: the
+    members' endpoints; the job then meets there (its id: `port`), not in a TCPStore at
+    127.0.0.1:port. popen: how the launcher is started (a cluster node's popen)."""
+    where = ["--nnodes", str(nnodes), "--node-rank", str(node)] if node is not None else []
+    store = ["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd, "--rdzv-id", f"elastic-{port}"] if etcd else \
+        ["--rdzv-endpoint", f"127.0.0.1:{port}"]
     cmd = [sys.executable, "-m", "pybridge.launch", "--elastic", "--nproc-per-node", str(nproc),
-           "--rdzv-endpoint", f"127.0.0.1:{port}", *where, *launcher,
+           *store, *where, *launcher,
            os.path.join(ROOT, "tests", "elastic_train.py"), "--data", *data, "--log", log,
            "--epochs", str(epochs), "--batch", str(batch), *extra]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    return popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONPATH": ROOT, "PYBRIDGE_SECRET": SECRET, **(env or {})},
                             start_new_session=True)
 

@@ -58,8 +58,8 @@ def parse(argv):
 
 def _await_generation(n):
     """Until the job's newest world is number n or later (tests/test_elastic_survive.py)."""
-    from pybridge.runtime import membership
-    store = membership.connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    from pybridge.runtime import elastic_store, membership
+    store = elastic_store.from_environment().connect(60)
     while membership.generation(store) < n:
         time.sleep(0.05)
 
@@ -119,8 +119,9 @@ def main(opts):
                     while elastic.session().membership.joiners_waiting(w) == 0:
                         time.sleep(0.05)
                 if step % opts.commit_every == 0:
+                    t0 = time.perf_counter()
                     state.commit(admit=step >= opts.admit_from)
-                    write(ev="commit", step=step)
+                    write(ev="commit", step=step, ms=(time.perf_counter() - t0) * 1e3)
             state.epoch += 1
             state.commit(admit=state.step >= opts.admit_from)
             write(ev="commit", step=state.step)

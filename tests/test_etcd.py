@@ -228,12 +228,34 @@ def test_launchers_of_two_nodes_meet_in_etcd(cluster, tmp_path):
     assert "".join(outs).count("STORE EtcdStore SUM [3.0, 3.0, 3.0]") == 2, "\n".join(outs)
 
 
-def test_launcher_refuses_what_etcd_cannot_do_yet(cluster, tmp_path):
+def test_elastic_launchers_meet_in_etcd_and_survive_node_0s_worker(cluster, tmp_path):
+    """pybridge-launch --elastic over etcd on two "nodes" (two launchers, numbered in etcd by
+    arrival: no --node-rank, no launcher hosts anything). Rank 0 SIGKILLs itself in step 5:
+    the other goes on as rank 0 and finishes, every step's gradient the average over its
+    world (tests/elastic_runs.py's check). The same id again: refused, the job has ended.
+    The whole node 0 lost (launcher and etcd member too): tests/test_elastic_etcd_cluster.py."""
+    from elastic_runs import check, finish, launch
+    from resume_train import write_dataset
+    data, log = write_dataset(str(tmp_path), 48), str(tmp_path / "run")
+    procs = [launch(9, log, data, "--die-at", "5", "--die-rank", "0", "--timeout", "20", nproc=1, node=None,
+                    launcher=["--nnodes", "2"], etcd=cluster.endpoints, epochs=1) for _ in range(2)]
+    outs = finish(procs, time.monotonic() + 120)
+    # Node 0's launcher lost its only worker (it ends then, failed); node 1's finished the job.
+    assert sorted(rc for rc, _ in outs) == [0, 1], "\n".join(out for _, out in outs)
+    assert "elastic job on node 0 ended: 0 worker(s) finished, 1 lost" in "".join(out for _, out in outs)
+    events, accepted, done = check(log, data, 48, 1)
+    assert sorted(events) == ["node0-slot0-0", "node1-slot0-0"] and len(done) == 1
+    assert [ev["rank"] for ev in events["node1-slot0-0"] if ev["ev"] == "reset"] == [0]  # the new rank 0
+    again = launch(9, log, data, nproc=1, node=None, launcher=["--nnodes", "2"], etcd=cluster.endpoints, epochs=1)
+    (rc, out), = finish([again], time.monotonic() + 60)
+    assert rc != 0 and "holds a job that already finished: give this job another id (--rdzv-id)" in out, out
+
+
+def test_launcher_refuses_what_etcd_cannot_do(cluster, tmp_path):
     script = tmp_path / "w.py"
     script.write_text(LAUNCHED)
     base = [sys.executable, "-m", "pybridge.launch", "--rdzv-backend", "etcd", "--rdzv-endpoint", cluster.endpoints]
-    for extra, words in ((["--elastic"], "--elastic over etcd is not there yet"),
-                         (["--nnodes", "2"], "needs --rdzv-id"),
+    for extra, words in ((["--nnodes", "2"], "needs --rdzv-id"),
                          (["--rdzv-conf", "password=x"], "put the password in PYBRIDGE_ETCD_PASSWORD")):
         p = subprocess.run([*base, *extra, str(script)], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert p.returncode != 0 and words in p.stderr, (extra, p.stderr)

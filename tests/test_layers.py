@@ -30,7 +30,7 @@ LAYERS = {
                                      "gossip_schedule hierarchical hook_thread local_sgd quantize quantized_average"),
     "ddp": (("algorithms", "comm", "observe", "base"), "attach dispatch join layout options reducer settings stats "
                                                        "wrapper"),
-    "runtime": (("comm", "observe", "base"), "checkpoint elastic membership preempt"),
+    "runtime": (("comm", "observe", "base"), "checkpoint elastic elastic_store membership preempt"),
     "recordio": (("comm", "observe", "base"), "__main__ batch checksum format index loader partition reader writer"),
     "federated": (("comm", "base"), "aggregate buffered fedprox integrity listener metrics modes protocol results "
                                     "roundloop rounds sampling server staleness strategies stream uplink worker "

@@ -9,6 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from pybridge.runtime import membership as mb
+from pybridge.runtime.elastic_store import TcpStore
 from pybridge.errors import Closed, CommError, MembershipChanged, Timeout
 from ranks import free_port
 
@@ -29,7 +30,7 @@ def port():
 
 def _member(port, mid, **kw):
     kw.setdefault("timeout", 5)
-    m = mb.Membership("127.0.0.1", port, member_id=mid, **kw)
+    m = mb.Membership(TcpStore("127.0.0.1", port), member_id=mid, **kw)
     _made.append(m)
     return m
 

@@ -19,6 +19,7 @@ from launcher import launch
 from listening import listening, wildcards
 from pybridge.base import netif
 from pybridge.runtime import membership as mb
+from pybridge.runtime.elastic_store import TcpStore
 from ranks import free_port, run_ranks
 
 SECRET = "outsiders-test-secret-0123456789abcdef"
@@ -138,7 +139,7 @@ def job(monkeypatch):
 
     def member(mid, **kw):
         kw.setdefault("timeout", 20)  # a bound only: the rounds take milliseconds
-        m = mb.Membership("127.0.0.1", port, member_id=mid, **kw)
+        m = mb.Membership(TcpStore("127.0.0.1", port), member_id=mid, **kw)
         made.append(m)
         return m
     member.port = port

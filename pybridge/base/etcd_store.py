@@ -225,6 +225,8 @@ def _client_class():
         return isinstance(status, int) and status >= 500
 
     class _Client(etcd.Client):
+        last_good = {}  # endpoints -> the member that last answered a request of this process
+
         def __init__(self, s, timeout):
             self.settings = s
             self.patience = float(timeout)
@@ -234,7 +236,10 @@ def _client_class():
             super().__init__(host=tuple(s.endpoints), protocol=s.protocol, allow_reconnect=True, use_proxies=True,
                              read_timeout=min(REQUEST_SECONDS, self.patience), cert=cert, ca_cert=s.cacert,
                              username=s.user, password=s.password)
-            self._base_uri = self._urls[0]  # python-etcd's own would lack an IPv6 address's brackets
+            # The member that answered this process last (python-etcd's own first choice would
+            # lack an IPv6 address's brackets): a new client (each elastic world makes some)
+            # does not wait again on a member found dead.
+            self._base_uri = _Client.last_good.get(tuple(self._urls), self._urls[0])
             # urllib3 would retry a timed-out PUT on the same member three times: one try
             # per member, then the next member.
             self.http.connection_pool_kw["retries"] = urllib3.Retry(total=None, connect=0, read=0, status=0,
@@ -255,8 +260,11 @@ def _client_class():
             self._errors = {}
             while True:
                 self._failed = 0
+                self._base_uri = _Client.last_good.get(tuple(self._urls), self._base_uri)  # another client's luck
                 try:
-                    return super().api_execute(path, method, params=params, timeout=timeout)
+                    answer = super().api_execute(path, method, params=params, timeout=timeout)
+                    _Client.last_good[tuple(self._urls)] = self._base_uri
+                    return answer
                 except etcd.EtcdException as exc:
                     if not transient(exc):
                         raise

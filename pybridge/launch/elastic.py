@@ -2,8 +2,10 @@
 not end the others (docs/elastic.md).
 
 torchrun's agent stops every worker when one fails and restarts them all; here the launcher
-only watches. The launcher of node 0 hosts the rendezvous store, so the store outlives every
-worker, rank 0 included (the job ends if that launcher dies). When a worker exits, its
+only watches. The job's store is etcd with --rdzv-backend etcd (no launcher is special: any
+node may die, and a node that comes back joins by the same command), else a TCPStore that
+the launcher of node 0 hosts, so the store outlives every worker, rank 0 included (the job
+ends if that launcher dies). When a worker exits, its
 launcher marks it dead in the store at once (the survivors' next world need not wait for
 its heartbeat to go stale), optionally starts a replacement in its slot (a joiner, admitted
 at the survivors' next commit), and stops the job with a clear message when too few workers
@@ -21,6 +23,7 @@ import torch.distributed as dist
 from ..base import netif
 from ..base import sealed_store as _sealed
 from ..base import secret as _secret
+from ..errors import InvalidArgument
 from ..runtime import membership
 from .exits import PROG, signal_exit
 
@@ -32,20 +35,32 @@ def _how(code):
 class Supervisor:
     """The workers of this node: one slot per local rank, each run by one process at a time."""
 
-    def __init__(self, command, *, nproc, node_rank, nnodes, store_addr, min_world, max_world, replace,
+    def __init__(self, command, *, nproc, node_rank, nnodes, where, min_world, max_world, replace,
                  monitor_interval, shutdown_timeout, hosting):
         self.command = command
         self.nproc, self.node_rank, self.nnodes = nproc, node_rank, nnodes
-        self.host, self.port = store_addr
+        self.where = where  # runtime/elastic_store.py: TcpStore or EtcdStore
         self.min_world, self.max_world = min_world, max_world
         self.replacements = replace
         self.interval, self.shutdown_timeout = monitor_interval, shutdown_timeout
-        # Node 0's launcher listens on the store's address only (loopback for a single-node
-        # job), and every value the job keeps there is sealed with the job secret.
-        fd = netif.listener(self.host, self.port).detach() if hosting else None
-        raw = dist.TCPStore(self.host, self.port, None, hosting, datetime.timedelta(seconds=60),
-                            wait_for_workers=False, multi_tenant=hosting, master_listen_fd=fd)
-        self.store = _sealed.protect(raw, _secret.job_secret())
+        if hosting:
+            # Node 0's launcher listens on the store's address only (loopback for a single-node
+            # job), and every value the job keeps there is sealed with the job secret.
+            fd = netif.listener(where.host, where.port).detach()
+            self._hosted = dist.TCPStore(where.host, where.port, None, True, datetime.timedelta(seconds=60),
+                                         wait_for_workers=False, multi_tenant=True, master_listen_fd=fd)
+            self.store = _sealed.protect(self._hosted, _secret.job_secret())
+        else:
+            self.store = where.connect(60)
+        if membership.finished(self.store):
+            raise InvalidArgument(f"{where.describe()} holds a job that already finished: give this job "
+                                  "another id (--rdzv-id)")
+        if node_rank is None:  # etcd, no --node-rank: numbered by arrival (a node that comes later joins)
+            self.node_rank = node_rank = int(self.store.add(f"{membership.PREFIX}launcher/nodes", 1)) - 1
+        # This launcher's incarnation on its node: a node that comes back (a replacement, by the
+        # same command) names its workers apart from the dead ones, which the others may still list.
+        n = int(self.store.add(f"{membership.PREFIX}launcher/node{node_rank}", 1))
+        self.name = f"node{node_rank}" + (f"r{n - 1}" if n > 1 else "")
         self.procs = {}  # slot -> (id, Popen)
         self.incarnation = {}
         self.finished, self.lost, self.replaced = [], [], []
@@ -54,12 +69,14 @@ class Supervisor:
     def _start(self, slot):
         k = self.incarnation.get(slot, -1) + 1
         self.incarnation[slot] = k
-        wid = f"node{self.node_rank}-slot{slot}-{k}"
+        wid = f"{self.name}-slot{slot}-{k}"
         env = dict(os.environ)
         env.update(RANK=str(self.node_rank * self.nproc + slot), LOCAL_RANK=str(slot),
                    WORLD_SIZE=str(self.nnodes * self.nproc), LOCAL_WORLD_SIZE=str(self.nproc),
-                   GROUP_RANK=str(self.node_rank), MASTER_ADDR=self.host, MASTER_PORT=str(self.port),
-                   PYBRIDGE_ELASTIC="1", PYBRIDGE_ELASTIC_ID=wid, PYBRIDGE_ELASTIC_MIN=str(self.min_world))
+                   GROUP_RANK=str(self.node_rank), PYBRIDGE_ELASTIC="1", PYBRIDGE_ELASTIC_ID=wid,
+                   PYBRIDGE_ELASTIC_MIN=str(self.min_world))
+        if hasattr(self.where, "port"):  # the TCPStore; etcd's settings are in the environment already
+            env.update(MASTER_ADDR=self.where.host, MASTER_PORT=str(self.where.port))
         # Not a restart of the job (the roster keys its entries by that count): each world
         # has keys of its own, and the id says which incarnation of the slot this is.
         env.pop("TORCHELASTIC_RESTART_COUNT", None)
@@ -73,8 +90,8 @@ class Supervisor:
     def run(self):
         for slot in range(self.nproc):
             self._start(slot)
-        print(f"{PROG}: elastic: {self.nproc} worker(s) on node {self.node_rank}; the store is at "
-              f"{self.host}:{self.port} (hosted by the launcher of node 0); min world {self.min_world}"
+        print(f"{PROG}: elastic: {self.nproc} worker(s) on node {self.node_rank}; the job's store is "
+              f"{self.where.describe()}; min world {self.min_world}"
               + (f", max {self.max_world}" if self.max_world else "")
               + (f", {self.replacements} replacement(s)" if self.replacements else ""),
               file=sys.stderr, flush=True)

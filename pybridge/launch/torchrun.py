@@ -69,7 +69,7 @@ from typing import Any, Callable, Optional, Sequence, Union, cast
 from .._version import __version__
 from ..base import jobenv, netif
 from ..base import secret as _secret
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, PyBridgeError
 from . import cpubind
 from .exits import PROG, REQUEUE, ExitClock, forward_signals, signal_exit
 
@@ -483,6 +483,7 @@ def worker_command(opts: argparse.Namespace) -> list[str]:
 def elastic_main(opts: argparse.Namespace) -> int:
     """--elastic: this launcher supervises its workers itself (launch_elastic.py)."""
     from .elastic import Supervisor  # imports torch.distributed: only for --elastic
+    from ..runtime import elastic_store
     if ":" in str(opts.nnodes):
         raise SystemExit(f"{PROG}: --elastic takes a fixed --nnodes (the first world); the world then "
                          "shrinks and grows between --min-world and --max-world")
@@ -491,30 +492,42 @@ def elastic_main(opts: argparse.Namespace) -> int:
         raise SystemExit(f"{PROG}: --min-world must be >= 1 and <= --max-world")
     if opts.replace < 0:
         raise SystemExit(f"{PROG}: --replace must be >= 0")
-    endpoint = _endpoint(opts)
-    node_rank = opts.node_rank or 0
-    if nnodes > 1 and (endpoint is None or opts.node_rank is None):
-        raise SystemExit(f"{PROG}: an elastic multi-node job needs --rdzv-endpoint HOST:PORT (node 0's "
-                         "address, where its launcher hosts the store) and --node-rank")
-    if endpoint is None:
-        endpoint = ("127.0.0.1", netif.free_port())
-    elif node_rank == 0:
-        _check_port_free(*endpoint)
+    node_rank: Optional[int] = opts.node_rank or 0
+    endpoint: Optional[tuple[str, int]] = None
+    where: Union[elastic_store.TcpStore, elastic_store.EtcdStore]
+    if _etcd(opts):  # no launcher hosts anything; without --node-rank, nodes are numbered in etcd
+        node_rank = opts.node_rank if nnodes > 1 else 0
+        where = elastic_store.from_environment()
+    else:
+        endpoint = _endpoint(opts)
+        if nnodes > 1 and (endpoint is None or opts.node_rank is None):
+            raise SystemExit(f"{PROG}: an elastic multi-node job needs --rdzv-endpoint HOST:PORT (node 0's "
+                             "address, where its launcher hosts the store) and --node-rank, or --rdzv-backend etcd")
+        if endpoint is None:
+            endpoint = ("127.0.0.1", netif.free_port())
+        elif node_rank == 0:
+            _check_port_free(*endpoint)
+        where = elastic_store.TcpStore(*endpoint)
     command = worker_command(opts)
     gpus = _gpu_count()
     nproc = _nproc(opts.nproc_per_node, gpus)
     _worker_settings(opts, gpus, nproc)
     _observe_settings(opts)
     try:
-        sup = Supervisor(command, nproc=nproc, node_rank=node_rank, nnodes=nnodes, store_addr=endpoint,
+        sup = Supervisor(command, nproc=nproc, node_rank=node_rank, nnodes=nnodes, where=where,
                          min_world=opts.min_world, max_world=opts.max_world, replace=opts.replace,
                          monitor_interval=opts.monitor_interval, shutdown_timeout=opts.shutdown_timeout,
-                         hosting=node_rank == 0)
+                         hosting=node_rank == 0 and not _etcd(opts))
     except OSError as exc:
-        raise SystemExit(f"{PROG}: cannot host the elastic store at {endpoint[0]}:{endpoint[1]}: "
+        at = f"{endpoint[0]}:{endpoint[1]}" if endpoint else "?"
+        raise SystemExit(f"{PROG}: cannot host the elastic store at {at}: "
                          f"{exc.strerror or exc} (--rdzv-endpoint must name an address of node 0)") from None
+    except PyBridgeError as exc:  # etcd unreachable, or the id of a job that already finished
+        raise SystemExit(f"{PROG}: elastic: {exc}") from None
     try:
         status: int = sup.run()
+        if nnodes == 1 and isinstance(where, elastic_store.EtcdStore):
+            where.remove()  # the job's keys: nobody else will read them (on several nodes, docs/elastic.md)
         return status
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
@@ -755,9 +768,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise SystemExit(f"{PROG}: --max-restarts must be >= 0")
     job_secret(_max_nodes(opts) > 1)
     if _etcd(opts):
-        if opts.elastic:
-            raise SystemExit(f"{PROG}: --elastic over etcd is not there yet: the elastic membership still lives in "
-                             "node 0's launcher (docs/elastic.md)")
         etcd_settings(opts)
     elif opts.rdzv_conf:
         raise SystemExit(f"{PROG}: --rdzv-conf is for --rdzv-backend etcd")

@@ -20,23 +20,20 @@ commit, a file checkpoint and what a joiner receives are one format, loaded by o
 function (checkpoint.apply); only sync() serializes it.
 """
 
-import datetime
 import functools
 import os
 import time
 from typing import Any, Callable, Mapping, Optional, TypeVar, Union, cast
 
 import torch
-import torch.distributed as dist
 
 from . import checkpoint
-from ..base import secret as _secret
-from ..base import sealed_store as _sealed
 from ..comm import cancel as _cancel
 from ..comm import collectives
 from ..comm import group as _group
 from ..comm import world as _world
 from .. import observe as _observe
+from . import elastic_store as _elastic_store
 from . import membership as _membership
 from ..comm import sockets as _sockets
 from ..errors import InvalidArgument, MembershipChanged, NotInitialized
@@ -62,23 +59,31 @@ class _Session:
         self.group: Optional[_group.Group] = None
         self.last_change: Optional[BaseException] = None  # the MembershipChanged of the latest reset
         self._kept: list[Any] = []  # the backends of the worlds left (see leave)
+        membership.on_lost = self._neighbour_lost
 
     def start(self, world: _membership.World) -> _group.Group:
         """The process group of `world` (a generation), over the store's keys for it."""
-        host, port = self.membership.address
         s = self.settings
-        client = dist.TCPStore(  # type: ignore[attr-defined]  # (not in torch.distributed's __all__)
-            host, port, None, False, datetime.timedelta(seconds=s["timeout"]), wait_for_workers=False)
+        where = self.membership.where
         # sealed with the job secret where there is one: the world's roster and gloo's
         # address exchange cannot be read or redirected by an outsider
-        store = _sealed.protect(client, _secret.job_secret(), f"{_membership.PREFIX}g{world.generation}/pg/")
-        _world.loopback_gloo(host)
+        store = where.connect(s["timeout"], f"{_membership.PREFIX}g{world.generation}/pg/")
+        if where.gloo_host is not None:
+            _world.loopback_gloo(where.gloo_host)
         g: _group.Group = _world.init(backend=s["backend"], rank=world.rank, world_size=world.size,
                                       local_rank=s["local_rank"], timeout=s["timeout"], store=store,
                                       checked=s["checked"], watchdog=s["watchdog"])
         g.elastic = self
         self.world, self.group = world, g
         return g
+
+    def _neighbour_lost(self, world: _membership.World, member: Optional[dict[str, Any]], reason: str) -> None:
+        """The heartbeat thread saw a member of `world` go silent (or was told: member None):
+        the world's connections are shut down, so that its calls fail now (and agree on the
+        next world) instead of waiting out their timeout for a peer that will never answer."""
+        g = self.group
+        if g is not None and not g.closed and self.world is world:
+            _sockets.shut_down(g.sockets)
 
     def failed(self, err: BaseException) -> MembershipChanged:
         """A collective of the current world failed: leave it and agree on the next one."""
@@ -123,9 +128,10 @@ def init(*, backend: str = "auto", timeout: Optional[float] = None, min_size: Op
          member_id: Optional[str] = None) -> _group.Group:
     """Join an elastic job and return the world group (pybridge.init's elastic twin).
 
-    The store comes from pybridge-launch --elastic (MASTER_ADDR:MASTER_PORT, hosted by the
-    launcher of node 0, so it outlives every worker) or `store_addr` ("host:port" of a
-    TCPStore someone hosts). WORLD_SIZE is the first world's size (a process that comes later
+    The store comes from pybridge-launch --elastic: etcd with --rdzv-backend etcd
+    (PYBRIDGE_RDZV_BACKEND, _ENDPOINT, _ID: no process of the job holds it, so any node may
+    die), else MASTER_ADDR:MASTER_PORT, hosted by the launcher of node 0 (it outlives every
+    worker); or `store_addr` ("host:port" of a TCPStore someone hosts). WORLD_SIZE is the first world's size (a process that comes later
     joins the running job at its next commit), RANK this process's place in it.
     timeout: bounds every collective (a stopped peer is lost after it); lost_after: seconds
     without a heartbeat before a member counts as lost; min_size / max_size: the world sizes
@@ -138,18 +144,12 @@ def init(*, backend: str = "auto", timeout: Optional[float] = None, min_size: Op
     if _session is not None:
         _session.membership.close()  # a world left with finalize(): this process joins anew
     env = os.environ
-    if store_addr is None:
-        if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
-            raise InvalidArgument("an elastic job needs the launcher's store: run under pybridge-launch "
-                                  "--elastic (MASTER_ADDR, MASTER_PORT) or give the store's address (host:port)")
-        store_addr = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
-    host, _, port_text = str(store_addr).rpartition(":")
-    port = _port(port_text, store_addr)
+    where = _elastic_store.from_environment(store_addr)
     timeout = float(timeout if timeout is not None else env.get("PYBRIDGE_TIMEOUT") or _world.DEFAULT_TIMEOUT)
     settings = {"backend": backend, "timeout": timeout, "checked": checked, "watchdog": watchdog,
                 "local_rank": _world.env_int("LOCAL_RANK")}
     m = _membership.Membership(
-        host, port, member_id=member_id or env.get("PYBRIDGE_ELASTIC_ID") or None, want=_world.env_int("RANK"),
+        where, member_id=member_id or env.get("PYBRIDGE_ELASTIC_ID") or None, want=_world.env_int("RANK"),
         initial=_world.env_int("WORLD_SIZE") or 1,
         min_size=min_size or _world.env_int("PYBRIDGE_ELASTIC_MIN") or 1,
         max_size=max_size or _world.env_int("PYBRIDGE_ELASTIC_MAX"),
@@ -158,16 +158,6 @@ def init(*, backend: str = "auto", timeout: Optional[float] = None, min_size: Op
     _session = _Session(m, settings)
     with _cancel.joining():  # pb_init_abort (Go: ElasticInit's context) ends it
         return _session.start(m.first_world())
-
-
-def _port(text: str, whole: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 < port < 65536:
-        raise InvalidArgument(f"elastic store address {whole!r}: expected host:port")
-    return port
 
 
 @_observe.recorded("elastic.reset", "elastic")

@@ -1,5 +1,6 @@
 """Who is in an elastic job: numbered worlds ("generations") agreed on in rounds over a store
-that outlives every worker (hosted by pybridge-launch --elastic, see docs/elastic.md).
+that outlives every worker (etcd, or the TCPStore of pybridge-launch --elastic on node 0:
+elastic_store.py, docs/elastic.md).
 
 Every process has an id (the launcher's PYBRIDGE_ELASTIC_ID, else host:pid) and beats a
 heartbeat counter in the store. A round forms generation n: each process that wants to be
@@ -19,7 +20,15 @@ joiner would.
 
 Keys, under pybridge/elastic/: gen (the newest generation, 0 before the first), hb/<id> (a
 beat count), dead/<id> (json: the generation it was marked in and why), done, g<n>/count (a
-counter), g<n>/cand/<k> (json), g<n>/members (json, rank order).
+counter), g<n>/cand/<k> (json), g<n>/members (json, rank order), g<n>/broken (why world n
+was given up: a member's heartbeat stood still, seen by its neighbour), launcher/... (the
+launchers' numbers, pybridge-launch --elastic).
+
+Each member's heartbeat thread also watches the next rank's beat (one read a beat, so each
+member is watched by one other) and reads g<n>/broken: a member lost with its whole node
+(no launcher left to mark it dead; a cut link answers nothing, so calls would wait out their
+timeout) is marked dead by its watcher after `lost_after`, and every member shuts its
+connections of that world at its next beat, so the next world forms in about `lost_after`.
 
 With a job secret (PYBRIDGE_SECRET, base/secret.py) every value is sealed: one that does not
 open with the secret is ignored, with a warning naming the key, and only counters are plain
@@ -31,7 +40,6 @@ ever a process that is alive and registers again.
 """
 
 import atexit
-import datetime
 import functools
 import json
 import os
@@ -40,11 +48,7 @@ import threading
 import time
 import warnings
 
-import torch.distributed as dist
-
-from ..base import netif
-from ..base import sealed_store as _sealed
-from ..base import secret as _secret
+from . import elastic_store as _elastic_store
 from ..comm import cancel as _cancel
 from ..errors import (Closed, CommError, CorruptData, InvalidArgument, MembershipChanged, PyBridgeError, Timeout,
                       classify)
@@ -58,12 +62,8 @@ MAX_WANT = 1 << 20  # a wanted rank at or above it is absurd
 
 
 def connect(host, port, timeout=60.0):
-    """A client of the job's elastic store, sealed with the job secret when there is one."""
-    client = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout), wait_for_workers=False)
-    key = _secret.job_secret()
-    if key is None and not netif.is_loopback(host):
-        _secret.warn_unprotected(f"the elastic store at {host}:{port}")
-    return _sealed.protect(client, key)
+    """A client of the job's elastic TCPStore, sealed with the job secret when there is one."""
+    return _elastic_store.TcpStore(host, port).connect(timeout)
 
 
 def _ignored(key, why):
@@ -206,9 +206,8 @@ def _store_calls(method):
         except PyBridgeError:
             raise
         except (RuntimeError, OSError, TimeoutError) as exc:  # torch's store errors
-            host, port = self.address
-            raise CommError(f"elastic: the store at {host}:{port} (hosted by pybridge-launch --elastic on "
-                            f"node 0) stopped answering ({classify(exc)}): the job cannot go on without it") from exc
+            raise CommError(f"elastic: {self.where.describe()} stopped answering ({classify(exc)}): the job "
+                            "cannot go on without it") from exc
     return wrapper
 
 
@@ -216,11 +215,11 @@ class Membership:
     """This process's side of the rounds, over its own connection to the store (a TCPStore
     client serializes its calls: heartbeats must not wait behind a blocking get)."""
 
-    def __init__(self, host, port, *, member_id=None, want=None, initial=1, min_size=1, max_size=None,
+    def __init__(self, where, *, member_id=None, want=None, initial=1, min_size=1, max_size=None,
                  lost_after=10.0, timeout=300.0):
         if min_size < 1 or (max_size is not None and max_size < min_size):
             raise InvalidArgument(f"elastic world sizes: min {min_size} must be >= 1 and <= max {max_size}")
-        self.address = (host, port)
+        self.where = where  # elastic_store.TcpStore or EtcdStore
         self.id = member_id or f"{socket.gethostname()}:{os.getpid()}"
         self.me = {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(), "machine": _machine(),
                    "want": want}
@@ -234,6 +233,9 @@ class Membership:
         self._failed = {}  # generation -> the MembershipChanged it ended with here
         self._changing = threading.Lock()  # two threads failing at once agree once
         self.world = None
+        self.on_lost = None  # called (member, reason) from the heartbeat thread: see _watch_neighbour
+        self._watch = None  # (generation, id) watched, its last count, when it last moved
+        self._finished = False
         self._stopped = threading.Event()
         self._beat_store = self._connect()
         self._beat_count = 1
@@ -245,14 +247,12 @@ class Membership:
         atexit.register(self.close)
 
     def _connect(self):
-        host, port = self.address
         try:
-            return connect(host, port, min(self.timeout, 60))
+            return self.where.connect(min(self.timeout, 60))
         except PyBridgeError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise Timeout(f"elastic: the rendezvous store at {host}:{port} (hosted by pybridge-launch "
-                          f"--elastic on node 0) did not answer: {classify(exc)}") from exc
+            raise Timeout(f"elastic: {self.where.describe()} did not answer: {classify(exc)}") from exc
 
     @staticmethod
     def _key(name):
@@ -266,18 +266,61 @@ class Membership:
                 # member nor replay an older beat as a new one
                 self._beat_count += 1
                 self._beat_store.set(key, str(self._beat_count))
+                self._watch_neighbour()
             except Exception:  # noqa: BLE001 - the store is gone: every round will say so
                 if self._stopped.wait(1.0):
                     return
+
+    def _watch_neighbour(self):
+        """Rank r watches rank r+1's heartbeat, so every member is watched by one other at the
+        cost of one read a beat. A node lost whole leaves no launcher to mark its workers dead,
+        and a collective with one of them would wait out its timeout (a cut link answers
+        nothing): once the count stood still for lost_after, the watcher marks it dead and
+        on_lost ends the world's calls at once (the elastic session shuts its connections)."""
+        world = self.world
+        if world is None or world.size < 2 or world.generation in self._failed or self._finished:
+            return
+        broken = self._key(f"g{world.generation}/broken")
+        why = _read(self._beat_store, broken)
+        if why is not None:  # another member's watcher found its neighbour lost: leave the world too
+            if self.on_lost is not None:
+                self.on_lost(world, None, bytes(why).decode(errors="replace"))
+            return
+        m = world.members[(world.rank + 1) % world.size]
+        hb = _int(self._beat_store, self._key(f"hb/{m['id']}")) or 0
+        now, watched = time.monotonic(), (world.generation, m["id"])
+        if self._watch is None or self._watch[0] != watched or hb > self._watch[1]:
+            self._watch = (watched, hb, now)
+            return
+        stood = now - self._watch[2]
+        if stood < self.lost_after:
+            return
+        reason = f"no heartbeat for {stood:.1f} s, seen by its neighbour {self.id} (lost with its node, stopped or cut off)"
+        self._watch = (watched, float("inf"), now)  # marked once
+        mark_dead(self._beat_store, m["id"], reason)
+        # One key the other members' heartbeats read: their calls waiting on other peers end too.
+        self._beat_store.set(broken, f"{describe(m)} lost: {reason}")
+        if self.on_lost is not None:
+            self.on_lost(world, m, reason)
 
     def close(self):
         self._stopped.set()
         self._thread.join(HEARTBEAT + 2.0)  # not for ever: the store may be gone
 
-    @_store_calls
     def finish(self):
         """The training finished (elastic.run returned): a process that comes later has
-        nothing to join, and the launcher starts no replacement."""
+        nothing to join, and the launcher starts no replacement. A store that cannot take the
+        mark (etcd without a quorum) is named in a warning, not an error: the training is
+        done and nothing of it depends on the mark."""
+        self._finished = True  # no more watching: the members leave as they please now
+        try:
+            self._finish()
+        except PyBridgeError as exc:
+            warnings.warn(f"elastic: the training finished, but the job could not be marked finished: {exc}",
+                          stacklevel=2)
+
+    @_store_calls
+    def _finish(self):
         self.store.set(self._key("done"), str(self.world.generation if self.world else 0))
 
     def _check_not_done(self):

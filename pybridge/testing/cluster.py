@@ -155,6 +155,15 @@ class Node:
             out.update(self.budget.report())
         return out
 
+    def unplug(self):
+        """Take the node's link down, as a machine that lost power or its switch port: its
+        peers' packets go nowhere and nothing answers them (no connection reset)."""
+        _ip("-n", self.ns, "link", "set", "eth0", "down")
+
+    def plug(self):
+        """Bring the node's link back up (a replacement machine in the same place)."""
+        _ip("-n", self.ns, "link", "set", "eth0", "up")
+
     def kill(self):
         """Kill every process in this node, at once (a node lost): those started here and
         any they started in sessions of their own (torchrun's workers), found by namespace."""

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -74,50 +75,70 @@ def _free_ports(n, pick=None):
 
 
 class Member:
-    def __init__(self, name, client_port, peer_port, data_dir):
+    def __init__(self, name, client_port, peer_port, data_dir, node=None):
         self.name, self.client_port, self.peer_port, self.data_dir = name, client_port, peer_port, data_dir
+        self.node = node  # a testing.cluster Node it runs in, or None: this machine's loopback
+        self.host = node.address if node is not None else "127.0.0.1"
         self.proc = None
         self.log = os.path.join(data_dir + ".log")
 
     @property
     def endpoint(self):
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
 
 
-class EtcdCluster:
-    """n etcd members on loopback. `extra`: more etcd flags for every member (TLS); `scheme`
-    of the client URLs ("https" with TLS flags); `pick_port()`: a free port (see _free_ports)."""
+# Exits 0 when the member at argv[1] says it is healthy (run inside a node's namespace).
+_HEALTHY = """import sys, urllib.request
+try:
+    sys.exit(0 if b'"true"' in urllib.request.urlopen(sys.argv[1], timeout=1).read() else 1)
+except OSError:
+    sys.exit(1)
+"""
 
-    def __init__(self, n=3, *, extra=(), scheme="http", heartbeat_ms=50, election_ms=500, pick_port=None):
+
+class EtcdCluster:
+    """n etcd members on loopback, or one in each of `nodes` (testing.cluster Nodes: the
+    member listens on the node's address, ports 2379 and 2380, and dies with the node).
+    `extra`: more etcd flags for every member (TLS); `scheme` of the client URLs ("https"
+    with TLS flags); `pick_port()`: a free port (see _free_ports)."""
+
+    def __init__(self, n=3, *, extra=(), scheme="http", heartbeat_ms=50, election_ms=500, pick_port=None,
+                 nodes=None):
         path, why = binary()
         if path is None:
             raise EtcdError(why)
         self.binary = path
         self.scheme = scheme
         self.dir = tempfile.mkdtemp(prefix="pybridge-etcd-")
-        ports = _free_ports(2 * n, pick_port)
-        self.members = [Member(f"m{i}", ports[2 * i], ports[2 * i + 1], os.path.join(self.dir, f"m{i}"))
+        if nodes is not None:  # a namespace each: the usual ports are free there
+            n, ports = len(nodes), [2379, 2380] * len(nodes)
+        else:
+            nodes, ports = [None] * n, _free_ports(2 * n, pick_port)
+        self.members = [Member(f"m{i}", ports[2 * i], ports[2 * i + 1], os.path.join(self.dir, f"m{i}"), nodes[i])
                         for i in range(n)]
-        cluster = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.members)
-        token = f"pybridge-{os.getpid()}-{ports[0]}"
+        cluster = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in self.members)
+        token = f"pybridge-{os.getpid()}-{ports[0]}-{os.path.basename(self.dir)}"
         try:
             for m in self.members:
-                client = f"{scheme}://127.0.0.1:{m.client_port}"
+                client = f"{scheme}://{m.host}:{m.client_port}"
                 cmd = [path, "--name", m.name, "--data-dir", m.data_dir,
                        "--listen-client-urls", client, "--advertise-client-urls", client,
-                       "--listen-peer-urls", f"http://127.0.0.1:{m.peer_port}",
-                       "--initial-advertise-peer-urls", f"http://127.0.0.1:{m.peer_port}",
+                       "--listen-peer-urls", f"http://{m.host}:{m.peer_port}",
+                       "--initial-advertise-peer-urls", f"http://{m.host}:{m.peer_port}",
                        "--initial-cluster", cluster, "--initial-cluster-token", token,
                        "--initial-cluster-state", "new", "--enable-v2",
                        "--heartbeat-interval", str(heartbeat_ms), "--election-timeout", str(election_ms),
                        "--log-level", "warn", *extra]
                 with open(m.log, "wb") as log:
-                    m.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True)
+                    if m.node is not None:
+                        m.proc = m.node.popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                    else:
+                        m.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL, start_new_session=True)
             self.wait_ready()
         except BaseException:
             self.close()
@@ -147,6 +168,11 @@ class EtcdCluster:
                         waiting.remove(m)
                     except OSError:
                         pass
+                    continue
+                if m.node is not None:  # its address is reachable from the nodes only
+                    if m.node.run([sys.executable, "-c", _HEALTHY, f"http://{m.endpoint}/health"],
+                                  timeout=10).returncode == 0:
+                        waiting.remove(m)
                     continue
                 try:
                     with urllib.request.urlopen(f"http://{m.endpoint}/health", timeout=1) as r:
