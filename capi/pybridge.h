@@ -868,6 +868,102 @@ int pb_averager_set_step(pb_averager *averager, int64_t step);
  * second pb_averager_close included, return PB_ERR_INVALID_ARGUMENT. */
 int pb_averager_close(pb_averager *averager);
 
+/* ---- DiLoCo and Streaming DiLoCo ------------------------------------------------- */
+/* Training across slow links (docs/diloco.md): each rank steps its own replica with its own
+ * inner optimizer and calls pb_diloco_step after each inner step. Every sync_every (H)
+ * steps a fragment of the model syncs: its pseudo-gradient (its weights at the last sync
+ * minus its weights now) is averaged over the group, sent as pb_diloco_options.quantization
+ * says, and an outer optimizer (SGD, Nesterov momentum by default: lr 0.7, momentum 0.9, the
+ * paper's) steps the last-sync weights with it; those become the fragment's weights on
+ * every rank, mixed with the local ones by alpha. Streaming DiLoCo: fragments > 1 sync in
+ * turn, one every H / fragments steps, each overlapping the `delay` (tau) inner steps after
+ * it. The schedule, the average and the outer step are pybridge.algorithms.diloco's, the
+ * same for Python, C and Go. Parameters are floating point, in host memory under gloo. */
+
+typedef struct pb_diloco pb_diloco; /* the last-sync weights, outer optimizers, the schedule */
+
+/* How pseudo-gradients travel (pb_diloco_options.quantization): an all_to_all of each rank's
+ * chunks, a float32 sum per chunk owner, an all_gather of the means (docs/diloco.md). */
+#define PB_QUANT_FP32 0 /* exact: 4 bytes an element */
+#define PB_QUANT_BF16 1 /* 2 bytes an element */
+#define PB_QUANT_FP8 2  /* e4m3 with a float32 scale per block: 1 byte + 4/block_size */
+#define PB_QUANT_INT8 3 /* symmetric, a scale per block: 1 byte + 4/block_size */
+#define PB_QUANT_INT4 4 /* symmetric, a scale per block, two a byte: 1/2 byte + 4/block_size */
+
+/* A DiLoCo's settings besides sync_every. Fill it with pb_diloco_options_init, then change
+ * what you need. Size-prefixed as pb_reducer_options: fields past the caller's `size` take
+ * their defaults; fields are only ever appended. */
+typedef struct pb_diloco_options {
+    uint32_t size;               /* sizeof(pb_diloco_options): set by pb_diloco_options_init */
+    int32_t fragments;           /* F >= 1 (default 1: plain DiLoCo), at most the tensor count, dividing
+                                    sync_every: the tensors, in order, cut into F runs of about
+                                    equal size; one syncs every sync_every / F steps */
+    int32_t delay;               /* tau, the inner steps a sync overlaps: 0 <= tau < sync_every / F
+                                    (default 0) */
+    double alpha;                /* in [0, 1] (default 0): after a sync a fragment's weights are
+                                    (1 - alpha) global + alpha local */
+    double outer_lr;             /* the outer SGD's learning rate, > 0 (default 0.7) */
+    double outer_momentum;       /* its momentum in [0, 1) (default 0.9) */
+    int32_t outer_nesterov;      /* 1 (default): Nesterov momentum (needs outer_momentum > 0); 0: plain */
+    int32_t quantization;        /* PB_QUANT_* (default PB_QUANT_FP32) */
+    int32_t block_size;          /* elements per scale of PB_QUANT_FP8, INT8 and INT4, >= 1 (default 128) */
+    int32_t error_feedback;      /* 1: keep what each rank's quantization lost and add it to its next
+                                    pseudo-gradient of that fragment (a lossy quantization only);
+                                    0 (default): no */
+} pb_diloco_options;
+
+/* Fill *options with the defaults above (size included). Sets every field. */
+static inline void pb_diloco_options_init(pb_diloco_options *options) {
+    options->size = (uint32_t)sizeof(pb_diloco_options);
+    options->fragments = 1;
+    options->delay = 0;
+    options->alpha = 0;
+    options->outer_lr = 0.7;
+    options->outer_momentum = 0.9;
+    options->outer_nesterov = 1;
+    options->quantization = PB_QUANT_FP32;
+    options->block_size = 128;
+    options->error_feedback = 0;
+}
+
+/* A DiLoCo over `group` for the model's `n` tensors `params` (floating point; raw memory or
+ * PB_TORCH_TENSOR handles), read during the call only: their values become the first
+ * last-sync weights and must be equal on every rank (broadcast them first, e.g.
+ * pb_broadcast_params). sync_every: H >= 1, inner steps between two syncs of a fragment;
+ * options: NULL for the defaults. Release with pb_diloco_close.
+ * COLLECTIVE: every rank creates it with the same tensor counts, dtypes, settings and
+ * weights; one small allgather compares them, and where they differ every rank gets
+ * PB_ERR_INVALID_ARGUMENT naming what differs. With delay > 0 it also makes the group its
+ * sync thread uses (a collective over `group`).
+ * Errors: PB_ERR_INVALID_ARGUMENT naming the bad value (NULL params with n > 0, n < 1, a
+ * non-float tensor, sync_every < 1, fragments < 1 or more than n or not dividing sync_every,
+ * delay out of range, alpha outside [0, 1], outer_lr <= 0, outer_momentum outside [0, 1),
+ * outer_nesterov with momentum 0, an unknown quantization, block_size < 1, error_feedback
+ * with PB_QUANT_FP32, a flag other than 0 or 1, a bad options size, settings or weights
+ * that differ across ranks), PB_ERR_NOT_INITIALIZED / PB_ERR_CLOSED for the group,
+ * PB_ERR_TIMEOUT, PB_ERR_COMM. */
+int pb_diloco_create(pb_group *group, int32_t n, const pb_tensor *params, int32_t sync_every,
+                     const pb_diloco_options *options, pb_diloco **out);
+
+/* One inner step, after the inner optimizer's update of `params` (the same n tensors, in the
+ * order and of the sizes given at creation; read and written during the call only): count it,
+ * then start, finish and apply the syncs the schedule puts here (writing the synced fragment's
+ * weights into params). *synced (may be NULL) receives 1 when a sync was applied, else 0.
+ * COLLECTIVE at sync steps: every rank calls pb_diloco_step the same number of times. With
+ * delay > 0 a sync travels on the DiLoCo's own thread and group while the next inner steps run.
+ * Errors: PB_ERR_INVALID_ARGUMENT (another count or size of tensors, NULL params),
+ * PB_ERR_TIMEOUT, PB_ERR_COMM (a sync failed; nothing was applied), PB_ERR_CANCELED. */
+int pb_diloco_step(pb_diloco *diloco, int32_t n, const pb_tensor *params, int32_t *synced);
+
+/* What the DiLoCo did so far: inner steps counted, syncs applied and the bytes this rank
+ * sent for them. Any out-pointer may be NULL. */
+int pb_diloco_counts(pb_diloco *diloco, int64_t *steps, int64_t *syncs, int64_t *bytes_sent);
+
+/* Release the DiLoCo: stop its sync thread and free its group (a sync under way is dropped).
+ * Later calls on the handle, a second pb_diloco_close included, return
+ * PB_ERR_INVALID_ARGUMENT. */
+int pb_diloco_close(pb_diloco *diloco);
+
 /* ---- Training state (checkpoints) ---------------------------------------------- */
 /* A checkpoint is one file, directory/step-NNNNNNNNNNNN.pt (the step in 12 digits; format:
  * docs/checkpoint.md, readable by pybridge.runtime.checkpoint in Python), written atomically: a

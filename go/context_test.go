@@ -129,6 +129,11 @@ func startNothing(done context.Context, g *pybridge.Group) error {
 		return err
 	}
 	defer red.Close()
+	dil, err := pybridge.NewDiLoCo(g, [][]float32{data}, 1) // a collective
+	if err != nil {
+		return err
+	}
+	defer dil.Close()
 	if g.Rank() == 0 {
 		return nil
 	}
@@ -184,6 +189,8 @@ func startNothing(done context.Context, g *pybridge.Group) error {
 		"Reducer.WaitContext":            red.WaitContext(done),
 		"NewHierarchicalAveragerContext": two(pybridge.NewHierarchicalAveragerContext[float32](done, g, []pybridge.AverageLevel{{1, 2}})),
 		"Averager.StepContext":           two(avg.StepContext(done, [][]float32{data})),
+		"NewDiLoCoContext":               two(pybridge.NewDiLoCoContext(done, g, [][]float32{data}, 1)),
+		"DiLoCo.StepContext":             two(dil.StepContext(done, [][]float32{data})),
 		"OpenLoaderContext":              two(pybridge.OpenLoaderContext(done, g, files, 2, pybridge.WithPartition(pybridge.DynamicPartition))),
 		"Checkpoint.SaveContext":         ck.SaveContext(done, 1),
 		"Checkpoint.RestoreContext":      three(ck.RestoreContext(done)),
@@ -432,6 +439,30 @@ func contextCases() []ctxCase {
 			call: func(ctx context.Context, _ *pybridge.Group, a any) error {
 				defer a.(*pybridge.Averager[float32]).Close()
 				return second(a.(*pybridge.Averager[float32]).StepContext(ctx, [][]float32{data()}))
+			}},
+		collective("NewDiLoCoContext", func(ctx context.Context, sub *pybridge.Group) error {
+			return second(pybridge.NewDiLoCoContext(ctx, sub, [][]float32{data()}, 1))
+		}),
+		// A sync every step: the first step's average waits for the peer.
+		{name: "DiLoCo.StepContext", block: 1, aborts: true,
+			setup: func(sub *pybridge.Group) (any, error) { return pybridge.NewDiLoCo(sub, [][]float32{data()}, 1) },
+			call: func(ctx context.Context, _ *pybridge.Group, d any) error {
+				defer d.(*pybridge.DiLoCo[float32]).Close()
+				return second(d.(*pybridge.DiLoCo[float32]).StepContext(ctx, [][]float32{data()}))
+			}},
+		// Streaming: the sync started at step 1 travels on the DiLoCo's thread and group (a
+		// subgroup of sub, aborted with it); step 2 waits for it.
+		{name: "DiLoCo.StepContext (delay)", block: 1, aborts: true,
+			setup: func(sub *pybridge.Group) (any, error) {
+				return pybridge.NewDiLoCo(sub, [][]float32{data()}, 2, pybridge.WithDelay(1))
+			},
+			call: func(ctx context.Context, _ *pybridge.Group, d any) error {
+				dl := d.(*pybridge.DiLoCo[float32])
+				defer dl.Close()
+				if synced, err := dl.Step([][]float32{data()}); err != nil || synced {
+					return fmt.Errorf("step 1 (the sync starts on the thread): %v, %v", synced, err)
+				}
+				return second(dl.StepContext(ctx, [][]float32{data()}))
 			}},
 		// The worker waits for a task that never comes.
 		{name: "FedWorker.NextContext", block: 1, aborts: true, setup: fed,

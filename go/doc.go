@@ -79,8 +79,8 @@
 // OpenLoader(g, files, 32, WithShuffle(1)), NewCheckpoint(g, dir, WithLoader(l)),
 // NewAverager[float32](g, 8, WithWarmupSteps(100)), NewFedServer[float32](g,
 // WithFedMode(FedBuff)). Where the C ABI takes an options struct, the options fill
-// it after its C *_init function (pb_reducer_options_init, pb_fed_options_init), the
-// one source of the defaults; elsewhere an option not given reaches the library as
+// it after its C *_init function (pb_reducer_options_init, pb_diloco_options_init,
+// pb_fed_options_init), the one source of the defaults; elsewhere an option not given reaches the library as
 // "not given" and the library decides. WithBackend and WithTimeout are WorldOptions,
 // which Init and ElasticInit both take; WithElasticStore is ElasticInit's alone.
 //
@@ -102,7 +102,7 @@
 //     rank fail (ErrComm); an NCCL communicator is aborted. The group and its subgroups
 //     are of no further use: every later call on them returns ErrClosed saying they were
 //     aborted; close them (the world: Close, and Init again). The group is the one the
-//     call takes; a Reducer's, Averager's, FedServer's and FedWorker's is the group it
+//     call takes; a Reducer's, Averager's, DiLoCo's, FedServer's and FedWorker's is the group it
 //     was made on, a Checkpoint's and ElasticState's the Checkpoint's.
 //   - InitContext, ElasticInitContext and ElasticState.ResetContext have no group yet
 //     while they wait for the store and their peers: an ended context ends that wait

@@ -200,6 +200,10 @@ var goNames = map[string]string{
 	"pb_fed_worker_fail":        "FedWorker.Fail",
 	"pb_observe_start":          "StartObserve",
 	"pb_job_env":                "FromLaunchEnv",
+	"pb_diloco_create":          "NewDiLoCo",
+	"pb_diloco_step":            "DiLoCo.Step",
+	"pb_diloco_close":           "DiLoCo.Close",
+	"pb_diloco_options":         "DiLoCoOption",
 	// handle types
 	"pb_group":      "Group",
 	"pb_buffer":     "Buffer",
@@ -210,6 +214,7 @@ var goNames = map[string]string{
 	"pb_state":      "ElasticState",
 	"pb_fed_server": "FedServer",
 	"pb_fed_worker": "FedWorker",
+	"pb_diloco":     "DiLoCo",
 	// element types: the Go types
 	"PB_FLOAT32":  "float32",
 	"PB_FLOAT64":  "float64",

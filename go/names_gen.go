@@ -37,6 +37,11 @@ var goConstants = map[string]string{
 	"PB_PARTITION_DYNAMIC":        "DynamicPartition",
 	"PB_PARTITION_STATIC":         "StaticPartition",
 	"PB_PRODUCT":                  "Product",
+	"PB_QUANT_BF16":               "QuantBF16",
+	"PB_QUANT_FP32":               "QuantFP32",
+	"PB_QUANT_FP8":                "QuantFP8",
+	"PB_QUANT_INT4":               "QuantInt4",
+	"PB_QUANT_INT8":               "QuantInt8",
 	"PB_SUM":                      "Sum",
 	"PB_TORCH_TENSOR":             "DTypeTorch",
 }

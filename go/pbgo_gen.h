@@ -407,6 +407,26 @@ static inline int pbgo_averager_close(pb_averager *averager, char **msg) {
 	return pbgo_status(pb_averager_close(averager), msg);
 }
 
+static inline int pbgo_diloco_create(pb_group *group, int32_t n, const pb_tensor *params,
+                                     int32_t sync_every, const pb_diloco_options *options,
+                                     pb_diloco **out, char **msg) {
+	return pbgo_status(pb_diloco_create(group, n, params, sync_every, options, out), msg);
+}
+
+static inline int pbgo_diloco_step(pb_diloco *diloco, int32_t n, const pb_tensor *params,
+                                   int32_t *synced, char **msg) {
+	return pbgo_status(pb_diloco_step(diloco, n, params, synced), msg);
+}
+
+static inline int pbgo_diloco_counts(pb_diloco *diloco, int64_t *steps, int64_t *syncs,
+                                     int64_t *bytes_sent, char **msg) {
+	return pbgo_status(pb_diloco_counts(diloco, steps, syncs, bytes_sent), msg);
+}
+
+static inline int pbgo_diloco_close(pb_diloco *diloco, char **msg) {
+	return pbgo_status(pb_diloco_close(diloco), msg);
+}
+
 static inline int pbgo_checkpoint_save(const char *directory, int64_t step, int32_t n,
                                        const char *const *names, const pb_tensor *tensors,
                                        pb_loader *loader, pb_reducer *reducer, int32_t keep,

@@ -59,12 +59,18 @@ func (c *reducerConfig) err(op string) error {
 	return newError(statusInvalidArgument, op, "%s", bad)
 }
 
-// int32Of converts an option's int for the C struct; a value that does not fit is
-// noted as the option's error (option names it, what the value).
+// int32Of converts an option's int for the C struct (see optionInt32).
 func (c *reducerConfig) int32Of(option, what string, v int) C.int32_t {
+	return optionInt32(&c.bad, option, what, v)
+}
+
+// optionInt32 converts an option's int for a C options struct; a value that does not fit
+// is noted in *bad, unless an earlier one is (option names it, what the value), for the
+// constructor to return as ErrInvalidArgument.
+func optionInt32(bad *string, option, what string, v int) C.int32_t {
 	if v < math.MinInt32 || v > math.MaxInt32 {
-		if c.bad == "" {
-			c.bad = fmt.Sprintf("%s: %s %d does not fit in 32 bits", option, what, v)
+		if *bad == "" {
+			*bad = fmt.Sprintf("%s: %s %d does not fit in 32 bits", option, what, v)
 		}
 		return 0
 	}

@@ -70,11 +70,16 @@ def run_two_ranks(exe, *args, timeout=90, env=None):
     """Run the C program `exe` as ranks 0 and 1 (`exe RANK PORT ARGS...`, a fresh port), with
     a bare environment (no PYBRIDGE_* or launcher variables) plus `env`; [(exit status,
     output)] by rank."""
+    return run_c_ranks(exe, 2, *args, timeout=timeout, env=env)
+
+
+def run_c_ranks(exe, world, *args, timeout=90, env=None):
+    """run_two_ranks for `world` ranks: `exe RANK PORT ARGS...` for each."""
     from ranks import free_port
     port = str(free_port())
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), **(env or {})}
     procs = [subprocess.Popen([str(exe), str(r), port, *map(str, args)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
+                              stderr=subprocess.STDOUT, text=True, env=env) for r in range(world)]
     outs = []
     try:
         for p in procs:

@@ -38,7 +38,7 @@ LAYERS = {
     "launch": (("runtime", "observe", "base"), "__main__ cpubind elastic exits lines rdzv torchrun"),
     "cbuild": ((), "cli gen library"),
     "capi": (("cbuild", "federated", "recordio", "runtime", "ddp", "algorithms", "comm", "observe", "base"),
-             "__main__ checkpoint core dlpack elastic fed_strategies federated groups libtorch local_sgd names "
+             "__main__ checkpoint core diloco dlpack elastic fed_strategies federated groups libtorch local_sgd names "
              "modules observe options recordio reducer"),
     "testing": ((), "cluster cpulimit etcd slurm"),
 }

@@ -35,7 +35,7 @@ import struct
 import torch
 
 from ..base import agree as _agree
-from ..base.checks import integer
+from ..base.checks import integer, positive_finite
 from ..comm import collectives
 from ..comm import world as _world
 from ..errors import InvalidArgument, InvalidState
@@ -49,6 +49,30 @@ OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9  # the DiLoCo paper's outer Nesterov SGD
 def nesterov_sgd(params, lr=OUTER_LR, momentum=OUTER_MOMENTUM):
     """The default outer optimizer: torch.optim.SGD with Nesterov momentum."""
     return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=True)
+
+
+def outer_sgd(lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True):
+    """An outer_optimizer: torch.optim.SGD with these settings, checked here (the C and Go
+    options reach the core through it), so a bad one reads the same from every front end."""
+    lr = positive_finite("outer_lr", lr)
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
+        raise InvalidArgument(f"outer_momentum must be a number in [0, 1), got {momentum!r}")
+    if not isinstance(nesterov, bool):
+        raise InvalidArgument(f"outer_nesterov must be true or false, got {nesterov!r}")
+    if nesterov and momentum == 0:
+        raise InvalidArgument("outer_nesterov needs outer_momentum > 0 (Nesterov momentum without momentum; "
+                              "turn outer_nesterov off for plain SGD)")
+    momentum = float(momentum)
+
+    def factory(params):
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=nesterov)
+    return factory
+
+
+def _outer_settings(opt):
+    """An outer optimizer's type and plain settings (lr, momentum, ...), for the ranks to compare."""
+    plain = {k: v for k, v in sorted(opt.defaults.items()) if isinstance(v, (bool, int, float, str))}
+    return [type(opt).__name__, plain]
 
 
 def model_tensors(params):
@@ -159,7 +183,7 @@ class DiLoCo:
                 "delay": self.schedule.delay, "alpha": self.alpha, "quantization": self.codec.name,
                 "block_size": self.codec.block, "error_feedback": self.error_feedback,
                 "shapes": [tuple(t.shape) for t in self.params],
-                "outer": [type(f.outer).__name__ for f in self.fragments]}
+                "outer": [_outer_settings(f.outer) for f in self.fragments]}
 
     def _agree(self, tensors):
         g = self.group
@@ -381,4 +405,4 @@ def _weights_signature(tensors):
     return int.from_bytes(h.digest(), "little")
 
 
-__all__ = ["DiLoCo", "nesterov_sgd", "model_tensors", "OUTER_LR", "OUTER_MOMENTUM"]
+__all__ = ["DiLoCo", "nesterov_sgd", "outer_sgd", "model_tensors", "OUTER_LR", "OUTER_MOMENTUM"]

@@ -42,7 +42,7 @@ WORDS = {
 HANDLE_TYPES = {
     "Group": "pb_group", "Buffer": "pb_buffer", "Work": "pb_work", "LoaderHandle": "pb_loader",
     "CReducer": "pb_reducer", "PeriodicModelAverager": "pb_averager", "CState": "pb_state",
-    "FedServer": "pb_fed_server", "FedWorker": "pb_fed_worker",
+    "FedServer": "pb_fed_server", "FedWorker": "pb_fed_worker", "DiLoCo": "pb_diloco",
 }
 
 # Whole spellings only (not `finalize()` inside `pybridge.finalize()`), the longest first.
