@@ -94,7 +94,7 @@ def main(opts):
     @state.on_reset
     def _note():
         w, err = elastic.session().world, elastic.session().last_change
-        write(ev="reset", rank=w.rank, world=w.size, step=state.step, lost=err.lost, joined=err.joined,
+        write(ev="reset", rank=w.rank, world=w.size, step=state.step, lost=err.lost, joined=err.joined, why=str(err),
               seen=err.seen_at, left=err.left_at, agreed=err.agreed_at)
 
     @elastic.run

@@ -48,9 +48,11 @@ pytestmark = [pytest.mark.skipif(not ok, reason=why), pytest.mark.timeout(300)]
 
 RECORDS, EPOCHS = 240, 3
 RUN_SECONDS = 240
-# A lost node is noticed by its silence: a collective waits --timeout, a round waits for the
-# lost worker's heartbeat to stand still this long (its launcher is gone with it).
-ENV = {"PYBRIDGE_ELASTIC_LOST_AFTER": "2", "PYBRIDGE_SECRET": "etcd-cluster-test-secret-0123456789"}
+# A lost node is noticed by its silence: its watcher (the previous rank) gives it up once its
+# heartbeat stood still for lost_after while the watcher's own went through; 3 s, above what
+# a member may take no write here when the lost node held etcd's leader (an election, then a
+# 2 s request timeout before the client asks another member). Else a collective's --timeout.
+ENV = {"PYBRIDGE_ELASTIC_LOST_AFTER": "3", "PYBRIDGE_SECRET": "etcd-cluster-test-secret-0123456789"}
 
 
 @pytest.fixture

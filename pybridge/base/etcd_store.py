@@ -26,11 +26,13 @@ etcd 3.4 and 3.5 serve the v2 API with `--enable-v2`; 3.6 has dropped it (docs/e
 import datetime
 import os
 import re
+import socket
 import time
 import uuid
 from dataclasses import dataclass
 
 from ..errors import CommError, InvalidArgument, PyBridgeError, Timeout
+from . import netif
 from .secret import _bytes
 
 DEFAULT_PORT = 2379
@@ -239,7 +241,10 @@ def _client_class():
             # The member that answered this process last (python-etcd's own first choice would
             # lack an IPv6 address's brackets): a new client (each elastic world makes some)
             # does not wait again on a member found dead.
-            self._base_uri = _Client.last_good.get(tuple(self._urls), self._urls[0])
+            key = tuple(self._urls)
+            if key not in _Client.last_good:  # first a member on this machine: it is gone only if we are
+                _Client.last_good[key] = self._urls[_own_member(s.endpoints)]
+            self._base_uri = _Client.last_good[key]
             # urllib3 would retry a timed-out PUT on the same member three times: one try
             # per member, then the next member.
             self.http.connection_pool_kw["retries"] = urllib3.Retry(total=None, connect=0, read=0, status=0,
@@ -280,6 +285,19 @@ def _client_class():
 
     _CLASS = _Client
     return _CLASS
+
+
+def _own_member(endpoints):
+    """The index of the first member whose address is one of this machine's (not loopback:
+    then every member is), else 0."""
+    for i, (host, _) in enumerate(endpoints):
+        try:
+            ip = socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+            if not ip.startswith("127.") and netif.local_address_towards(ip) == ip:
+                return i
+        except OSError:
+            continue
+    return 0
 
 
 def _tls_failure(exc):

@@ -138,12 +138,15 @@ def start(world, seconds, open_store):
     atexit.register(stop)
 
 
-def stop():
+def stop(wait=True):
+    """Stop the monitor; wait=False (an elastic world given up) leaves its thread to end on
+    its own: it may be blocked on a store call to a lost member."""
     global _monitor
     m, _monitor = _monitor, None
     if m is not None:
         m.stopped.set()
-        m.thread.join(2 * TICK + 1)  # not for ever: it may be blocked on a dead store
+        if wait:
+            m.thread.join(2 * TICK + 1)  # not for ever: it may be blocked on a dead store
 
 
 def explain(g, seq, op, exc):

@@ -285,7 +285,7 @@ def finalize(*, linger: Optional[float] = None, collect: bool = True) -> None:
         >>> pybridge.finalize()                    # again: nothing to leave
     """
     global _current
-    _watchdog.stop()
+    _watchdog.stop(wait=linger != 0)  # linger 0: a broken elastic world, left at once
     _observe.left()
     with _lock:
         group, _current = _current, None

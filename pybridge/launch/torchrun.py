@@ -482,8 +482,6 @@ def worker_command(opts: argparse.Namespace) -> list[str]:
 
 def elastic_main(opts: argparse.Namespace) -> int:
     """--elastic: this launcher supervises its workers itself (launch_elastic.py)."""
-    from .elastic import Supervisor  # imports torch.distributed: only for --elastic
-    from ..runtime import elastic_store
     if ":" in str(opts.nnodes):
         raise SystemExit(f"{PROG}: --elastic takes a fixed --nnodes (the first world); the world then "
                          "shrinks and grows between --min-world and --max-world")
@@ -492,6 +490,9 @@ def elastic_main(opts: argparse.Namespace) -> int:
         raise SystemExit(f"{PROG}: --min-world must be >= 1 and <= --max-world")
     if opts.replace < 0:
         raise SystemExit(f"{PROG}: --replace must be >= 0")
+    # torch.distributed only now: a refused command line answers without importing torch
+    from .elastic import Supervisor
+    from ..runtime import elastic_store
     node_rank: Optional[int] = opts.node_rank or 0
     endpoint: Optional[tuple[str, int]] = None
     where: Union[elastic_store.TcpStore, elastic_store.EtcdStore]

@@ -78,7 +78,7 @@ class _Session:
         return g
 
     def _neighbour_lost(self, world: _membership.World, member: Optional[dict[str, Any]], reason: str) -> None:
-        """The heartbeat thread saw a member of `world` go silent (or was told: member None):
+        """The watch thread saw a member of `world` go silent (or was told: member None):
         the world's connections are shut down, so that its calls fail now (and agree on the
         next world) instead of waiting out their timeout for a peer that will never answer."""
         g = self.group

@@ -24,8 +24,8 @@ counter), g<n>/cand/<k> (json), g<n>/members (json, rank order), g<n>/broken (wh
 was given up: a member's heartbeat stood still, seen by its neighbour), launcher/... (the
 launchers' numbers, pybridge-launch --elastic).
 
-Each member's heartbeat thread also watches the next rank's beat (one read a beat, so each
-member is watched by one other) and reads g<n>/broken: a member lost with its whole node
+Each member's watch thread reads the next rank's beat every beat (so each member is watched
+by one other) and g<n>/broken: a member lost with its whole node
 (no launcher left to mark it dead; a cut link answers nothing, so calls would wait out their
 timeout) is marked dead by its watcher after `lost_after`, and every member shuts its
 connections of that world at its next beat, so the next world forms in about `lost_after`.
@@ -229,11 +229,12 @@ class Membership:
         self.lost_after = float(lost_after)
         self.timeout = float(timeout)
         self.store = self._connect()
-        self._beats = {}  # id -> (last value, when it last moved) as seen here
+        self._beats = {}  # id -> (last value, when it last moved, our beats done then) as seen here
+        self._beats_done = 0  # this process's beats the store took: the clock of others' silence
         self._failed = {}  # generation -> the MembershipChanged it ended with here
         self._changing = threading.Lock()  # two threads failing at once agree once
         self.world = None
-        self.on_lost = None  # called (member, reason) from the heartbeat thread: see _watch_neighbour
+        self.on_lost = None  # called (world, member, reason) from the watch thread: see _watch_neighbour
         self._watch = None  # (generation, id) watched, its last count, when it last moved
         self._finished = False
         self._stopped = threading.Event()
@@ -242,6 +243,11 @@ class Membership:
         self._beat_store.set(self._key(f"hb/{self.id}"), "1")
         self._thread = threading.Thread(target=self._beat, name="pybridge-heartbeat", daemon=True)
         self._thread.start()
+        # Watching has a thread and a connection of its own: a write stalled by etcd's leader
+        # election (the lost node held the leader) must not hold up seeing the loss.
+        self._watch_store = self._connect()
+        self._watcher = threading.Thread(target=self._watch_loop, name="pybridge-watch", daemon=True)
+        self._watcher.start()
         # Joined before the interpreter finalizes: a daemon thread caught inside a store
         # call then takes the process down ("terminate called without an active exception").
         atexit.register(self.close)
@@ -266,6 +272,14 @@ class Membership:
                 # member nor replay an older beat as a new one
                 self._beat_count += 1
                 self._beat_store.set(key, str(self._beat_count))
+                self._beats_done += 1
+            except Exception:  # noqa: BLE001 - the store is gone: every round will say so
+                if self._stopped.wait(1.0):
+                    return
+
+    def _watch_loop(self):
+        while not self._stopped.wait(HEARTBEAT):
+            try:
                 self._watch_neighbour()
             except Exception:  # noqa: BLE001 - the store is gone: every round will say so
                 if self._stopped.wait(1.0):
@@ -281,31 +295,32 @@ class Membership:
         if world is None or world.size < 2 or world.generation in self._failed or self._finished:
             return
         broken = self._key(f"g{world.generation}/broken")
-        why = _read(self._beat_store, broken)
+        why = _read(self._watch_store, broken)
         if why is not None:  # another member's watcher found its neighbour lost: leave the world too
             if self.on_lost is not None:
                 self.on_lost(world, None, bytes(why).decode(errors="replace"))
             return
         m = world.members[(world.rank + 1) % world.size]
-        hb = _int(self._beat_store, self._key(f"hb/{m['id']}")) or 0
+        hb = _int(self._watch_store, self._key(f"hb/{m['id']}")) or 0
         now, watched = time.monotonic(), (world.generation, m["id"])
         if self._watch is None or self._watch[0] != watched or hb > self._watch[1]:
-            self._watch = (watched, hb, now)
+            self._watch = (watched, hb, now, self._beats_done)
             return
         stood = now - self._watch[2]
-        if stood < self.lost_after:
+        if not self._silent_long_enough(stood, self._watch[3]):
             return
         reason = f"no heartbeat for {stood:.1f} s, seen by its neighbour {self.id} (lost with its node, stopped or cut off)"
-        self._watch = (watched, float("inf"), now)  # marked once
-        mark_dead(self._beat_store, m["id"], reason)
-        # One key the other members' heartbeats read: their calls waiting on other peers end too.
-        self._beat_store.set(broken, f"{describe(m)} lost: {reason}")
-        if self.on_lost is not None:
+        self._watch = (watched, float("inf"), now, self._beats_done)  # marked once
+        if self.on_lost is not None:  # first what needs no store (a write may wait for a new etcd leader)
             self.on_lost(world, m, reason)
+        mark_dead(self._watch_store, m["id"], reason)
+        # One key the other members' watchers read: their calls waiting on other peers end too.
+        self._watch_store.set(broken, f"{describe(m)} lost: {reason}")
 
     def close(self):
         self._stopped.set()
-        self._thread.join(HEARTBEAT + 2.0)  # not for ever: the store may be gone
+        for t in (self._thread, self._watcher):
+            t.join(HEARTBEAT + 2.0)  # not for ever: the store may be gone
 
     def finish(self):
         """The training finished (elastic.run returned): a process that comes later has
@@ -442,13 +457,22 @@ class Membership:
             return "its process is gone"
         hb = _int(self.store, self._key(f"hb/{member['id']}")) or 0
         now = time.monotonic()
-        last, since = self._beats.get(member["id"], (None, now))
+        last, since, done = self._beats.get(member["id"], (None, now, self._beats_done))
         if last is None or hb > last:  # only a higher count is a beat: an old one replayed is not
-            self._beats[member["id"]] = (hb, now)
+            self._beats[member["id"]] = (hb, now, self._beats_done)
             return None
-        if now - since >= self.lost_after:
+        if self._silent_long_enough(now - since, done):
             return f"no heartbeat for {now - since:.1f} s (stopped, hung or cut off)"
         return None
+
+    def _silent_long_enough(self, seconds, done_then):
+        """A count that stood still for `seconds`, since this process had made `done_then`
+        beats, means its owner is lost: lost_after seconds, during which this process's own
+        beats went through the store about as often. While the store takes no write (etcd
+        electing a leader after its leader's node was lost, a TCPStore host stalled) nobody's
+        beat moves: silence then says nothing, and nobody is declared lost for it."""
+        return seconds >= self.lost_after and \
+            self._beats_done - done_then >= max(1, int(0.8 * self.lost_after / HEARTBEAT))
 
     # ---- a failure in world n: agree on world n+1 once ----------------------------------
 
