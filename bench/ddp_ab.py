@@ -6,8 +6,9 @@ one run they see the same machine.
 
     OMP_NUM_THREADS=1 python -m pybridge.launch --nproc-per-node 2 bench/ddp_ab.py DATA [BLOCKS] [STEPS]
 
-Prints one JSON line on rank 0 ("DDPAB {...}"): the median step time of each wrapper and
-the median ratio of pairs of neighbouring blocks (docs/benchmarks.md quotes it beside
+Prints one JSON line on rank 0 ("DDPAB {...}"): the median step time of each wrapper, the
+median ratio of pairs of neighbouring blocks and the main thread's CPU per step (steadier than
+wall time on a shared machine; where the wrappers' Python differs) (docs/benchmarks.md quotes it beside
 bench/gotorch.py's separate runs).
 """
 
@@ -49,18 +50,22 @@ def main():
         for _ in range(30):
             train.train_step(wrappers[k], opts[k], batch(), device)
     times = {k: [] for k in wrappers}
+    cpu = {k: [] for k in wrappers}
     order = list(wrappers)
     for i in range(blocks):
         for k in (order if i % 2 == 0 else order[::-1]):  # ABBA: neither always goes first
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             for _ in range(steps):
                 train.train_step(wrappers[k], opts[k], batch(), device)
             times[k].append((time.perf_counter() - t0) / steps * 1e3)
+            cpu[k].append((time.thread_time() - c0) / steps * 1e3)
     if rank == 0:
         ratios = [p / t for p, t in zip(times["pybridge"], times["torch"])]
         print("DDPAB " + json.dumps({"step_ms": {k: statistics.median(v) for k, v in times.items()},
-                                     "pybridge_over_torch": statistics.median(ratios), "blocks_ms": times,
+                                     "pybridge_over_torch": statistics.median(ratios),
+                                     "main_thread_cpu_ms": {k: statistics.median(v) for k, v in cpu.items()},
+                                     "blocks_ms": times,
                                      "steps_per_block": steps}), flush=True)
     for w in wrappers.values():
         del w

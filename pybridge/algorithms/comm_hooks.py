@@ -30,7 +30,8 @@ from ..comm.group import Group
 from ..errors import InvalidArgument
 from . import gossip
 from .contract import (Closing, CommHook, GradBucket, HookContext, HookState, StepCounting, _describe, _name,
-                       declare_eager, declare_sums, hook_step, identity, is_eager, prescales, set_hook_step)
+                       declare_eager, declare_prepared, declare_sums, hook_step, identity, is_eager, prepared,
+                       prescales, set_hook_step)
 from .default_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook, powersgd_hook, powersgd_state
 from .hierarchical import HierarchicalState, hierarchical_hook
 
@@ -259,6 +260,6 @@ def by_name(name: str, **settings: Any) -> Union["BuiltinHook", "NamedHook"]:
 
 __all__ = ["GradBucket", "HookContext", "CommHook", "HookState", "StepCounting", "Closing", "HOOKS",
            "register_comm_hook", "by_name", "NamedHook", "Registered", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
-           "declare_eager", "declare_sums", "is_eager", "prescales", "powersgd_state", "powersgd_hook", "builtin", "BUILTIN",
+           "declare_eager", "declare_sums", "declare_prepared", "is_eager", "prescales", "prepared", "powersgd_state", "powersgd_hook", "builtin", "BUILTIN",
            "BuiltinHook", "GossipHook", "HierarchicalHook", "HierarchicalState", "hierarchical_hook",
            "identity", "hook_step", "set_hook_step"]

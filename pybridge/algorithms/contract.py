@@ -14,7 +14,8 @@ The bucket (GradBucket) offers what torch's GradBucket does: buffer(), index(), 
 gradients(), parameters(), set_buffer().
 
 Hooks declare what the reducer may rely on: `declare_eager` (all collectives issued before
-the hook returns) and `declare_sums` (the hook sums what it is given). What a hook and its
+the hook returns), `declare_sums` (the hook sums what it is given) and `declare_prepared`
+(the hook reads only the bucket's buffer and scale, and can be prepared once per bucket). What a hook and its
 state provide is stated by Protocols: `CommHook` (the call), `HookState` (`settings()`: what
 every rank must share, in `identity`; required of a registered hook's state),
 `StepCounting` (`STEP_ATTR`: the counter a checkpoint keeps) and `Closing` (`close()`: the
@@ -179,6 +180,31 @@ def prescales(hook: Callable[..., Any]) -> bool:
         return False
 
 
+# hook -> prepare(state, buffer) -> launch(scale) -> Future (declare_prepared)
+_PREPARED: dict[Callable[..., Any], Callable[[Any, torch.Tensor], Callable[[Optional[float]], Any]]] = {}
+
+
+def declare_prepared(prepare: Callable[[Any, torch.Tensor], Callable[[Optional[float]], Any]]
+                     ) -> Callable[[_Hook], _Hook]:
+    """Declare that `hook(state, bucket)` reads nothing of the bucket but its buffer and its
+    scale, and that `prepare(state, buffer)` returns `launch(scale)`, which does what the
+    hook does for a bucket over `buffer` with that scale. The reducer prepares each
+    bucket's launch once per layout and calls it every iteration: argument checks and the
+    bucket object are not paid per bucket per step. A decorator: `@declare_prepared(prep)`."""
+    def mark(hook: _Hook) -> _Hook:
+        _PREPARED[hook] = prepare
+        return hook
+    return mark
+
+
+def prepared(hook: Callable[..., Any]) -> Optional[Callable[[Any, torch.Tensor], Callable[[Optional[float]], Any]]]:
+    """`hook`'s prepare function (declare_prepared), or None."""
+    try:
+        return _PREPARED.get(hook)
+    except TypeError:  # an unhashable callable: not declared
+        return None
+
+
 def _name(obj: Any) -> str:
     if isinstance(obj, functools.partial):
         return f"partial({_name(obj.func)})"
@@ -243,5 +269,6 @@ def set_hook_step(state: Any, step: int) -> None:
         setattr(state, attr, step)
 
 
-__all__ = ["GradBucket", "HookContext", "CommHook", "HookState", "StepCounting", "Closing", "declare_eager", "is_eager", "declare_sums", "prescales", "identity",
+__all__ = ["GradBucket", "HookContext", "CommHook", "HookState", "StepCounting", "Closing", "declare_eager", "is_eager", "declare_sums", "prescales",
+           "declare_prepared", "prepared", "identity",
            "hook_step", "set_hook_step"]

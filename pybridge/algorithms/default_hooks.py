@@ -2,7 +2,7 @@
 wire, plus torch's PowerSGD over a pybridge group (for C and Go callers). Each follows the
 contract of contract.py and declares what the reducer may rely on."""
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch._C._distributed_c10d import GradBucket as TorchGradBucket  # torch.distributed.GradBucket
@@ -10,7 +10,7 @@ from torch._C._distributed_c10d import GradBucket as TorchGradBucket  # torch.di
 from ..comm import collectives
 from ..comm.group import Group
 from ..base.checks import integer
-from .contract import GradBucket, HookContext, declare_eager, declare_sums
+from .contract import GradBucket, HookContext, declare_eager, declare_prepared, declare_sums
 
 if TYPE_CHECKING:  # imported when a PowerSGD state is made, as before
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
@@ -18,6 +18,18 @@ if TYPE_CHECKING:  # imported when a PowerSGD state is made, as before
 _Future = torch.futures.Future
 
 
+def _prepare_allreduce(ctx: HookContext, buf: torch.Tensor) -> "Callable[[Optional[float]], _Future[list[torch.Tensor]]]":
+    """allreduce_hook for a bucket over `buf`, its arguments checked once: launch(scale)."""
+    start = collectives.prepare_all_reduce_future(buf, collectives.SUM, group=ctx.group)
+
+    def launch(scale: Optional[float]) -> "_Future[list[torch.Tensor]]":
+        if scale is not None:
+            buf.mul_(scale)
+        return start()
+    return launch
+
+
+@declare_prepared(_prepare_allreduce)
 @declare_sums
 @declare_eager
 def allreduce_hook(ctx: HookContext, bucket: GradBucket) -> "_Future[list[torch.Tensor]]":
@@ -32,10 +44,7 @@ def allreduce_hook(ctx: HookContext, bucket: GradBucket) -> "_Future[list[torch.
         >>> ddp_model.register_comm_hook(HookContext(pybridge.current()), allreduce_hook)
         >>> ddp_model(torch.ones(3, 4)).sum().backward()   # the buckets go through the hook
     """
-    buf = bucket.buffer()
-    if bucket.scale is not None:
-        buf.mul_(bucket.scale)
-    return collectives.all_reduce_future(buf, collectives.SUM, group=ctx.group)
+    return _prepare_allreduce(ctx, bucket.buffer())(bucket.scale)
 
 
 def _compress(dtype: torch.dtype, ctx: HookContext, bucket: GradBucket) -> "_Future[Any]":

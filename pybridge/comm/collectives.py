@@ -379,6 +379,20 @@ def prepare_all_reduce(buf: BufferLike, op: OpLike = SUM, *, group: Optional[_gr
     return _runner(g, what, start)
 
 
+def prepare_all_reduce_future(buf: BufferLike, op: OpLike = SUM, *, group: Optional[_group.Group] = None,
+                              dtype: Optional[DTypeLike] = None
+                              ) -> "Callable[[], torch.futures.Future[list[torch.Tensor]]]":
+    """Check an all_reduce_future's arguments once and return a function that starts it
+    each time it is called and returns its future: for comm hooks that reduce the same
+    bucket every iteration (the reducer's prepared launches, contract.declare_prepared)."""
+    g, _, what, start = _all_reduce_call(buf, op, group, dtype)
+
+    def run() -> "torch.futures.Future[list[torch.Tensor]]":
+        g.check_open()  # the group may have been finalized since
+        return _run(g, what, start, FUTURE)
+    return run
+
+
 def _runner(g: Any, op: Op, start: Callable[[], Any]) -> Callable[[], None]:
     def run() -> None:
         g.check_open()  # the group may have been finalized since
@@ -566,5 +580,5 @@ def _group_size(group: Optional[_group.Group]) -> int:
 
 
 __all__ = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "Work", "broadcast", "all_reduce",
-           "prepare_broadcast", "prepare_all_reduce", "all_reduce_future",
+           "prepare_broadcast", "prepare_all_reduce", "all_reduce_future", "prepare_all_reduce_future",
            "all_gather", "reduce_scatter", "all_to_all", "barrier", "send", "recv", "isend", "irecv"]

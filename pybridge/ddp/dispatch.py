@@ -28,14 +28,20 @@ class Hook:
     groups), `spec` (the built-in hook chosen by settings, built again for a new group, or
     None), `identity` (what the ranks compare), and how it is launched: `prescales` (a
     summing built-in: the reducer folds avg's 1/size into the gradient copy) and `eager`
-    (issues all its collectives before returning: the next bucket need not wait for it)."""
+    (issues all its collectives before returning: the next bucket need not wait for it),
+    `name` (the function's, for the trace) and, for a hook that declares one
+    (comm_hooks.declare_prepared), each bucket's prepared launch (launches())."""
 
-    __slots__ = ("spec", "state", "fn", "identity", "prescales", "eager")
+    __slots__ = ("spec", "state", "fn", "identity", "prescales", "eager", "name", "prepare", "_launches_for",
+                 "_launches")
 
     def __init__(self, spec=None, state=None, fn=None):
         self.spec, self.state, self.fn = spec, state, fn
         self.prescales = self.eager = False
         self.identity = None
+        self.name = "hook"
+        self.prepare = None
+        self._forget()
 
     def plan(self):
         """Set `identity` to the hook's as build() will make it, for the ranks to compare
@@ -58,11 +64,31 @@ class Hook:
             close_state(old)
         self.prescales = comm_hooks.prescales(fn)
         self.eager = comm_hooks.is_eager(fn)
+        self.name = getattr(fn, "__name__", "hook")
+        self.prepare = comm_hooks.prepared(fn)
+        self._forget()
+
+    def launches(self, layout):
+        """The prepared launch of each of `layout`'s buckets, made by launch() on first use
+        and kept while the hook and the layout stay; None when the hook declares none."""
+        if self._launches_for is not layout:
+            self._launches_for = layout
+            self._launches = None if self.prepare is None else [None] * len(layout.buckets)
+        return self._launches
+
+    def launch(self, bucket):
+        """Bucket's prepared launch, made now: prepare(state, buffer) -> launch(scale)."""
+        run = self._launches[bucket.index] = self.prepare(self.state, bucket.flat)
+        return run
+
+    def _forget(self):
+        self._launches_for = self._launches = None  # also lets a closed reducer's buckets go
 
     def detach(self):
         """The state, no longer the hook's: the reducer is closing, and closes it (close_state)
         outside its lock."""
         state, self.state = self.state, None
+        self._forget()
         return state
 
     @property
@@ -93,14 +119,14 @@ def grad_bucket(bucket, flat, views, params, last, scale=None):
     return comm_hooks.GradBucket(bucket.index, flat, views, members, bucket.index == last, scale)
 
 
-def await_value(fut, deadline, what):
-    """The value of a hook's future (its first element if a list), within `deadline`
+def await_value(fut, deadline, bucket):
+    """The value of `bucket`'s hook's future (its first element if a list), within `deadline`
     (time.monotonic(), or None for no bound). torch futures have no timed wait: poll."""
     if deadline is not None and not fut.done():
         pause = 50e-6
         while not fut.done():
             if time.monotonic() >= deadline:
-                raise Timeout(f"{what} did not finish in time")
+                raise Timeout(f"bucket {bucket.index} did not finish in time")
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
     value = fut.wait()
@@ -126,11 +152,12 @@ class Iteration:
     for the one rebuild (None once it is done). `begun` and `count_work` are the reducer's
     start of an iteration (join's count, reducer._begin)."""
 
-    __slots__ = ("buckets", "views", "bucket_of", "last", "hook", "group", "world", "params",
+    __slots__ = ("layout", "buckets", "views", "bucket_of", "last", "hook", "group", "world", "params",
                  "ready", "pending", "scaled", "nscaled", "next", "works", "begun", "count_work",
                  "scale", "order", "ending", "marked")
 
     def __init__(self, layout, hook, group, params, scale, record_order):
+        self.layout = layout
         self.buckets, self.views, self.bucket_of, self.last = layout.buckets, layout.views, layout.bucket_of, layout.last
         self.hook, self.params = hook, params
         self.group, self.world = group, group.size
@@ -155,6 +182,8 @@ class Iteration:
 
     def missing(self):
         """Indices not yet marked ready."""
+        if self.marked == len(self.ready):
+            return []
         return [i for i, r in enumerate(self.ready) if not r]
 
     def copy_in(self, i, grad):
@@ -195,6 +224,7 @@ class Iteration:
 
     def launch_ready(self):
         pending, buckets, hook = self.pending, self.buckets, self.hook
+        launches = None
         while self.next < len(buckets) and pending[self.next] == 0:
             bucket = buckets[self.next]
             self.next += 1
@@ -211,9 +241,19 @@ class Iteration:
                 scale = None
             elif nscaled:
                 scale = None
+            prev = self.works[-1][1] if self.works and not hook.eager else None
+            if prev is None or prev.done():
+                if launches is None:
+                    launches = hook.launches(self.layout)
+                if launches is not None:  # a prepared launch (comm_hooks.declare_prepared): no bucket object
+                    try:
+                        fut = (launches[bucket.index] or hook.launch(bucket))(scale)
+                    except Exception as exc:  # noqa: BLE001
+                        raise bucket_error(exc, bucket) from exc
+                    self._launched(bucket, fut)
+                    continue
             views = [self.views[i] for i in bucket.members]
             gb = grad_bucket(bucket, bucket.flat, views, self.params, self.last, scale)
-            prev = self.works[-1][1] if self.works and not hook.eager else None
             if prev is not None and not prev.done():
                 # A hook may issue further collectives from its future's callbacks (PowerSGD
                 # does, on the backend's thread). Started while those are still to come, the
@@ -228,11 +268,13 @@ class Iteration:
                     fut = hook.fn(hook.state, gb)
                 except Exception as exc:  # noqa: BLE001
                     raise bucket_error(exc, bucket) from exc
-            self.works.append((bucket, fut))
-            rec = _obs.REC
-            if rec is not None:
-                rec.on_bucket_launched(bucket.index, bucket.flat.numel() * bucket.flat.element_size(),
-                                       getattr(hook.fn, "__name__", "hook"), fut)
+            self._launched(bucket, fut)
+
+    def _launched(self, bucket, fut):
+        self.works.append((bucket, fut))
+        rec = _obs.REC
+        if rec is not None:
+            rec.on_bucket_launched(bucket.index, bucket.nbytes, self.hook.name, fut)
 
     def _after(self, prev, bucket, gb):
         """A future for `bucket`'s hook, started once `prev` is done."""
@@ -261,11 +303,12 @@ class Iteration:
         rec = _obs.REC
         try:
             for bucket, fut in works:
-                value = await_value(fut, deadline, f"bucket {bucket.index}")
+                value = await_value(fut, deadline, bucket)
                 if rec is not None:
                     rec.on_bucket_value(bucket.index)
-                if value.data_ptr() != bucket.flat.data_ptr():
-                    bucket.flat.copy_(value)  # e.g. decompress in place
+                flat = bucket.flat
+                if value is not flat and value.data_ptr() != flat.data_ptr():
+                    flat.copy_(value)  # e.g. decompress in place
         except Exception as exc:  # noqa: BLE001
             raise bucket_error(exc, bucket, self.group) from exc
         if rec is not None:
@@ -295,7 +338,7 @@ class Iteration:
             if self.count_work is not None:
                 self.count_work.wait(max(deadline - time.monotonic(), 1e-3))
             for bucket, fut in works:
-                await_value(fut, deadline, f"bucket {bucket.index}")
+                await_value(fut, deadline, bucket)
         except Exception:  # noqa: BLE001 - reported as part of the caller's error
             return False
         return True
@@ -315,13 +358,13 @@ def shadow(layout, specs, hook, params, group):
         try:
             fut = hook.fn(hook.state, gb)
             if not hook.eager:
-                await_value(fut, None, f"bucket {bucket.index}")
+                await_value(fut, None, bucket)
         except Exception as exc:  # noqa: BLE001
             raise bucket_error(exc, bucket, group) from exc
         futs.append((bucket, fut))
     for bucket, fut in futs:
         try:
-            await_value(fut, None, f"bucket {bucket.index}")
+            await_value(fut, None, bucket)
         except Exception as exc:  # noqa: BLE001
             raise bucket_error(exc, bucket, group) from exc
 

@@ -125,9 +125,10 @@ def member_views(flat: torch.Tensor, members: Sequence[int], specs: Sequence[Par
 
 
 class Bucket:
-    """One bucket: its parameter indices (`members`, in layout order) and its flat memory."""
+    """One bucket: its parameter indices (`members`, in layout order), its flat memory and
+    that memory's size in bytes."""
 
-    __slots__ = ("index", "members", "flat", "dtype", "device")
+    __slots__ = ("index", "members", "flat", "dtype", "device", "nbytes")
 
     def __init__(self, index: int, members: list[int], specs: Sequence[ParamSpec]) -> None:
         self.index = index
@@ -136,6 +137,7 @@ class Bucket:
         self.dtype, self.device = first.dtype, first.device
         total = sum(specs[i].numel for i in members)
         self.flat = torch.zeros(total, dtype=self.dtype, device=self.device)
+        self.nbytes = total * self.flat.element_size()
 
 
 class Layout:

@@ -320,14 +320,21 @@ class Reducer:
         """Gradient `i` is written: once every gradient of its bucket is, and every earlier
         bucket has been launched, the bucket's allreduce starts (asynchronously). With
         gradients bound (bind_grads), gradient i is first copied from the program's tensor."""
-        with self._lock, self._stream():
-            it = self._it
-            if not it.begun or self._stale:
-                self._begin()
-            self._check_mark(i)
-            if self._bound is not None:
-                it.copy_in(i, self._bound[i])
-            it.mark(i)
+        with self._lock:
+            if self._on_cuda:
+                with self._stream():
+                    self._mark(i)
+            else:  # the hot path of every autograd hook: no stream scope to enter on the CPU
+                self._mark(i)
+
+    def _mark(self, i: int) -> None:
+        it = self._it
+        if not it.begun or self._stale:
+            self._begin()
+        self._check_mark(i)
+        if self._bound is not None:
+            it.copy_in(i, self._bound[i])
+        it.mark(i)
 
     def set_grad(self, i: int, grad: torch.Tensor) -> None:
         """Copy `grad` (any tensor of parameter i's element count) into gradient i's view and
@@ -614,6 +621,10 @@ class Reducer:
         index("gradient index", i, len(self.specs), f"{len(self.specs)} parameters")
 
     def _check_mark(self, i: int) -> None:
+        it = self._it
+        if (type(i) is int and 0 <= i < len(it.ready) and not it.ready[i] and not it.ending and not self._closed
+                and not self._group.closed):
+            return  # the usual case, tested at once; the checks below say what is wrong
         self._check(i)
         if self._it.ending:
             raise InvalidArgument(

@@ -34,9 +34,13 @@ def _sizes(op):
     return ([[op.count]], [[op.count]]) if op.count else ([], [])
 
 
-def entries(ring, pg_ids):
+def entries(ring, pg_ids, anchor):
+    """The ring's entries ([group, seq, op, issued µs, done µs or None]) as torch's recorder
+    writes them; `anchor` (monotonic µs, wall µs read together) gives each its wall time."""
+    mono, wall = anchor
     out = []
-    for record_id, (g, seq, op, _issued, wall_ns, done) in enumerate(list(ring)):
+    for record_id, (g, seq, op, issued, done) in enumerate(list(ring)):
+        wall_ns = int((issued - mono + wall) * 1000)
         ins, outs = _sizes(op)
         dtype = _dtype_name(op) if op.count else None
         out.append({
@@ -59,7 +63,7 @@ def dump(rec, reason):
     for g, *_ in ring:
         groups.setdefault(g.uid, g)
     data = {"version": VERSION, "comm_lib_version": "pybridge", "reason": reason,
-            "entries": entries(ring, pg_ids),
+            "entries": entries(ring, pg_ids, rec.anchor),
             "pg_config": {uid: {"name": uid, "desc": g.describe(), "ranks": str(list(g.ranks))}
                           for uid, g in groups.items()},
             "pg_status": {}}

@@ -15,7 +15,21 @@ import time
 from . import bandwidth
 from .tbevents import EventWriter
 
+# A step's breakdown as the recorder hands it over (a tuple, in this order); a dict only
+# when read (step_args).
+STEP_FIELDS = ("step", "step_us", "data_us", "compute_us", "exposed_comm_us", "comm_us", "forward_us",
+               "backward_us", "buckets", "bucket_bytes", "records", "hidden_share")
 _STEP_FIELDS = ("step_us", "data_us", "compute_us", "exposed_comm_us", "comm_us", "forward_us", "backward_us")
+_TIMES = tuple((f, STEP_FIELDS.index(f)) for f in _STEP_FIELDS)  # summed into totals
+_STEP, _STEP_US, _RECORDS, _HIDDEN = (STEP_FIELDS.index(f) for f in ("step", "step_us", "records", "hidden_share"))
+
+
+def step_args(values):
+    """A step's breakdown as a dict (hidden_share left out when there was no communication)."""
+    out = dict(zip(STEP_FIELDS, values))
+    if out["hidden_share"] is None:
+        del out["hidden_share"]
+    return out
 
 
 def _add(table, key, nbytes, seconds, ranks):
@@ -36,7 +50,7 @@ class Metrics:
         self.by_size = {}  # (op, size class) -> [count, bytes, seconds]
         self.totals = dict.fromkeys(_STEP_FIELDS, 0.0)
         self.steps = 0
-        self.last_step = None  # the latest step's breakdown (µs)
+        self._last = None  # the latest step's breakdown (µs), as step() got it
         self.buckets = [0, 0, 0.0]  # count, bytes, seconds from launch to done
         self.loader_records, self.loader_seconds = 0, 0.0
         self.scalars = {}  # name -> (step, value), the latest
@@ -72,16 +86,26 @@ class Metrics:
         if self.tb is not None:
             self._scalar_log.append((step, name, value))
 
-    def step(self, n, breakdown):
+    def step(self, n, values):
+        """Step n ended; `values`: its breakdown, a tuple in STEP_FIELDS' order (what the
+        recorder hands over) or a dict of those fields."""
+        if type(values) is dict:
+            values = tuple(values.get(f, n if f == "step" else None if f == "hidden_share" else 0)
+                           for f in STEP_FIELDS)
         self.steps = n
-        self.last_step = breakdown
+        self._last = values
         totals = self.totals
-        for k in _STEP_FIELDS:
-            totals[k] += breakdown[k]
+        for k, i in _TIMES:
+            totals[k] += values[i]
         if self.jsonl is not None:
-            self._window.append(breakdown)
+            self._window.append(values)
             if len(self._window) >= self.every:
                 self._row()
+
+    @property
+    def last_step(self):
+        """The latest step's breakdown (µs) as a dict, or None before the first."""
+        return None if self._last is None else step_args(self._last)
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -103,12 +127,12 @@ class Metrics:
         self._scalars_since_row = False
         window, self._window = self._window, []
         k = len(window)
-        mean = {f: sum(w[f] for w in window) / k / 1000.0 for f in _STEP_FIELDS}
-        hidden = [w["hidden_share"] for w in window if "hidden_share" in w]
-        records = sum(w["records"] for w in window)
-        secs = sum(w["step_us"] for w in window) / 1e6
+        mean = {f: sum(w[i] for w in window) / k / 1000.0 for f, i in _TIMES}
+        hidden = [w[_HIDDEN] for w in window if w[_HIDDEN] is not None]
+        records = sum(w[_RECORDS] for w in window)
+        secs = sum(w[_STEP_US] for w in window) / 1e6
         mean = {f: round(v, 4) for f, v in mean.items()}
-        row = {"rank": self.rank, "step": window[-1]["step"], "time": round(time.time(), 3), "steps": k,
+        row = {"rank": self.rank, "step": window[-1][_STEP], "time": round(time.time(), 3), "steps": k,
                "step_ms": mean["step_us"], "data_ms": mean["data_us"], "compute_ms": mean["compute_us"],
                "exposed_comm_ms": mean["exposed_comm_us"], "comm_ms": mean["comm_us"],
                "forward_ms": mean["forward_us"], "backward_ms": mean["backward_us"],

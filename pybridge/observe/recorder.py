@@ -14,13 +14,15 @@ import json
 import os
 import socket
 import threading
-import time
 
 from . import bandwidth, clock
-from .metrics import Metrics
+from .metrics import Metrics, step_args
 from .tracks import BACKWARD, BUCKETS, FIRST_COLLECTIVES, NAMES, PROGRAM, STEPS
 FORMAT = 1  # otherData.pybridge.format: bumped when the files change incompatibly
-_COLLECTIVE_ARGS = "collective"  # marks a collective's args kept as a tuple (_collective_args)
+# Args kept as a tuple whose first item says which, made into a dict only when written
+# (chrome_events): recording an event costs a tuple, not a dict.
+_COLLECTIVE_ARGS, _BUCKET_ARGS, _STEP_ARGS = "collective", "bucket", "step"
+_now = clock.now_us
 FLIGHT_ENTRIES = 2000  # collectives kept for a hang dump (torch's TORCH_FR_BUFFER_SIZE, in spirit)
 
 
@@ -35,6 +37,13 @@ class _Step:
         self.data = self.exposed = self.comm = self.forward = 0.0
         self.records = self.buckets = self.bucket_bytes = 0
         self.bwd_first = self.bwd_last = None
+
+
+_BUCKET_NAMES = [f"bucket {i}" for i in range(64)]
+
+
+def _bucket_name(index):
+    return _BUCKET_NAMES[index] if index < 64 else f"bucket {index}"
 
 
 class _Bucket:
@@ -54,6 +63,23 @@ def _collective_args(name, dur, args):
         out["algbw_GBps"] = round(bandwidth.algbw(nbytes, secs) / 1e9, 6)
         out["busbw_GBps"] = round(bandwidth.busbw(name, nbytes, secs, ranks) / 1e9, 6)
     return out
+
+
+def _bucket_args(args):
+    _, index, nbytes, hook, launched = args
+    return {"bucket": index, "bytes": nbytes, "hook": hook, "launched_us": round(launched, 4)}
+
+
+def _args(name, dur, args):
+    """An event's args as written: tuples by kind (see _COLLECTIVE_ARGS), dicts rounded."""
+    if type(args) is tuple:
+        kind = args[0]
+        if kind is _COLLECTIVE_ARGS:
+            return _collective_args(name, dur, args)
+        if kind is _BUCKET_ARGS:
+            return _bucket_args(args)
+        args = step_args(args[1:])
+    return {k: round(v, 4) if type(v) is float else v for k, v in args.items()}
 
 
 class Recorder:
@@ -88,7 +114,7 @@ class Recorder:
         self.anchor = clock.wall_anchor()
         self.metrics = Metrics(rank, world_size, out_dir, every)
         self.step = _Step(clock.now_us())
-        self.flight = collections.deque(maxlen=FLIGHT_ENTRIES)  # [group, seq, op, issued, wall ns, done]
+        self.flight = collections.deque(maxlen=FLIGHT_ENTRIES)  # [group, seq, op, issued, done]
         self.torch_ops = None  # torchops.TorchOps when libtorch's operations are profiled too
         self.metrics_address = None  # (host, port) of the Prometheus endpoint, when observe.start serves one
         self.closed = False
@@ -150,14 +176,14 @@ class Recorder:
         until it is done and after. Returns its entry for on_collective."""
         if self._pending is not None:
             self._settle()
-        entry = [g, seq, op, clock.now_us(), time.time_ns(), None]
+        entry = [g, seq, op, _now(), None]  # the wall clock's time is made from the anchor when dumped
         self.flight.append(entry)
         return entry
 
     def on_collective(self, entry, done, synchronous):
         """The collective of `entry` (on_issue) finished at `done` (µs)."""
         g, seq, op, issued = entry[0], entry[1], entry[2], entry[3]
-        entry[5] = done
+        entry[4] = done
         uid = g.uid
         prev = self._last_done.get(uid, 0.0)
         self._last_done[uid] = max(prev, done)
@@ -169,7 +195,7 @@ class Recorder:
         if self.tracing:
             # the args as a tuple: made into a dict (bandwidths too) only when written, off the hot path
             args = (_COLLECTIVE_ARGS, uid, seq, op.nbytes, g.size, issued, synchronous)
-            self.events.append(("X", self.collectives_track(g), name, "comm", start,
+            self.events.append(("X", self._tracks.get(uid) or self.collectives_track(g), name, "comm", start,
                                 max(done - start, 0.0), args))
 
     def poll(self):
@@ -235,9 +261,8 @@ class Recorder:
             s.bucket_bytes += b.nbytes
             self.metrics.bucket(b.nbytes, (done - b.launched) / 1e6)
             if self.tracing:
-                self.events.append(("X", BUCKETS, f"bucket {b.index}", "comm", start, max(done - start, 0.0),
-                                    {"bucket": b.index, "bytes": b.nbytes, "hook": b.hook,
-                                     "launched_us": b.launched}))
+                self.events.append(("X", BUCKETS, _bucket_name(b.index), "comm", start, max(done - start, 0.0),
+                                    (_BUCKET_ARGS, b.index, b.nbytes, b.hook, b.launched)))
 
     def wait_begin(self):
         self._settle()
@@ -296,20 +321,16 @@ class Recorder:
         backward = (s.bwd_last - s.bwd_first) if s.bwd_first is not None else 0.0
         compute = max(dur - s.data - s.exposed, 0.0)
         hidden = (1.0 - min(s.exposed, s.comm) / s.comm) if s.comm > 0 else None
-        args = {"step": self.steps, "step_us": dur, "data_us": s.data, "compute_us": compute,
-                "exposed_comm_us": s.exposed, "comm_us": s.comm, "forward_us": s.forward,
-                "backward_us": backward, "buckets": s.buckets, "bucket_bytes": s.bucket_bytes,
-                "records": s.records}
-        if hidden is not None:
-            args["hidden_share"] = hidden
+        values = (self.steps, dur, s.data, compute, s.exposed, s.comm, s.forward, backward, s.buckets,
+                  s.bucket_bytes, s.records, hidden)  # metrics.STEP_FIELDS
         if self.tracing:
-            self.events.append(("X", STEPS, "step", "step", s.start, dur, args))
+            self.events.append(("X", STEPS, "step", "step", s.start, dur, (_STEP_ARGS,) + values))
             if s.bwd_first is not None:
                 self.events.append(("X", BACKWARD, "backward (grads ready)", "compute", s.bwd_first,
                                     backward, None))
             if self.keep_steps:
                 self._trim()
-        self.metrics.step(self.steps, args)
+        self.metrics.step(self.steps, values)
 
     def _trim(self):
         """Keep the latest `keep_steps` steps' events: once twice as many are held, the older
@@ -360,8 +381,7 @@ class Recorder:
             elif ph == "i":
                 e["s"] = "t"
             if args:
-                e["args"] = _collective_args(name, dur, args) if type(args) is tuple else \
-                    {k: round(v, 4) if type(v) is float else v for k, v in args.items()}
+                e["args"] = _args(name, dur, args)
             out.append(e)
         for tid in sorted(used):
             out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,

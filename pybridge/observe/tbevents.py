@@ -26,11 +26,31 @@ def _crc32c_table():
 _TABLE = _crc32c_table()
 
 
+def _next_table(prev):
+    return [(v >> 8) ^ _TABLE[v & 0xFF] for v in prev]
+
+
+# Slicing by 8: eight bytes per turn through eight tables (an eighth of the Python loop's turns).
+_T1 = _next_table(_TABLE)
+_T2 = _next_table(_T1)
+_T3 = _next_table(_T2)
+_T4 = _next_table(_T3)
+_T5 = _next_table(_T4)
+_T6 = _next_table(_T5)
+_T7 = _next_table(_T6)
+_WORDS = struct.Struct("<II").iter_unpack
+
+
 def crc32c(data):
     c = 0xFFFFFFFF
-    table = _TABLE
-    for b in data:
-        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
+    t0, t1, t2, t3, t4, t5, t6, t7 = _TABLE, _T1, _T2, _T3, _T4, _T5, _T6, _T7
+    n = len(data) & ~7
+    for lo, hi in _WORDS(memoryview(data)[:n]):
+        c ^= lo
+        c = (t7[c & 0xFF] ^ t6[(c >> 8) & 0xFF] ^ t5[(c >> 16) & 0xFF] ^ t4[c >> 24]
+             ^ t3[hi & 0xFF] ^ t2[(hi >> 8) & 0xFF] ^ t1[(hi >> 16) & 0xFF] ^ t0[hi >> 24])
+    for b in data[n:]:
+        c = t0[(c ^ b) & 0xFF] ^ (c >> 8)
     return c ^ 0xFFFFFFFF
 
 
@@ -40,6 +60,8 @@ def _masked(data):
 
 
 def _varint(n):
+    if n < 0x80:
+        return _BYTE[n]
     out = bytearray()
     while True:
         b = n & 0x7F
@@ -49,6 +71,9 @@ def _varint(n):
         else:
             out.append(b)
             return bytes(out)
+
+
+_BYTE = [bytes((i,)) for i in range(0x80)]
 
 
 def _field(number, wire, payload):
@@ -69,17 +94,32 @@ def _event(wall_time, step=None, file_version=None, summary=None):
     return out
 
 
+_TAGS = {}  # tag -> its encoded field, made once: a run logs the same few tags every step
+_FLOAT = struct.Struct("<f").pack
+
+
 def _summary(scalars):
     values = b""
     for tag, value in scalars.items():
-        v = _field(1, 2, str(tag).encode()) + _field(2, 5, struct.pack("<f", float(value)))
-        values += _field(1, 2, v)
+        head = _TAGS.get(tag)
+        if head is None:
+            head = _TAGS[tag] = _field(1, 2, str(tag).encode())
+        values += _field(1, 2, head + b"\x15" + _FLOAT(float(value)))  # \x15: field 2, 32-bit
     return values
 
 
+_HEADS = {}  # length -> the record's header (the length and its checksum): events of a run repeat a few lengths
+
+
 def _record(data):
-    head = struct.pack("<Q", len(data))
-    return head + struct.pack("<I", _masked(head)) + data + struct.pack("<I", _masked(data))
+    n = len(data)
+    head = _HEADS.get(n)
+    if head is None:
+        packed = struct.pack("<Q", n)
+        head = packed + struct.pack("<I", _masked(packed))
+        if len(_HEADS) < 4096:
+            _HEADS[n] = head
+    return head + data + struct.pack("<I", _masked(data))
 
 
 class EventWriter:
