@@ -200,7 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--elastic", action="store_true",
                    help="elastic mode: a worker's death does not stop the others; they go on from their "
                         "last commit (pybridge.runtime.elastic, docs/elastic.md). The launcher of node 0 hosts "
-                        "the store")
+                        "the store, or with --rdzv-backend etcd etcd does (no node is special)")
     p.add_argument("--min-world", type=int, default=1,
                    help="elastic: the smallest world the job may continue with (default 1)")
     p.add_argument("--max-world", type=int, default=None,
