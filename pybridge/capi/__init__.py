@@ -88,6 +88,15 @@ def tensor(desc, what="tensor"):
     return _views.get(desc.data, desc.count, desc.dtype, desc.device)
 
 
+def tensor_array(n, array, what):
+    """The n tensors of a pb_tensor array named `what` (see tensor)."""
+    from ..base.checks import integer
+    integer("n", n, low=0)
+    if n and array == ffi.NULL:
+        raise InvalidArgument(f"{what} is NULL with n = {n}")
+    return [tensor(array + i, f"{what}[{i}]") for i in range(n)]
+
+
 def torch_param(desc, what):
     """The libtorch tensor a PB_TORCH_TENSOR descriptor names, not detached (its autograd state
     is what the reducer attaches to)."""

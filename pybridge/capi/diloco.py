@@ -5,9 +5,8 @@ live in the core."""
 from .. import abi, capi
 from ..algorithms import diloco as _diloco
 from ..algorithms.quantize import FORMATS
-from ..base.checks import integer
 from ..errors import InvalidArgument
-from . import flag, handles, live_group, options, put, tensor
+from . import flag, handles, live_group, options, put, tensor_array
 from .federated import choices, codes
 
 # pb_diloco_options: each field and the default pb_diloco_options_init gives it, in struct order.
@@ -15,13 +14,6 @@ _DEFAULTS = {"fragments": 1, "delay": 0, "alpha": 0.0, "outer_lr": _diloco.OUTER
              "outer_momentum": _diloco.OUTER_MOMENTUM, "outer_nesterov": 1, "quantization": abi.PB_QUANT_FP32,
              "block_size": 128, "error_feedback": 0}
 QUANTIZATIONS = codes("PB_QUANT_", FORMATS)  # pb_diloco_options.quantization -> the core's format name
-
-
-def _tensors(n, params):
-    integer("n", n, low=0)
-    if n and params == capi.ffi.NULL:
-        raise InvalidArgument(f"params is NULL with n = {n}")
-    return [tensor(params + i, f"params[{i}]") for i in range(n)]
 
 
 def _get(ptr):
@@ -39,7 +31,7 @@ def pb_diloco_create(group, n, params, sync_every, opts, out):
         raise InvalidArgument("out (the pointer to store the handle in) is NULL")
     # Copies: the core keeps the tensors it was made with (their shapes), and the caller's
     # memory is only lent for this call; every pb_diloco_step passes it again.
-    tensors = [t.clone() for t in _tensors(n, params)]
+    tensors = [t.clone() for t in tensor_array(n, params, "params")]
     outer = _diloco.outer_sgd(o["outer_lr"], o["outer_momentum"],
                               flag(o["outer_nesterov"], "pb_diloco_options.outer_nesterov"))
     d = _diloco.DiLoCo(tensors, sync_every, outer_optimizer=outer, fragments=o["fragments"], delay=o["delay"],
@@ -49,7 +41,7 @@ def pb_diloco_create(group, n, params, sync_every, opts, out):
 
 
 def pb_diloco_step(diloco, n, params, synced):
-    did = _get(diloco).step(_tensors(n, params))
+    did = _get(diloco).step(tensor_array(n, params, "params"))
     if synced != capi.ffi.NULL:
         synced[0] = int(did)
 

@@ -5,14 +5,7 @@ from .. import capi
 from ..algorithms import local_sgd as _local_sgd
 from ..base.checks import integer
 from ..errors import InvalidArgument
-from . import handles, live_group, put, tensor
-
-
-def _tensors(n, tensors):
-    integer("n", n, low=0)
-    if n and tensors == capi.ffi.NULL:
-        raise InvalidArgument(f"tensors is NULL with n = {n}")
-    return [tensor(tensors + i, f"tensors[{i}]") for i in range(n)]
+from . import handles, live_group, put, tensor_array
 
 
 def _get(ptr):
@@ -20,7 +13,7 @@ def _get(ptr):
 
 
 def pb_average_params(group, n, tensors):
-    _local_sgd.average_parameters(_tensors(n, tensors), group=live_group(group))
+    _local_sgd.average_parameters(tensor_array(n, tensors, "tensors"), group=live_group(group))
 
 
 def pb_averager_create(group, period, warmup_steps, out):
@@ -46,7 +39,7 @@ def pb_averager_create_hierarchical(group, nlevels, periods, group_sizes, warmup
 
 def pb_averager_step(averager, n, tensors, averaged):
     avg = _get(averager)
-    did = avg.average_parameters(_tensors(n, tensors))
+    did = avg.average_parameters(tensor_array(n, tensors, "tensors"))
     if averaged != capi.ffi.NULL:
         averaged[0] = int(did)
 
