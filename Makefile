@@ -105,13 +105,14 @@ test-browser: setup
 
 # `make test-clusters`: jobs under a real SLURM (slurmctld, slurmd and munge on the simulated
 # cluster's namespaces) and Debian's Open MPI mpirun (docs/clusters.md), and elastic jobs over
-# a 3-member etcd losing node 0 whole (docs/elastic.md). Needs root; installs
+# a 3-member etcd losing node 0 whole (docs/elastic.md), and DiLoCo across two nodes with their
+# own CPU budget and link (docs/diloco.md). Needs root; installs
 # Debian's packages first. Not part of `make test` (its budget), where these tests skip.
 CLUSTER_PACKAGES := slurmctld slurmd slurm-client munge openmpi-bin
 test-clusters: setup
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(CLUSTER_PACKAGES)
 	PYBRIDGE_CLUSTER_TESTS=1 $(PYTHON) -m pytest -q -p no:benchmark tests/test_slurm.py tests/test_mpirun.py \
-	    tests/test_elastic_etcd_cluster.py
+	    tests/test_elastic_etcd_cluster.py tests/test_diloco_cluster.py
 
 # pytest's worker processes (pytest-xdist). Most multi-rank tests wait (rendezvous,
 # timeouts, the launcher), so more workers than cores: 3 on 2 cores (docs/testing.md).
