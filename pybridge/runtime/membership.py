@@ -235,7 +235,7 @@ class Membership:
         self._changing = threading.Lock()  # two threads failing at once agree once
         self.world = None
         self.on_lost = None  # called (world, member, reason) from the watch thread: see _watch_neighbour
-        self._watch = None  # (generation, id) watched, its last count, when it last moved
+        self._watch = None  # ((generation, id) watched, its last count, when it last moved, our beats done then)
         self._finished = False
         self._stopped = threading.Event()
         self._beat_store = self._connect()
