@@ -170,6 +170,58 @@ def cluster(plt, data):
     return fig
 
 
+def scaling(plt, data):
+    """bench/scaling.py: speedup against nodes (per rate and method), and at the slowest rate
+    with the most nodes each method's metric against training time and against bytes."""
+    rows = data["rows"]
+    models = [m for m in data["models"] if any(r["model"] == m for r in rows)]
+    fig, axes = plt.subplots(len(models), 3, figsize=(14, 3.8 * len(models)), squeeze=False)
+    styles = {10000: "-", 1000: "--", 100: ":"}
+    methods = sorted({r["method"] for r in rows if r["method"] != "plain"})
+    color = {m: plt.cm.tab10(i) for i, m in enumerate(methods)}
+    color["plain"] = COLORS["torch"]
+    for ax_row, model in zip(axes, models):
+        mine = [r for r in rows if r["model"] == model]
+        what = "test accuracy" if model == "mlp" else "validation loss (nats a byte)"
+        for rate in sorted({r["rate_mbit"] for r in mine if r["rate_mbit"]}, reverse=True):
+            for m in methods:
+                pts = sorted((r["nodes"], r["speedup"]) for r in mine
+                             if r["method"] in (m, "plain") and (r["rate_mbit"] == rate or r["nodes"] == 1)
+                             and r.get("speedup") is not None)
+                if len(pts) > 1:
+                    ax_row[0].plot(*zip(*pts), styles.get(rate, "-"), marker="o", ms=3, color=color[m],
+                                   label=f"{m}, {rate} Mbit/s")
+        ns = sorted({r["nodes"] for r in mine})
+        ax_row[0].plot(ns, ns, color="k", lw=0.5, label="linear")
+        ax_row[0].set_xlabel("nodes")
+        ax_row[0].set_ylabel("speedup in time to target vs 1 node")
+        ax_row[0].set_title(f"{model}: speedup (strong scaling)")
+        ax_row[0].legend(fontsize=6)
+        rates = [r["rate_mbit"] for r in mine if r["rate_mbit"]]
+        slow, most = (min(rates), max(r["nodes"] for r in mine)) if rates else (None, 1)
+        for r in mine:
+            if r["method"] == "plain" or (r["rate_mbit"] == slow and r["nodes"] == most):
+                c = r["curve"]
+                label = "1 node" if r["method"] == "plain" else r["method"]
+                ax_row[1].plot([p[0] for p in c], [p[2] for p in c], color=color[r["method"]], label=label)
+                if r["method"] != "plain":
+                    per_sample = r["bytes_per_sample"]  # the busiest link, spread evenly over the run
+                    ax_row[2].plot([max(p[1] * per_sample, 1) for p in c], [p[2] for p in c],
+                                   color=color[r["method"]], label=label)
+        ax_row[1].set_xscale("log")
+        ax_row[1].set_xlabel("training seconds")
+        ax_row[1].set_ylabel(what)
+        ax_row[1].set_title(f"{model}: {most} nodes at {slow} Mbit/s, against time")
+        ax_row[2].set_xscale("log")
+        ax_row[2].set_xlabel("bytes on the busiest node link")
+        ax_row[2].set_ylabel(what)
+        ax_row[2].set_title(f"{model}: {most} nodes at {slow} Mbit/s, against bytes")
+        for ax in ax_row:
+            ax.grid(alpha=0.3)
+        ax_row[1].legend(fontsize=7)
+    return fig
+
+
 def training_curves(plt, curves, title):
     """examples/mnist/plot.py's two panels (loss, test accuracy) of [(label, metrics rows)]."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -248,7 +300,7 @@ def federated_strategies(plt, data):
 DRAW = {"collectives": collectives, "reducer": reducer, "recordio": recordio, "mnist": mnist,
         "gossip": gossip, "hierarchical": gossip, "gossip-mnist": gossip_mnist, "federated": federated,
         "federated-mnist": federated_mnist, "cluster": cluster, "federated-modes": federated_modes,
-        "federated-strategies": federated_strategies}
+        "federated-strategies": federated_strategies, "scaling": scaling}
 
 
 def draw(name, data):

@@ -24,6 +24,7 @@ pytest.importorskip("matplotlib")
     ("federated", ["federated rounds", "seconds per round", "async"]),
     ("federated-modes", ["time to target accuracy by server mode", "fedbuff", "workers long tail"]),
     ("federated-strategies", ["federated server aggregation", "FedAdam", "baseline"]),
+    ("scaling", ["speedup in time to target vs 1 node", "8 nodes at 100 Mbit/s, against bytes", "diloco"]),
 ])
 def test_each_result_draws_its_chart(tmp_path, monkeypatch, name, words):
     with open(os.path.join(charts.RESULTS, f"{name}.json")) as f:
