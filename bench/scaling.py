@@ -182,8 +182,10 @@ def run_cluster(model, method, nodes, rate, data, cfg, cpus, timeout):
             raise RuntimeError(f"did not finish within {timeout:.0f} s") from None
         if any(p.returncode for p in procs):
             raise RuntimeError("failed:\n" + "\n".join(o[-1500:] for o in outs))
-        return parse_results(outs), [{k: n.get(k) for k in ("node", "cpus", "used_s", "nr_throttled")}
-                                     for n in c.report()]
+        return parse_results(outs), [{k: n.get(k) for k in ("node",) + BUDGET_FIELDS} for n in c.report()]
+
+
+BUDGET_FIELDS = ("cpus", "used_s", "periods", "throttled_periods")  # of cpulimit.CpuBudget.report()
 
 
 def run_one_node(model, data, cfg, cpus, timeout):
@@ -195,7 +197,7 @@ def run_one_node(model, data, cfg, cpus, timeout):
         if p.returncode:
             raise RuntimeError("failed:\n" + (p.stdout + p.stderr)[-1500:])
         return parse_results([p.stdout]), [{"node": 0, **{k: v for k, v in b.report().items()
-                                                          if k in ("cpus", "used_s", "nr_throttled")}}]
+                                                          if k in BUDGET_FIELDS}}]
 
 
 def prepare(model, tmp):
