@@ -82,6 +82,20 @@ def case(width, depth, repeat):
             "restore_ms": timed(state.restore, repeat) * 1e3, "committed_mb": state.committed_bytes / 1e6}
 
 
+def survivors_recovery(logs, since):
+    """Per survivor of world 1 (a reset into world 2): seconds from `since` (the loss) until
+    it saw the failure, tore the old world down, agreed on world 2 and finished a step on it."""
+    rows = []
+    for evs in logs.values():
+        reset = [e for e in evs if e["ev"] == "reset" and e["gen"] == 2]
+        if reset:
+            r = reset[0]
+            first = min(e["t"] for e in evs if e["ev"] == "step" and e["gen"] == 2)
+            rows.append({"seen": r["seen"] - since, "torn_down": r["left"] - since,
+                         "agreed": r["agreed"] - since, "first_step": first - since})
+    return rows
+
+
 def elastic_recovery(data, folder, ballast_mb, etcd=None):
     """The elastic run: kill, survivors' recovery, then a joiner. Times in seconds. etcd:
     the members' endpoints (the job's store there), else node 0's TCPStore."""
@@ -97,14 +111,7 @@ def elastic_recovery(data, folder, ballast_mb, etcd=None):
         raise SystemExit("elastic run failed:\n" + "\n".join(out[-3000:] for _, out in outs))
     logs = read_logs(log)
     died = next(e for evs in logs.values() for e in evs if e["ev"] == "die")
-    rows = []
-    for evs in logs.values():
-        reset = [e for e in evs if e["ev"] == "reset" and e["gen"] == 2]
-        if reset:
-            r = reset[0]
-            first = min(e["t"] for e in evs if e["ev"] == "step" and e["gen"] == 2)
-            rows.append({"seen": r["seen"] - died["t"], "torn_down": r["left"] - died["t"],
-                         "agreed": r["agreed"] - died["t"], "first_step": first - died["t"]})
+    rows = survivors_recovery(logs, died["t"])
     worst = {k: max(r[k] for r in rows) for k in rows[0]}
     admitted = min(e["seen"] for evs in logs.values() for e in evs if e["ev"] == "reset" and e["gen"] == 3)
     joiner = next(evs for who, evs in logs.items() if who.startswith("node1-"))
@@ -168,13 +175,7 @@ def node0_recovery(folder):
     if any(rc for rc, _ in outs):
         raise SystemExit("node 0 run failed:\n" + "\n".join(out[-3000:] for _, out in outs))
     logs = read_logs(log)
-    rows = []
-    for evs in logs.values():
-        reset = [ev for ev in evs if ev["ev"] == "reset" and ev["gen"] == 2]
-        if reset:
-            first = min(ev["t"] for ev in evs if ev["ev"] == "step" and ev["gen"] == 2)
-            rows.append({"seen": reset[0]["seen"] - lost_at, "torn_down": reset[0]["left"] - lost_at,
-                         "agreed": reset[0]["agreed"] - lost_at, "first_step": first - lost_at})
+    rows = survivors_recovery(logs, lost_at)
     worst = {k: max(r[k] for r in rows) for k in rows[0]}
     return {**worst, "survivors": len(rows), "timeout_s": NODE_TIMEOUT, "lost_after_s": NODE_LOST_AFTER, "each": rows}
 

@@ -83,6 +83,21 @@ class Settings:
         hosts = ",".join(_hostport(h, p) for h, p in self.endpoints)
         return f"the etcd store at {'https://' if self.protocol == 'https' else ''}{hosts}"
 
+    def on_loopback(self):
+        """Every member on this machine's loopback: a job on one machine."""
+        return all(netif.is_loopback(h) for h, _ in self.endpoints)
+
+
+def run_name(s, job):
+    """A job's name in etcd: `job`, made unguessable from the job secret when there is one,
+    as torchrun's run id is here; without one, members others can reach with no TLS client
+    certificate or user are named in a warning."""
+    from . import secret as _secret
+    key = _secret.job_secret()
+    if key is None and not (s.user or s.cert) and not s.on_loopback():
+        _secret.warn_unprotected(s.describe())
+    return job if key is None else _secret.run_id(key, job)
+
 
 def _hostport(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -64,19 +64,14 @@ def etcd(endpoint, conf, job, rank, world_size, timeout):
     one attempt of one job live under /pybridge/<id>/<attempt>/, the id made unguessable
     from the job secret when there is one, as torchrun's run id is here."""
     settings = _etcd.settings(endpoint, conf)
-    job = _etcd.job_id(job)
-    key = _secret.job_secret()
-    if key is None and not (settings.user or settings.cert) and \
-            not all(netif.is_loopback(h) for h, _ in settings.endpoints):
-        _secret.warn_unprotected(settings.describe())
-    run = job if key is None else _secret.run_id(key, job)
+    run = _etcd.run_name(settings, _etcd.job_id(job))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     try:
         world = _etcd.open_world(settings, run, attempt if attempt.isdigit() else 0, rank, world_size, timeout)
     except Exception as exc:  # noqa: BLE001 - python-etcd's own errors too: named, typed
         err = exc if isinstance(exc, PyBridgeError) else _etcd.error(settings, exc)
         raise type(err)(f"init (rank {rank}): {err}") from exc
-    world.on_loopback = all(netif.is_loopback(h) for h, _ in settings.endpoints)
+    world.on_loopback = settings.on_loopback()
     return seal_etcd(world.store), world
 
 

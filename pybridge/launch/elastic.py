@@ -12,17 +12,11 @@ at the survivors' next commit), and stops the job with a clear message when too 
 are left on a single node to reach --min-world.
 """
 
-import datetime
 import os
 import subprocess
 import sys
 import time
 
-import torch.distributed as dist
-
-from ..base import netif
-from ..base import sealed_store as _sealed
-from ..base import secret as _secret
 from ..errors import InvalidArgument
 from ..runtime import membership
 from .exits import PROG, signal_exit
@@ -43,15 +37,8 @@ class Supervisor:
         self.min_world, self.max_world = min_world, max_world
         self.replacements = replace
         self.interval, self.shutdown_timeout = monitor_interval, shutdown_timeout
-        if hosting:
-            # Node 0's launcher listens on the store's address only (loopback for a single-node
-            # job), and every value the job keeps there is sealed with the job secret.
-            fd = netif.listener(where.host, where.port).detach()
-            self._hosted = dist.TCPStore(where.host, where.port, None, True, datetime.timedelta(seconds=60),
-                                         wait_for_workers=False, multi_tenant=True, master_listen_fd=fd)
-            self.store = _sealed.protect(self._hosted, _secret.job_secret())
-        else:
-            self.store = where.connect(60)
+        # Node 0's launcher hosts the TCPStore; with etcd every launcher is a client
+        self.store = where.serve() if hosting else where.connect(60)
         if membership.finished(self.store):
             raise InvalidArgument(f"{where.describe()} holds a job that already finished: give this job "
                                   "another id (--rdzv-id)")
@@ -74,9 +61,7 @@ class Supervisor:
         env.update(RANK=str(self.node_rank * self.nproc + slot), LOCAL_RANK=str(slot),
                    WORLD_SIZE=str(self.nnodes * self.nproc), LOCAL_WORLD_SIZE=str(self.nproc),
                    GROUP_RANK=str(self.node_rank), PYBRIDGE_ELASTIC="1", PYBRIDGE_ELASTIC_ID=wid,
-                   PYBRIDGE_ELASTIC_MIN=str(self.min_world))
-        if hasattr(self.where, "port"):  # the TCPStore; etcd's settings are in the environment already
-            env.update(MASTER_ADDR=self.where.host, MASTER_PORT=str(self.where.port))
+                   PYBRIDGE_ELASTIC_MIN=str(self.min_world), **self.where.worker_env())
         # Not a restart of the job (the roster keys its entries by that count): each world
         # has keys of its own, and the id says which incarnation of the slot this is.
         env.pop("TORCHELASTIC_RESTART_COUNT", None)

@@ -38,6 +38,19 @@ class TcpStore:
     def describe(self) -> str:
         return f"the store at {self.host}:{self.port} (hosted by pybridge-launch --elastic on node 0)"
 
+    def worker_env(self) -> dict[str, str]:
+        """What a launcher's workers are told to find the store by."""
+        return {"MASTER_ADDR": self.host, "MASTER_PORT": str(self.port)}
+
+    def serve(self) -> Any:
+        """Host the store (node 0's launcher), listening on its address only (loopback for a
+        single-node job); the hosting client, sealed. The server lives as long as this object."""
+        fd = netif.listener(self.host, self.port).detach()
+        self._server = dist.TCPStore(  # type: ignore[attr-defined]  # (not in torch.distributed's __all__)
+            self.host, self.port, None, True, datetime.timedelta(seconds=60), wait_for_workers=False,
+            multi_tenant=True, master_listen_fd=fd)
+        return _sealed.protect(self._server, _secret.job_secret())
+
     def connect(self, timeout: float, prefix: str = "") -> Any:
         """A client of its own (a TCPStore client serializes its calls), sealed, keys under `prefix`."""
         client = dist.TCPStore(  # type: ignore[attr-defined]  # (not in torch.distributed's __all__)
@@ -54,24 +67,21 @@ class EtcdStore:
 
     def __init__(self, settings: Any, job: str) -> None:
         self.settings, self.job = settings, job
-        key = _secret.job_secret()
-        if key is None and not (settings.user or settings.cert) and not self._on_loopback():
-            _secret.warn_unprotected(settings.describe())
-        run = job if key is None else _secret.run_id(key, job)
-        self.root = f"{_etcd.ROOT}/{run}/elastic"
+        self.root = f"{_etcd.ROOT}/{_etcd.run_name(settings, job)}/elastic"
         # torch holds a Python store only by a C++ pointer: each one handed out is kept here,
         # or its methods would be gone once the caller's reference is ("Not implemented").
         self._kept: list[Any] = []
 
-    def _on_loopback(self) -> bool:
-        return all(netif.is_loopback(h) for h, _ in self.settings.endpoints)
-
     @property
     def gloo_host(self) -> Optional[str]:
-        return "127.0.0.1" if self._on_loopback() else None
+        return "127.0.0.1" if self.settings.on_loopback() else None
 
     def describe(self) -> str:
         return f"{self.settings.describe()} (elastic job {self.job!r})"
+
+    def worker_env(self) -> dict[str, str]:
+        """Nothing: a launcher's workers find etcd by PYBRIDGE_RDZV_*, which it already set."""
+        return {}
 
     def connect(self, timeout: float, prefix: str = "") -> Any:
         try:
